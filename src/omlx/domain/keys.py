@@ -1,0 +1,44 @@
+"""Namespace digests and chained block keys (DESIGN §4): the cache's identity contract.
+
+Keys must be identical across processes and versions, so they are SHA-256 over
+canonical bytes, never Python's ``hash``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+CACHE_FORMAT_VERSION = 1
+
+
+def namespace_digest(identity: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of the canonical JSON of what makes KV reusable.
+
+    ``identity`` holds the model config, the weights digest, the tokenizer files'
+    digest, the KV dtype, the block size; the cache format version is added here.
+    """
+    canonical = dict(identity)
+    canonical["cache_format_version"] = CACHE_FORMAT_VERSION
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def block_key(parent: str, tokens: Sequence[int]) -> str:
+    """``SHA-256(parent || token ids as uint32 LE)``, hex; ``parent`` is a hex digest."""
+    h = hashlib.sha256(bytes.fromhex(parent))
+    h.update(struct.pack(f"<{len(tokens)}I", *tokens))
+    return h.hexdigest()
+
+
+def chain_keys(namespace: str, tokens: Sequence[int], block_size: int) -> list[str]:
+    """Keys of every full block of ``tokens``; a trailing partial block has none."""
+    keys: list[str] = []
+    parent = namespace
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = block_key(parent, tokens[start : start + block_size])
+        keys.append(parent)
+    return keys

@@ -1,0 +1,102 @@
+"""Ports the adapters implement (DESIGN §3). The domain sees only these."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, NamespaceUsage, StoredBlock
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds since the epoch."""
+        ...
+
+
+class KVCodec(Protocol):
+    """Engine-specific cutting and joining of KV caches; every call runs on the engine thread.
+
+    A *payload* is the codec's own per-block object (for MLX: materialized arrays);
+    the domain only stores it, measures it and hands it back.
+    """
+
+    def split(self, cache: Any, start: int, stop: int) -> Any:
+        """The payload of token positions ``[start, stop)`` of ``cache`` (one block), materialized."""
+        ...
+
+    def assemble(self, payloads: Sequence[Any]) -> Any:
+        """A fresh engine cache holding ``payloads`` in order, its offset at their total length."""
+        ...
+
+    def nbytes(self, payload: Any) -> int:
+        ...
+
+    def encode(self, payload: Any, tokens: Sequence[int], meta: BlockMeta) -> bytes:
+        """The block file's bytes (safetensors), ready for the writer thread."""
+        ...
+
+    def decode(self, data: bytes) -> DecodedBlock:
+        """Parse a block file's bytes; raises ``ValueError`` on a malformed file."""
+        ...
+
+
+class BlockStore(Protocol):
+    """Block files under one cache folder, addressed by '/'-separated relative paths."""
+
+    def relpath(self, namespace: NamespaceInfo, key: str) -> str:
+        ...
+
+    def write(self, relpath: str, data: bytes) -> None:
+        """Durably write (temp file, fsync, rename, fsync folder); raises ``OSError`` (ENOSPC)."""
+        ...
+
+    def read(self, relpath: str) -> bytes:
+        """Raises ``FileNotFoundError`` when the file is gone."""
+        ...
+
+    def delete(self, relpath: str) -> None:
+        """Remove the file; a missing file is not an error."""
+        ...
+
+    def iter_relpaths(self) -> Iterator[str]:
+        """Every complete block file on disk (temporary files excluded)."""
+        ...
+
+    def remove_temp_files(self, older_than: float | None = None) -> int:
+        """Delete leftover temporary files (older than ``older_than`` seconds); returns the count."""
+        ...
+
+
+class BlockIndex(Protocol):
+    """The transactional index of cold blocks (SQLite in production)."""
+
+    def upsert_namespace(self, namespace: NamespaceInfo) -> None:
+        ...
+
+    def add_block(self, block: StoredBlock) -> None:
+        """Record a block whose file is complete; idempotent for an existing key."""
+        ...
+
+    def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]:
+        ...
+
+    def touch(self, hits: Mapping[str, float]) -> None:
+        """Apply a batch of hits: key -> last access time; each hit adds one to ``hit_count``."""
+        ...
+
+    def remove_blocks(self, keys: Sequence[str]) -> None:
+        ...
+
+    def total_bytes(self) -> int:
+        ...
+
+    def lru_blocks(self, limit: int) -> list[StoredBlock]:
+        """Up to ``limit`` blocks, least recently used first."""
+        ...
+
+    def usage(self) -> list[NamespaceUsage]:
+        ...
+
+    def all_relpaths(self) -> set[str]:
+        ...
