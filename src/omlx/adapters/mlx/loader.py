@@ -1,0 +1,170 @@
+"""Resolve ``--model`` to a loaded model: an mlx-lm folder, a GGUF file, or the default.
+
+Also computes what the cache namespace needs to know about the model: a digest
+of its weights and tokenizer files, its KV dtype and layer count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load as mlx_lm_load
+
+from omlx.adapters.mlx.errors import UnsupportedModelError
+from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, default_model_path, load_gguf
+from omlx.adapters.mlx.kv_codec import cache_is_plain_kv
+
+log = logging.getLogger(__name__)
+
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+# A callable that returns a remembered digest for (path, size, mtime) or computes and stores it.
+DigestCache = Callable[[Path, Callable[[Path], str]], str]
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """A model ready to run, with what identifies its KV cache."""
+
+    model_id: str
+    path: Path
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+    config: dict[str, Any]
+    context_length: int
+    layer_count: int
+    kv_dtype: str
+    cache_supported: bool
+    weights_digest: str
+    tokenizer_digest: str
+    cache_unsupported_reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def identity(self, block_size: int) -> dict[str, Any]:
+        """What makes this model's KV reusable (DESIGN §4), for ``namespace_digest``."""
+        return {
+            "config": self.config,
+            "weights_digest": self.weights_digest,
+            "tokenizer_digest": self.tokenizer_digest,
+            "kv_dtype": self.kv_dtype,
+            "block_size": block_size,
+        }
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def files_digest(paths: Iterable[Path], digest_one: Callable[[Path], str] = file_sha256) -> str:
+    """One digest over several files, by name and content digest, order-independent."""
+    h = hashlib.sha256()
+    for path in sorted(paths, key=lambda p: p.name):
+        h.update(path.name.encode())
+        h.update(bytes.fromhex(digest_one(path)))
+    return h.hexdigest()
+
+
+def model_id_for(path: Path) -> str:
+    """A readable id: the folder or file name, lower-cased, without the .gguf suffix."""
+    name = path.name[:-5] if path.name.lower().endswith(".gguf") else path.name
+    return re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-") or "model"
+
+
+def load_model(spec: str | None, digest_cache: DigestCache | None = None) -> LoadedModel:
+    """Load ``spec`` (None: the default SmolLM2 GGUF) and describe its cache identity."""
+    digest_one = file_sha256
+    if digest_cache is not None:
+        cache = digest_cache
+
+        def digest_one(p: Path) -> str:
+            return cache(p, file_sha256)
+
+    if spec is None:
+        path, model_id = default_model_path(), DEFAULT_MODEL_ID
+    else:
+        path = Path(spec).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(
+                f"model {spec!r} not found: give an mlx-lm model folder or a .gguf file"
+            )
+        model_id = model_id_for(path)
+
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise UnsupportedModelError(f"{path} is a file but not a .gguf file")
+        loaded = load_gguf(path)
+        model, tokenizer, config = loaded.model, loaded.tokenizer, loaded.config
+        weight_files = [path]
+        # The GGUF's tokenizer lives in its metadata, already covered by the file digest.
+        tokenizer_files: list[Path] = []
+    else:
+        if not (path / "config.json").exists():
+            raise UnsupportedModelError(f"{path} has no config.json: not an mlx-lm model folder")
+        model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+        weight_files = sorted(path.glob("*.safetensors"))
+        tokenizer_files = [path / n for n in _TOKENIZER_FILES if (path / n).exists()]
+
+    layer_count, kv_dtype, plain = _probe_cache(model)
+    context = int(config.get("max_position_embeddings") or config.get("context_length") or 4096)
+    loaded_model = LoadedModel(
+        model_id=model_id,
+        path=path,
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        context_length=context,
+        layer_count=layer_count,
+        kv_dtype=kv_dtype,
+        cache_supported=plain,
+        weights_digest=files_digest(weight_files, digest_one),
+        tokenizer_digest=files_digest(tokenizer_files),
+        cache_unsupported_reason=""
+        if plain
+        else "the model's cache is not plain KV (sliding window, SSM or mixed layers)",
+    )
+    log.info(
+        "loaded %s from %s: %d layers, KV dtype %s, context %d",
+        model_id, path, layer_count, kv_dtype, context,
+    )
+    return loaded_model
+
+
+def _probe_cache(model: nn.Module) -> tuple[int, str, bool]:
+    """Run one token to learn the KV dtype and whether every layer is a plain KVCache."""
+    cache = make_prompt_cache(model)
+    plain = cache_is_plain_kv(cache)
+    model(mx.array([[0]]), cache=cache)
+    dtype = "unknown"
+    for layer in cache:
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, mx.array):
+            dtype = str(keys.dtype).removeprefix("mlx.core.")
+            break
+    mx.eval([getattr(c, "state", []) for c in cache])
+    return len(cache), dtype, plain
+
+
+def describe(model: LoadedModel) -> str:
+    return json.dumps({"id": model.model_id, "path": str(model.path)})

@@ -1,0 +1,140 @@
+"""Errors in each API's own envelope (STYLE §7): never a 500 page for a client's mistake."""
+
+from __future__ import annotations
+
+import logging
+
+from litestar import Request, Response
+from litestar.exceptions import (
+    HTTPException,
+    MethodNotAllowedException,
+    NotFoundException,
+    ValidationException,
+)
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+log = logging.getLogger(__name__)
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "server_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+class APIError(Exception):
+    """A client-facing error; the handler renders it in the route's API envelope."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+def openai_error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_body(path: str, status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    if is_anthropic_path(path):
+        return anthropic_error_body(status, message)
+    return openai_error_body(status, message, param, code)
+
+
+def _response(request: Request, status: int, message: str, param=None, code=None, headers=None) -> Response:
+    return Response(
+        error_body(request.url.path, status, message, param, code),
+        status_code=status,
+        headers=headers,
+        media_type="application/json",
+    )
+
+
+def handle_api_error(request: Request, exc: APIError) -> Response:
+    return _response(request, exc.status, exc.message, exc.param, exc.code, exc.headers)
+
+
+def handle_validation(request: Request, exc: ValidationException) -> Response:
+    message, param = _describe_validation(exc)
+    return _response(request, 400, message, param)
+
+
+def handle_http(request: Request, exc: HTTPException) -> Response:
+    status = exc.status_code
+    if isinstance(exc, NotFoundException):
+        message = f"no route {request.method} {request.url.path}"
+    elif isinstance(exc, MethodNotAllowedException):
+        message = f"method {request.method} not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    return _response(request, status, message, headers=exc.headers)
+
+
+def handle_unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return _response(request, HTTP_500_INTERNAL_SERVER_ERROR, "internal server error")
+
+
+def _describe_validation(exc: ValidationException) -> tuple[str, str | None]:
+    """Litestar's msgspec errors as one readable line and the offending field."""
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    for item in extra:
+        if isinstance(item, dict):
+            message = str(item.get("message", exc.detail))
+            key = item.get("key")
+            param = None
+            if isinstance(key, str) and key:
+                param = key.removeprefix("$.")
+            elif "at `$." in message:
+                param = message.rsplit("at `$.", 1)[1].rstrip("`")
+            return message, param
+    detail = str(exc.detail)
+    if "JSON is malformed" in detail or "malformed" in detail.lower():
+        return "the request body is not valid JSON", None
+    return detail, None
+
+
+EXCEPTION_HANDLERS = {
+    APIError: handle_api_error,
+    ValidationException: handle_validation,
+    HTTPException: handle_http,
+    Exception: handle_unexpected,
+}

@@ -1,0 +1,18 @@
+"""Liveness and state: answers without touching the engine thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, get
+
+from omlx.app.container import Container
+
+
+class HealthController(Controller):
+    path = "/health"
+    tags = ["health"]
+
+    @get(operation_id="health", summary="Server, engine and cache state")
+    async def health(self, container: Container) -> dict[str, Any]:
+        return container.health()

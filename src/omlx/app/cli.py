@@ -1,0 +1,101 @@
+"""The ``omlx`` command line (STYLE §9): imports lazily so admin commands stay light."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+SERVE_HELP = "Serve a model over OpenAI- and Anthropic-compatible HTTP APIs."
+
+
+@click.group()
+@click.version_option(package_name="omlx")
+def main() -> None:
+    """omlx: a local LLM server on MLX whose KV cache outlives requests and restarts."""
+
+
+def _serve_options(fn):
+    options = [
+        click.option("--model", default=None, help="mlx-lm model folder or .gguf file (default: bundled SmolLM2-135M-Instruct)."),
+        click.option("--host", default=None, help="Address to bind (default 127.0.0.1)."),
+        click.option("--port", type=int, default=None, help="Port (default 8000)."),
+        click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="A TOML settings file (see config/omlx.toml)."),
+        click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None),
+        click.option("--no-cache", is_flag=True, default=False, help="Turn the prefix cache off (both tiers)."),
+        click.option("--block-size", type=int, default=None, help="Tokens per cache block (default 64)."),
+        click.option("--hot-cache-max-size", default=None, help="RAM budget of the hot tier, e.g. 4GB."),
+        click.option("--paged-ssd-cache-dir", default=None, help="Folder of the SSD tier (default ~/.omlx/cache)."),
+        click.option("--paged-ssd-cache-max-size", default=None, help="Disk budget of the SSD tier, e.g. 200GB (default 100GB)."),
+        click.option("--no-ssd-cache", is_flag=True, default=False, help="Keep the RAM tier, turn the SSD tier off."),
+        click.option("--max-concurrent-requests", type=int, default=None, help="Requests decoded together (default 8)."),
+        click.option("--max-queued-requests", type=int, default=None, help="Waiting requests before 429 (default 64)."),
+        click.option("--prefill-step-size", type=int, default=None, help="Tokens prefilled per engine step (default 256)."),
+        click.option("--api-key", default=None, envvar="OMLX_API_KEY", help="Require this key (Bearer or x-api-key)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _serve(**flags) -> None:
+    from omlx.app.settings import load_settings
+
+    config_file = flags.pop("config_file")
+    if flags.pop("no_cache"):
+        flags["cache_enabled"] = False
+    if flags.pop("no_ssd_cache"):
+        flags["ssd_cache_enabled"] = False
+    try:
+        settings = load_settings(config_file, flags=flags)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from omlx.app.server import run_server
+
+    try:
+        run_server(settings)
+    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+        click.echo(f"omlx: {exc}", err=True)
+        sys.exit(2)
+
+
+@main.command(help=SERVE_HELP)
+@_serve_options
+def serve(**flags) -> None:
+    _serve(**flags)
+
+
+@main.command(help=SERVE_HELP + " Alias of `omlx serve`.")
+@_serve_options
+def run(**flags) -> None:
+    _serve(**flags)
+
+
+@main.command()
+@click.argument("gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+def convert(gguf: Path, out_dir: Path) -> None:
+    """Write GGUF as an mlx-lm model folder OUT_DIR (for mlx_lm tools)."""
+    from omlx.adapters.mlx.blas import load_optimized_blas
+
+    load_optimized_blas()
+    from omlx.adapters.mlx.convert import convert_gguf
+
+    convert_gguf(gguf, out_dir)
+    click.echo(f"wrote {out_dir}")
+
+
+def _attach_admin() -> None:
+    from omlx.app.admin import admin_group, db_group
+
+    main.add_command(admin_group, "admin")
+    main.add_command(db_group, "db")
+
+
+_attach_admin()

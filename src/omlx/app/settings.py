@@ -1,0 +1,96 @@
+"""Settings: config/omlx.toml, then OMLX_* environment variables, then CLI flags (STYLE §10)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from omlx.app.sizes import parse_size
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Every key is documented in config/omlx.toml."""
+
+    model: str = ""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: str = "info"
+    api_key: str = ""
+    cache_enabled: bool = True
+    block_size: int = 64
+    hot_cache_max_size: str = "2GB"
+    paged_ssd_cache_dir: str = "~/.omlx/cache"
+    paged_ssd_cache_max_size: str = "100GB"
+    ssd_cache_enabled: bool = True
+    max_concurrent_requests: int = 8
+    max_queued_requests: int = 64
+    prefill_step_size: int = 256
+    default_max_tokens: int = 1024
+    max_request_body_bytes: int = 16_000_000
+
+    @property
+    def hot_cache_bytes(self) -> int:
+        return parse_size(self.hot_cache_max_size)
+
+    @property
+    def ssd_cache_bytes(self) -> int:
+        return parse_size(self.paged_ssd_cache_max_size)
+
+    @property
+    def cache_dir(self) -> Path:
+        return Path(self.paged_ssd_cache_dir).expanduser()
+
+    def validate(self) -> Settings:
+        """Raise ValueError with a readable message for impossible values."""
+        if not 1 <= self.block_size <= 4096:
+            raise ValueError("block_size must be between 1 and 4096")
+        if self.max_concurrent_requests < 1 or self.max_queued_requests < 0:
+            raise ValueError("max_concurrent_requests must be >= 1 and max_queued_requests >= 0")
+        if self.prefill_step_size < 1:
+            raise ValueError("prefill_step_size must be >= 1")
+        self.hot_cache_bytes  # noqa: B018 - parse now so a bad size fails at start
+        self.ssd_cache_bytes  # noqa: B018
+        return self
+
+
+def default_config_text() -> str:
+    return resources.files("omlx._config").joinpath("omlx.toml").read_text(encoding="utf-8")
+
+
+def load_settings(
+    config_file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Defaults from the packaged TOML, then ``config_file``, env, then non-None flags."""
+    values: dict[str, Any] = tomllib.loads(default_config_text())
+    if config_file is not None:
+        try:
+            values.update(tomllib.loads(Path(config_file).read_text(encoding="utf-8")))
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{config_file}: {exc}") from exc
+    env = os.environ if env is None else env
+    fields = {f.name: f.type for f in msgspec.structs.fields(Settings)}
+    for name in fields:
+        raw = env.get(f"OMLX_{name.upper()}")
+        if raw is not None:
+            values[name] = _from_env(raw, type(values.get(name, "")))
+    values.update({k: v for k, v in (flags or {}).items() if v is not None})
+    try:
+        return msgspec.convert(values, Settings).validate()
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid setting: {exc}") from exc
+
+
+def _from_env(raw: str, kind: type) -> Any:
+    if kind is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if kind is int:
+        return int(raw)
+    return raw

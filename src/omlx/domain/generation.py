@@ -1,0 +1,96 @@
+"""What the app asks of an engine and what the engine reports back, engine-agnostic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillStarted:
+    """The request left the queue; ``cached_tokens`` were restored, the rest is prefilled."""
+
+    cached_tokens: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillProgress:
+    done: int
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    reason: str  # "stop" | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    message: str
+
+
+GenerationEvent = PrefillStarted | PrefillProgress | TextDelta | Finished | Failed
+
+
+class StopStringMatcher:
+    """Cuts streamed text at the first stop string, holding back a possible partial match."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        """Text that is safe to emit now; after a stop string nothing more is emitted."""
+        if self.stopped or not text:
+            return ""
+        if not self._stops:
+            return text
+        buffer = self._held + text
+        cut = min((i for s in self._stops if (i := buffer.find(s)) >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            self._held = ""
+            return buffer[:cut]
+        keep = self._partial_suffix(buffer)
+        self._held = buffer[len(buffer) - keep :] if keep else ""
+        return buffer[: len(buffer) - keep]
+
+    def flush(self) -> str:
+        """The held-back text once generation ended without completing a stop string."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+    def _partial_suffix(self, buffer: str) -> int:
+        """Length of the longest suffix of ``buffer`` that starts some stop string."""
+        longest = 0
+        for stop in self._stops:
+            for n in range(min(len(stop) - 1, len(buffer)), longest, -1):
+                if buffer.endswith(stop[:n]):
+                    longest = n
+                    break
+        return longest
