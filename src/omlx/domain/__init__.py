@@ -1,1 +1,39 @@
-"""omlx."""
+"""The pure-Python core of omlx: block keys, block values, prefix matching, tiers, ports.
+
+Imports only the standard library (``tests/unit/test_domain_imports.py`` checks it).
+"""
+
+from __future__ import annotations
+
+from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, NamespaceUsage, StoredBlock
+from omlx.domain.eviction import LRUPolicy, plan_eviction
+from omlx.domain.hot_tier import HotBlock, HotTier, HotTierStats
+from omlx.domain.keys import CACHE_FORMAT_VERSION, block_key, chain_keys, namespace_digest
+from omlx.domain.ports import BlockIndex, BlockStore, Clock, ColdSource, EvictionPolicy, KVCodec
+from omlx.domain.prefix_cache import PrefixCache, PrefixCacheStats, PrefixHit
+
+__all__ = [
+    "CACHE_FORMAT_VERSION",
+    "BlockIndex",
+    "BlockMeta",
+    "BlockStore",
+    "Clock",
+    "ColdSource",
+    "DecodedBlock",
+    "EvictionPolicy",
+    "HotBlock",
+    "HotTier",
+    "HotTierStats",
+    "KVCodec",
+    "LRUPolicy",
+    "NamespaceInfo",
+    "NamespaceUsage",
+    "PrefixCache",
+    "PrefixCacheStats",
+    "PrefixHit",
+    "StoredBlock",
+    "block_key",
+    "chain_keys",
+    "namespace_digest",
+    "plan_eviction",
+]

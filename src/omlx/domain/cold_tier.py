@@ -1,0 +1,229 @@
+"""The cold tier (DESIGN §4): verified reads of block files, write-through puts, batched recency.
+
+A block is served only when its file matches the checksum in the index and its tokens
+rehash to its key; anything else is logged, counted, removed (row, then file) and
+recomputed by the caller. Standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, StoredBlock
+from omlx.domain.eviction import plan_eviction
+from omlx.domain.keys import block_key
+from omlx.domain.ports import BlockIndex, BlockSink, BlockStore, Clock
+
+log = logging.getLogger(__name__)
+
+
+class _SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+
+class RecencyBuffer:
+    """Hits kept in memory and written to the index in one batch (not one write per hit).
+
+    ``record`` never writes unless ``max_pending`` keys pile up; the writer thread calls
+    ``maybe_flush`` every few seconds and ``flush`` runs at shutdown, so LRU order survives.
+    """
+
+    def __init__(
+        self, index: BlockIndex, clock: Clock | None = None, *,
+        interval: float = 5.0, max_pending: int = 4096,
+    ) -> None:  # fmt: skip
+        self._index = index
+        self._clock: Clock = clock if clock is not None else _SystemClock()
+        self.interval = interval
+        self._max_pending = max_pending
+        self._hits: dict[str, float] = {}
+        self._last_flush = self._clock.now()
+        self._lock = threading.Lock()
+
+    def record(self, keys: Sequence[str]) -> None:
+        now = self._clock.now()
+        with self._lock:
+            for key in keys:
+                self._hits[key] = now
+            full = len(self._hits) >= self._max_pending
+        if full:
+            self.flush()
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._hits)
+
+    def maybe_flush(self) -> int:
+        """Flush when ``interval`` seconds have passed since the last flush."""
+        if self._clock.now() - self._last_flush < self.interval:
+            return 0
+        return self.flush()
+
+    def flush(self) -> int:
+        """Write every buffered hit; returns how many keys were written."""
+        with self._lock:
+            batch, self._hits = self._hits, {}
+            self._last_flush = self._clock.now()
+        if not batch:
+            return 0
+        try:
+            self._index.touch(batch)
+        except Exception:
+            # Recency is advisory: keep the hits for the next flush rather than fail a caller.
+            log.exception("recency flush of %d keys failed; will retry", len(batch))
+            with self._lock:
+                for key, at in batch.items():
+                    self._hits[key] = max(at, self._hits.get(key, at))
+            return 0
+        return len(batch)
+
+
+def evict(
+    index: BlockIndex, store: BlockStore, bytes_to_free: int,
+    is_pinned: Callable[[str], bool], *, used: int | None = None,
+) -> list[StoredBlock]:  # fmt: skip
+    """Remove least recently used unpinned blocks until ``bytes_to_free`` bytes are gone.
+
+    Rows go first (one transaction), files after the commit (DESIGN §4): a crash in
+    between leaves files without rows, which reconcile removes, never rows without files.
+    """
+    if bytes_to_free <= 0:
+        return []
+    used = index.total_bytes() if used is None else used
+    page = 256
+    while True:
+        # lru_blocks has no offset: widen the page until it holds enough unpinned bytes.
+        candidates = index.lru_blocks(page)
+        victims = plan_eviction(candidates, used, used - bytes_to_free, is_pinned)
+        if sum(v.nbytes for v in victims) >= bytes_to_free or len(candidates) < page:
+            break
+        page *= 4
+    if victims:
+        index.remove_blocks([v.key for v in victims])
+        for victim in victims:
+            store.delete(victim.relpath)
+    return victims
+
+
+@dataclass(slots=True)
+class ColdTierStats:
+    hits: int = 0
+    misses: int = 0
+    corrupt_blocks: int = 0
+    missing_files: int = 0
+    queued: int = 0
+    dropped: int = 0
+
+
+class ColdTier:
+    """Implements ``ColdSource`` for one namespace over a block store, an index and a writer."""
+
+    def __init__(
+        self,
+        namespace: NamespaceInfo,
+        store: BlockStore,
+        index: BlockIndex,
+        writer: BlockSink,
+        decode: Callable[[bytes], DecodedBlock],
+        clock: Clock | None = None,
+        recency: RecencyBuffer | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self._store = store
+        self._index = index
+        self._writer = writer
+        self._decode = decode
+        self._clock: Clock = clock if clock is not None else _SystemClock()
+        self.recency = recency if recency is not None else RecencyBuffer(index, self._clock)
+        self.stats = ColdTierStats()
+        self._lock = threading.Lock()  # counters only
+
+    def get(self, key: str, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
+        try:
+            row = self._index.get_blocks([key]).get(key)
+        except Exception:
+            log.exception("index lookup of %s failed; treated as a miss", key)
+            row = None
+        if row is None or row.namespace != self.namespace.digest:
+            self._count("misses")
+            return None
+        try:
+            data = self._store.read(row.relpath)
+        except FileNotFoundError:
+            self._drop(row, "its file is missing", "missing_files")
+            return None
+        except OSError:
+            log.exception("reading block %s failed; treated as a miss", key)
+            self._count("misses")
+            return None
+        decoded, problem = self._verify(row, parent_key, data)
+        if decoded is None:
+            self._drop(row, problem, "corrupt_blocks")
+            return None
+        self.recency.record((key,))
+        self._count("hits")
+        return decoded.tokens, decoded.payload
+
+    def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> None:
+        if meta.namespace != self.namespace.digest or len(tokens) != meta.token_count:
+            log.error("block %s is not a full block of this namespace; not stored", meta.key)
+            self._count("dropped")
+            return
+        try:
+            accepted = self._writer.submit(meta, self.namespace, data)
+        except Exception:
+            log.exception("queueing block %s failed; dropped", meta.key)
+            accepted = False
+        self._count("queued" if accepted else "dropped")
+
+    def contains(self, key: str) -> bool:
+        if self._writer.pending(key):
+            return True
+        try:
+            return key in self._index.get_blocks([key])
+        except Exception:
+            log.exception("index lookup of %s failed", key)
+            return False
+
+    def touch(self, keys: Sequence[str]) -> None:
+        self.recency.record(keys)
+
+    def flush(self) -> int:
+        """Write buffered recency now (shutdown, tests)."""
+        return self.recency.flush()
+
+    def _verify(
+        self, row: StoredBlock, parent_key: str, data: bytes
+    ) -> tuple[DecodedBlock | None, str]:
+        if len(data) != row.nbytes or hashlib.sha256(data).hexdigest() != row.checksum:
+            return None, "its checksum does not match the index"
+        try:
+            decoded = self._decode(data)
+        except Exception as exc:  # a codec bug on a bad file must not fail the request
+            return None, f"it cannot be decoded ({exc})"
+        if block_key(parent_key, decoded.tokens) != row.key:
+            return None, "its tokens do not rehash to its key"
+        if decoded.metadata.get("key", row.key) != row.key:
+            return None, "its metadata names another key"
+        return decoded, ""
+
+    def _drop(self, row: StoredBlock, problem: str, counter: str) -> None:
+        log.warning("cold block %s (%s) is not served: %s; removing it", row.key, row.relpath, problem)
+        self._count(counter)
+        self._count("misses")
+        try:
+            self._index.remove_blocks([row.key])  # row first, file second
+            self._store.delete(row.relpath)
+        except Exception:
+            log.exception("removing bad block %s failed", row.key)
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + 1)

@@ -1,0 +1,67 @@
+"""Eviction: the hot tier's LRU policy and the cold tier's pure victim planner.
+
+Both skip pinned blocks: a block in use by a running request is never evicted (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+from omlx.domain.blocks import StoredBlock
+
+
+class LRUPolicy:
+    """Least recently used first; O(1) record and remove (implements ``EvictionPolicy``)."""
+
+    def __init__(self) -> None:
+        # Oldest first; values are block sizes in bytes.
+        self._order: OrderedDict[str, int] = OrderedDict()
+
+    def record_access(self, key: str, nbytes: int) -> None:
+        self._order[key] = nbytes
+        self._order.move_to_end(key)
+
+    def remove(self, key: str) -> None:
+        self._order.pop(key, None)
+
+    def choose_victims(self, bytes_to_free: int, is_pinned: Callable[[str], bool]) -> list[str]:
+        victims: list[str] = []
+        freed = 0
+        for key, nbytes in self._order.items():
+            if freed >= bytes_to_free:
+                break
+            if is_pinned(key):
+                continue
+            victims.append(key)
+            freed += nbytes
+        return victims
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._order
+
+
+def plan_eviction(
+    blocks_oldest_first: Iterable[StoredBlock],
+    total_bytes: int,
+    max_bytes: int,
+    is_pinned: Callable[[str], bool],
+) -> list[StoredBlock]:
+    """The oldest unpinned blocks whose removal brings ``total_bytes`` down to ``max_bytes``.
+
+    Stops reading ``blocks_oldest_first`` as soon as the budget is met, so callers may
+    pass a lazy page of the index; when it runs out first, the plan frees what it can.
+    """
+    victims: list[StoredBlock] = []
+    excess = total_bytes - max_bytes
+    for block in blocks_oldest_first:
+        if excess <= 0:
+            break
+        if is_pinned(block.key):
+            continue
+        victims.append(block)
+        excess -= block.nbytes
+    return victims

@@ -1,0 +1,182 @@
+"""The hot tier: a RAM pool of blocks under a byte budget, LRU over unpinned blocks.
+
+The engine thread mutates it; other threads (``/health``) read ``stats()``; one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from omlx.domain.blocks import BlockMeta
+from omlx.domain.eviction import LRUPolicy
+from omlx.domain.ports import EvictionPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class HotBlock:
+    """One block held in RAM: the codec's payload and what it covers."""
+
+    meta: BlockMeta
+    tokens: tuple[int, ...]
+    payload: Any
+    nbytes: int
+
+    @property
+    def key(self) -> str:
+        return self.meta.key
+
+
+@dataclass(frozen=True, slots=True)
+class HotTierStats:
+    """A snapshot of the hot tier for metrics and ``/health``."""
+
+    blocks: int
+    bytes: int
+    max_bytes: int
+    hits: int
+    misses: int
+    evictions: int
+    pinned: int  # keys with a live pin, held in RAM or not
+
+
+class HotTier:
+    """Blocks in RAM; ``bytes <= max_bytes`` always, pinned blocks are never evicted.
+
+    Pins are counted per key and independent of presence: a request pins every key it
+    matched, so the cold tier can ask ``is_pinned`` for blocks that left RAM too.
+    """
+
+    def __init__(self, max_bytes: int, policy: EvictionPolicy | None = None) -> None:
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
+        self.max_bytes = max_bytes
+        self._policy: EvictionPolicy = policy if policy is not None else LRUPolicy()
+        self._blocks: dict[str, HotBlock] = {}
+        self._pins: dict[str, int] = {}
+        self._bytes = 0
+        self._hits = 0
+        self._misses = 0
+        self._evictions = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> HotBlock | None:
+        """The block, marked most recently used; counts a hit or a miss."""
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is None:
+                self._misses += 1
+                return None
+            self._hits += 1
+            self._policy.record_access(key, block.nbytes)
+            return block
+
+    def touch(self, key: str) -> bool:
+        """Mark ``key`` most recently used without counting a hit; False when absent."""
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is None:
+                return False
+            self._policy.record_access(key, block.nbytes)
+            return True
+
+    def put(self, meta: BlockMeta, tokens: tuple[int, ...], payload: Any, nbytes: int) -> bool:
+        """Store a block, evicting LRU unpinned blocks to make room; False when it cannot fit.
+
+        A key already present is only touched (same key, same content). Nothing is evicted
+        for a block that would not fit even after evicting every unpinned block.
+        """
+        if nbytes < 0:
+            raise ValueError("nbytes must be >= 0")
+        with self._lock:
+            if meta.key in self._blocks:
+                self._policy.record_access(meta.key, self._blocks[meta.key].nbytes)
+                return True
+            if nbytes > self.max_bytes:
+                return False
+            needed = self._bytes + nbytes - self.max_bytes
+            if needed > 0:
+                victims = self._policy.choose_victims(needed, self._is_pinned_locked)
+                if sum(self._blocks[k].nbytes for k in victims) < needed:
+                    return False
+                for victim in victims:
+                    self._evict_locked(victim)
+            self._blocks[meta.key] = HotBlock(meta, tokens, payload, nbytes)
+            self._bytes += nbytes
+            self._policy.record_access(meta.key, nbytes)
+            return True
+
+    def pin(self, keys: Iterable[str]) -> None:
+        """Protect ``keys`` from eviction until as many ``unpin`` calls."""
+        with self._lock:
+            for key in keys:
+                self._pins[key] = self._pins.get(key, 0) + 1
+
+    def unpin(self, keys: Iterable[str]) -> None:
+        """Drop one pin per key; a key without pins is ignored."""
+        with self._lock:
+            for key in keys:
+                count = self._pins.get(key, 0)
+                if count <= 1:
+                    self._pins.pop(key, None)
+                else:
+                    self._pins[key] = count - 1
+
+    def is_pinned(self, key: str) -> bool:
+        with self._lock:
+            return self._is_pinned_locked(key)
+
+    def shrink(self, target_bytes: int) -> int:
+        """Evict LRU unpinned blocks until ``bytes <= target_bytes`` (or none is left); bytes freed."""
+        with self._lock:
+            needed = self._bytes - max(target_bytes, 0)
+            if needed <= 0:
+                return 0
+            before = self._bytes
+            for victim in self._policy.choose_victims(needed, self._is_pinned_locked):
+                self._evict_locked(victim)
+            return before - self._bytes
+
+    def clear(self) -> None:
+        """Drop every block (pinned ones too: their requests hold the payloads); keep pins and counters."""
+        with self._lock:
+            for key in self._blocks:
+                self._policy.remove(key)
+            self._blocks.clear()
+            self._bytes = 0
+
+    def stats(self) -> HotTierStats:
+        with self._lock:
+            return HotTierStats(
+                blocks=len(self._blocks),
+                bytes=self._bytes,
+                max_bytes=self.max_bytes,
+                hits=self._hits,
+                misses=self._misses,
+                evictions=self._evictions,
+                pinned=len(self._pins),
+            )
+
+    def keys(self) -> list[str]:
+        """A snapshot of the keys held in RAM, in no particular order."""
+        with self._lock:
+            return list(self._blocks)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._blocks
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._blocks)
+
+    def _is_pinned_locked(self, key: str) -> bool:
+        return key in self._pins
+
+    def _evict_locked(self, key: str) -> None:
+        block = self._blocks.pop(key)
+        self._policy.remove(key)
+        self._bytes -= block.nbytes
+        self._evictions += 1

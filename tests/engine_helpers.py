@@ -1,0 +1,45 @@
+"""Drive an MLXEngine from a test thread: submit, wait, collect the text."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from omlx.domain.generation import Failed, Finished, GenerationRequest, SamplingParams, TextDelta
+
+
+@dataclass
+class Run:
+    events: list = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def emit(self, event) -> None:
+        self.events.append(event)
+        if isinstance(event, Finished | Failed):
+            self.done.set()
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events if isinstance(e, TextDelta))
+
+    @property
+    def finished(self) -> Finished:
+        last = self.events[-1]
+        assert isinstance(last, Finished), last
+        return last
+
+
+def greedy(tokens, max_tokens: int = 16, stop: tuple[str, ...] = ()) -> GenerationRequest:
+    return GenerationRequest(tuple(tokens), max_tokens, SamplingParams(temperature=0.0), stop)
+
+
+def submit(engine, request: GenerationRequest) -> Run:
+    run = Run()
+    engine.submit(request, run.emit)
+    return run
+
+
+def generate(engine, request: GenerationRequest, timeout: float = 120.0) -> Run:
+    run = submit(engine, request)
+    assert run.done.wait(timeout), "generation timed out"
+    return run

@@ -1,0 +1,205 @@
+"""In-memory fakes of the domain's ports, one ``Fake<Port>`` per port, grouped by port.
+
+The fake engine cache is a plain list of ints, one per token position.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, replace
+from typing import Any
+
+from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, NamespaceUsage, StoredBlock
+from omlx.domain.keys import block_key
+
+# --- Clock -------------------------------------------------------------------------
+
+
+class FakeClock:
+    """A clock that moves only when told."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float = 1.0) -> float:
+        self.t += seconds
+        return self.t
+
+
+# --- KVCodec -----------------------------------------------------------------------
+
+
+class FakeCodec:
+    """A codec over list caches: a payload is the tuple of a block's positions."""
+
+    def __init__(self) -> None:
+        self.splits = 0
+        self.encodes = 0
+
+    def split(self, cache: list[int], start: int, stop: int) -> tuple[int, ...]:
+        if not 0 <= start < stop <= len(cache):
+            raise ValueError(f"split [{start}, {stop}) outside a cache of {len(cache)}")
+        self.splits += 1
+        return tuple(cache[start:stop])
+
+    def assemble(self, payloads: Sequence[tuple[int, ...]]) -> list[int]:
+        return [v for p in payloads for v in p]
+
+    def nbytes(self, payload: tuple[int, ...]) -> int:
+        return 8 * len(payload)
+
+    def encode(self, payload: tuple[int, ...], tokens: Sequence[int], meta: BlockMeta) -> bytes:
+        self.encodes += 1
+        doc = {"tokens": list(tokens), "payload": list(payload), "meta": asdict(meta)}
+        return json.dumps(doc, sort_keys=True).encode()
+
+    def decode(self, data: bytes) -> DecodedBlock:
+        try:
+            doc = json.loads(data)
+            meta = {k: str(v) for k, v in doc["meta"].items()}
+            return DecodedBlock(tuple(doc["tokens"]), tuple(doc["payload"]), meta)
+        except (KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"malformed fake block: {exc}") from exc
+
+
+# --- BlockStore --------------------------------------------------------------------
+
+
+class FakeBlockStore:
+    """Block files in a dict; set ``fail_writes`` to an ``OSError`` to simulate a full disk."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.temp_files: dict[str, float] = {}  # relpath -> age in seconds
+        self.fail_writes: OSError | None = None
+
+    def relpath(self, namespace: NamespaceInfo, key: str) -> str:
+        model = namespace.model_name.replace("/", "_")
+        return f"{model}-{namespace.digest[:12]}/{key[:2]}/{key}.safetensors"
+
+    def write(self, relpath: str, data: bytes) -> None:
+        if self.fail_writes is not None:
+            raise self.fail_writes
+        self.files[relpath] = bytes(data)
+
+    def read(self, relpath: str) -> bytes:
+        try:
+            return self.files[relpath]
+        except KeyError:
+            raise FileNotFoundError(errno.ENOENT, "no such block file", relpath) from None
+
+    def delete(self, relpath: str) -> None:
+        self.files.pop(relpath, None)
+
+    def iter_relpaths(self) -> Iterator[str]:
+        return iter(list(self.files))
+
+    def remove_temp_files(self, older_than: float | None = None) -> int:
+        doomed = [p for p, age in self.temp_files.items() if older_than is None or age > older_than]
+        for p in doomed:
+            del self.temp_files[p]
+        return len(doomed)
+
+
+# --- BlockIndex --------------------------------------------------------------------
+
+
+class FakeBlockIndex:
+    """The block index in dicts, with the same ordering rules as the SQLite one."""
+
+    def __init__(self) -> None:
+        self.namespaces: dict[str, NamespaceInfo] = {}
+        self.blocks: dict[str, StoredBlock] = {}
+
+    def upsert_namespace(self, namespace: NamespaceInfo) -> None:
+        self.namespaces[namespace.digest] = namespace
+
+    def add_block(self, block: StoredBlock) -> None:
+        self.blocks.setdefault(block.key, block)
+
+    def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]:
+        return {k: self.blocks[k] for k in keys if k in self.blocks}
+
+    def touch(self, hits: Mapping[str, float]) -> None:
+        for key, at in hits.items():
+            block = self.blocks.get(key)
+            if block is not None:
+                self.blocks[key] = replace(
+                    block, last_access=max(block.last_access, at), hit_count=block.hit_count + 1
+                )
+
+    def remove_blocks(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self.blocks.pop(key, None)
+
+    def total_bytes(self) -> int:
+        return sum(b.nbytes for b in self.blocks.values())
+
+    def lru_blocks(self, limit: int) -> list[StoredBlock]:
+        ordered = sorted(self.blocks.values(), key=lambda b: (b.last_access, b.created_at, b.key))
+        return ordered[:limit]
+
+    def usage(self) -> list[NamespaceUsage]:
+        rows = []
+        for digest in sorted({b.namespace for b in self.blocks.values()}):
+            mine = [b for b in self.blocks.values() if b.namespace == digest]
+            ns = self.namespaces.get(digest)
+            rows.append(
+                NamespaceUsage(
+                    namespace=digest,
+                    model_name=ns.model_name if ns else "",
+                    blocks=len(mine),
+                    nbytes=sum(b.nbytes for b in mine),
+                    tokens=sum(b.token_count for b in mine),
+                    oldest_access=min(b.last_access for b in mine),
+                    newest_access=max(b.last_access for b in mine),
+                )
+            )
+        return rows
+
+    def all_relpaths(self) -> set[str]:
+        return {b.relpath for b in self.blocks.values()}
+
+
+# --- ColdSource --------------------------------------------------------------------
+
+
+class FakeColdSource:
+    """The cold tier as a dict of encoded blocks; ``get`` verifies like the real one."""
+
+    def __init__(self, decode: Callable[[bytes], DecodedBlock] | None = None) -> None:
+        self._decode = decode if decode is not None else FakeCodec().decode
+        self.blocks: dict[str, tuple[BlockMeta, tuple[int, ...], bytes]] = {}
+        self.puts: list[str] = []
+        self.gets: list[str] = []
+        self.touched: list[str] = []
+
+    def get(self, key: str, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
+        self.gets.append(key)
+        entry = self.blocks.get(key)
+        if entry is None:
+            return None
+        try:
+            decoded = self._decode(entry[2])
+        except ValueError:
+            del self.blocks[key]  # corrupt: dropped, never served
+            return None
+        if block_key(parent_key, decoded.tokens) != key:
+            del self.blocks[key]
+            return None
+        return decoded.tokens, decoded.payload
+
+    def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> None:
+        self.puts.append(meta.key)
+        self.blocks[meta.key] = (meta, tuple(tokens), data)
+
+    def contains(self, key: str) -> bool:
+        return key in self.blocks
+
+    def touch(self, keys: Sequence[str]) -> None:
+        self.touched.extend(keys)

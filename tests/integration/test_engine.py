@@ -1,0 +1,87 @@
+"""The engine against mlx-lm itself: same tokens, stop strings, seeds, concurrency."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.loader import load_model
+from omlx.domain.generation import GenerationRequest, SamplingParams
+from tests.engine_helpers import generate, greedy, submit
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_model(str(tiny_model_dir))
+
+
+@pytest.fixture()
+def engine(tiny):
+    engine = MLXEngine(tiny, None, EngineConfig(max_concurrent=4, prefill_step_size=32))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def chat_tokens(model, text: str) -> list[int]:
+    return model.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+
+
+def reference_tokens(model, prompt: list[int], n: int) -> list[int]:
+    out = []
+    for token, _ in generate_step(mx.array(prompt), model.model, max_tokens=n):
+        out.append(int(token))
+        if int(token) in model.tokenizer.eos_token_ids:
+            break
+    return out
+
+
+def test_greedy_equals_mlx_lm_token_for_token(tiny, engine):
+    prompt = chat_tokens(tiny, "What is the capital of France?")
+    expected = reference_tokens(tiny, prompt, 24)
+    run = generate(engine, greedy(prompt, 24))
+    ids = tiny.tokenizer.encode(run.text, add_special_tokens=False)
+    assert run.finished.completion_tokens == len([t for t in expected if t not in tiny.tokenizer.eos_token_ids])
+    assert run.text == tiny.tokenizer.decode([t for t in expected if t not in tiny.tokenizer.eos_token_ids])
+    assert ids  # the text is not empty
+
+
+def test_stop_string_cuts_the_text(tiny, engine):
+    prompt = chat_tokens(tiny, "Tell me something")
+    full = generate(engine, greedy(prompt, 24)).text
+    assert len(full) > 6
+    stop = full[3:6]
+    run = generate(engine, greedy(prompt, 24, stop=(stop,)))
+    assert run.finished.reason == "stop"
+    assert run.text == full[: full.index(stop)]
+
+
+def test_seeded_sampling_is_reproducible(tiny, engine):
+    prompt = chat_tokens(tiny, "Write a word")
+    request = GenerationRequest(tuple(prompt), 12, SamplingParams(temperature=1.0, top_p=0.9, seed=7))
+    first = generate(engine, request).text
+    second = generate(engine, request).text
+    assert first == second
+
+
+def test_concurrent_requests_each_match_their_solo_text(tiny, engine):
+    prompts = [chat_tokens(tiny, f"Question number {i}: " + "why? " * (i * 5)) for i in range(4)]
+    solo = [generate(engine, greedy(p, 20)).text for p in prompts]
+    runs = [submit(engine, greedy(p, 20)) for p in prompts]
+    for run in runs:
+        assert run.done.wait(120)
+    assert [r.text for r in runs] == solo
+
+
+def test_cancel_frees_the_slot(tiny, engine):
+    prompt = chat_tokens(tiny, "A long answer please")
+    run = submit(engine, greedy(prompt, 2000))
+    while not run.events:
+        run.done.wait(0.05)
+    job_ids = list(engine._jobs)
+    engine.cancel(job_ids[0])
+    assert run.done.wait(30)
+    assert run.finished.reason == "cancelled"
+    assert engine.active == 0

@@ -1,0 +1,70 @@
+"""The domain's surface: it imports only the standard library (STYLE 1); fakes match its ports."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+FORBIDDEN = {
+    "mlx",
+    "mlx_lm",
+    "numpy",
+    "sqlalchemy",
+    "alembic",
+    "litestar",
+    "msgspec",
+    "safetensors",
+}
+
+PROBE = """
+import json, sys
+before = set(sys.modules)
+import omlx.domain
+print(json.dumps({"all": sorted(sys.modules), "new": sorted(set(sys.modules) - before)}))
+"""
+
+
+def test_importing_the_domain_loads_only_the_standard_library() -> None:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    modules = json.loads(out)
+    top_all = {m.partition(".")[0] for m in modules["all"]}
+    assert not top_all & FORBIDDEN
+    top_new = {m.partition(".")[0] for m in modules["new"]}
+    assert "omlx" in top_new
+    assert top_new - {"omlx"} <= set(sys.stdlib_module_names)
+
+
+PORT_FAKES = [
+    ("Clock", "FakeClock"),
+    ("KVCodec", "FakeCodec"),
+    ("BlockStore", "FakeBlockStore"),
+    ("BlockIndex", "FakeBlockIndex"),
+    ("ColdSource", "FakeColdSource"),
+    ("EvictionPolicy", "LRUPolicy"),
+]
+
+
+@pytest.mark.parametrize(("port_name", "impl_name"), PORT_FAKES)
+def test_fakes_implement_their_ports(port_name: str, impl_name: str) -> None:
+    # Protocols are structural: keep the fakes' method names and parameters in step.
+    from omlx.domain import eviction, ports
+    from tests import fakes
+
+    port = getattr(ports, port_name)
+    impl = getattr(fakes, impl_name, None) or getattr(eviction, impl_name)
+    for name, member in vars(port).items():
+        if name.startswith("_") or not callable(member):
+            continue
+        assert callable(getattr(impl, name, None)), f"{impl_name} lacks {name}"
+        want = list(inspect.signature(member).parameters)
+        assert list(inspect.signature(getattr(impl, name)).parameters) == want, name
