@@ -92,7 +92,10 @@ def convert(gguf: Path, out_dir: Path) -> None:
 
 
 def _attach_admin() -> None:
-    from omlx.app.admin import admin_group, db_group
+    try:
+        from omlx.app.admin import admin_group, db_group
+    except ModuleNotFoundError:  # TEMP until the admin module lands
+        return
 
     main.add_command(admin_group, "admin")
     main.add_command(db_group, "db")

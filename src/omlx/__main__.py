@@ -1,0 +1,5 @@
+"""``python -m omlx`` is the ``omlx`` command."""
+
+from omlx.app.cli import main
+
+main()
