@@ -1,0 +1,35 @@
+"""Convert a llama GGUF file into an mlx-lm model folder.
+
+Peers such as `mlx_lm.server --model FOLDER` need config.json, safetensors and
+tokenizer files; this writes them from the same reading code the loader uses, so the
+folder holds exactly the model omlx serves from the GGUF file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+
+from omlx.adapters.mlx.gguf import read_gguf
+from omlx.adapters.mlx.gguf_tokenizer import write_tokenizer_files
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def convert_gguf(gguf_path: Path | str, out_dir: Path | str) -> Path:
+    """Write config.json, model.safetensors (float32) and tokenizer files to `out_dir`.
+
+    Weights are dequantized to float32, the dtype omlx computes in on CPU, so a peer
+    loading the folder runs the same numbers (float16 on CPU is far slower there).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    contents = read_gguf(gguf_path, dequantize=True)
+
+    # Tokenizer first: it is the part that can still refuse the model.
+    write_tokenizer_files(contents.metadata, out)
+    mx.save_safetensors(str(out / WEIGHTS_FILE), contents.weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(contents.config, indent=2), encoding="utf-8")
+    return out
