@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas
@@ -17,24 +19,29 @@ log = logging.getLogger(__name__)
 def bootstrap(settings: Settings, **overrides: Any) -> Container:
     """Load the model, build the cache tiers and start the engine thread.
 
-    ``overrides`` replace built parts in tests (``model=``, ``cold_tier=``).
+    ``overrides`` replace built parts in tests (``model=``).
     """
     load_optimized_blas()  # before the first import of mlx below
     log.info(describe_blas())
     from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
     from omlx.adapters.mlx.loader import load_model
 
-    closers = []
-    model = overrides.get("model") or load_model(settings.model or None)
-    prefix_cache = None
-    cold_tier = None
-    if not settings.cache_enabled:
-        log.info("prefix cache: off (--no-cache)")
-    elif not model.cache_supported:
-        log.warning("prefix cache: off for %s: %s", model.model_id, model.cache_unsupported_reason)
-    else:
-        prefix_cache, cold_tier, cold_closers = _build_cache(settings, model, overrides)
-        closers.extend(cold_closers)
+    closers: list = []
+    try:
+        ssd = _open_ssd(settings, closers) if settings.cache_enabled and settings.ssd_cache_enabled else None
+        model = overrides.get("model") or load_model(
+            settings.model or None, digest_cache=_digest_cache(ssd["index"]) if ssd else None
+        )
+        prefix_cache = cold_tier = None
+        if not settings.cache_enabled:
+            log.info("prefix cache: off (--no-cache)")
+        elif not model.cache_supported:
+            log.warning("prefix cache: off for %s: %s", model.model_id, model.cache_unsupported_reason)
+        else:
+            prefix_cache, cold_tier = _build_cache(settings, model, ssd, closers)
+    except BaseException:
+        _close_all(closers)
+        raise
 
     engine = MLXEngine(
         model,
@@ -45,7 +52,7 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
         ),
     )
     engine.start()
-    closers.append(engine.stop)
+    closers.append(engine.stop)  # closed first: no block is stored after the writer drains
     generation = GenerationService(
         engine,
         model,
@@ -66,7 +73,45 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
     )
 
 
-def _build_cache(settings: Settings, model: Any, overrides: dict[str, Any]):
+def _close_all(closers: list) -> None:
+    while closers:
+        try:
+            closers.pop()()
+        except Exception:
+            log.exception("error while closing")
+
+
+def _open_ssd(settings: Settings, closers: list) -> dict[str, Any]:
+    """Lock the cache folder (one server per folder) and open its index."""
+    from omlx.adapters.blockfiles import CacheDirLock, FileBlockStore
+    from omlx.adapters.sqlindex import open_index
+
+    cache_dir = settings.cache_dir
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    lock = CacheDirLock(cache_dir)
+    lock.acquire()  # raises CacheDirLocked with the other server's pid
+    closers.append(lock.release)
+    index = open_index(cache_dir)
+    closers.append(index.close)
+    return {"dir": cache_dir, "lock": lock, "index": index, "store": FileBlockStore(cache_dir)}
+
+
+def _digest_cache(index: Any):
+    """Remember weight digests per (path, size, mtime): hashing large weights is slow."""
+
+    def cached(path: Path, compute) -> str:
+        stat = path.stat()
+        key = str(path.resolve())
+        digest = index.weight_digest_lookup(key, stat.st_size, stat.st_mtime)
+        if digest is None:
+            digest = compute(path)
+            index.weight_digest_store(key, stat.st_size, stat.st_mtime, digest)
+        return digest
+
+    return cached
+
+
+def _build_cache(settings: Settings, model: Any, ssd: dict[str, Any] | None, closers: list):
     from omlx.adapters.mlx.kv_codec import MLXKVCodec
     from omlx.domain.blocks import NamespaceInfo
     from omlx.domain.hot_tier import HotTier
@@ -81,10 +126,53 @@ def _build_cache(settings: Settings, model: Any, overrides: dict[str, Any]):
         kv_dtype=model.kv_dtype,
         layer_count=model.layer_count,
     )
+    codec = MLXKVCodec()
     hot = HotTier(settings.hot_cache_bytes)
-    prefix_cache = PrefixCache(namespace=namespace, codec=MLXKVCodec(), hot=hot)
+    cold = _build_cold_tier(settings, namespace, hot, codec, ssd, closers) if ssd else None
+    prefix_cache = PrefixCache(namespace=namespace, codec=codec, hot=hot, cold=cold)
     log.info(
-        "prefix cache: hot tier %s, block size %d, namespace %s",
-        settings.hot_cache_max_size, settings.block_size, namespace.digest[:12],
+        "prefix cache: hot tier %s, SSD tier %s, block size %d, namespace %s",
+        settings.hot_cache_max_size,
+        f"{settings.paged_ssd_cache_max_size} in {ssd['dir']}" if ssd else "off",
+        settings.block_size,
+        namespace.digest[:12],
     )
-    return prefix_cache, None, []
+    return prefix_cache, cold
+
+
+def _build_cold_tier(settings, namespace, hot, codec, ssd, closers):
+    from omlx.adapters.blockfiles import BlockWriter, DiskBudget
+    from omlx.adapters.blockfiles.maintenance import reconcile
+    from omlx.domain.cold_tier import ColdTier, RecencyBuffer
+
+    index, store = ssd["index"], ssd["store"]
+    index.upsert_namespace(namespace)
+    recency = RecencyBuffer(index)
+    writer = BlockWriter(
+        store,
+        index,
+        DiskBudget(ssd["dir"], settings.ssd_cache_bytes),
+        is_pinned=hot.is_pinned,
+        tick=recency.maybe_flush,
+    )
+    cold = ColdTier(namespace, store, index, writer, codec.decode, recency=recency)
+    # Closed in reverse: drain the writer, then flush recency so LRU order survives.
+    closers.append(cold.flush)
+    closers.append(lambda: writer.close(30))
+    # Start-up reads the index, not the folder; the reconcile of what a crash left
+    # runs beside serving. We hold the lock, so every file older than this start is
+    # stale; files written since (by our own writer) are kept.
+    started = time.time()
+    threading.Thread(
+        target=_reconcile_quietly, args=(reconcile, index, store, started), name="omlx-reconcile", daemon=True
+    ).start()
+    cold.writer = writer
+    return cold
+
+
+def _reconcile_quietly(reconcile, index, store, started: float) -> None:
+    try:
+        report = reconcile(index, store, grace=max(time.time() - started, 0.0))
+        log.info("cache folder reconciled: %s", report)
+    except Exception:
+        log.exception("start-up reconcile of the cache folder failed")

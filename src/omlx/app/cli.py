@@ -92,10 +92,7 @@ def convert(gguf: Path, out_dir: Path) -> None:
 
 
 def _attach_admin() -> None:
-    try:
-        from omlx.app.admin import admin_group, db_group
-    except ModuleNotFoundError:  # TEMP until the admin module lands
-        return
+    from omlx.app.admin import admin_group, db_group
 
     main.add_command(admin_group, "admin")
     main.add_command(db_group, "db")

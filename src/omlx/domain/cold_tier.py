@@ -36,9 +36,13 @@ class RecencyBuffer:
     """
 
     def __init__(
-        self, index: BlockIndex, clock: Clock | None = None, *,
-        interval: float = 5.0, max_pending: int = 4096,
-    ) -> None:  # fmt: skip
+        self,
+        index: BlockIndex,
+        clock: Clock | None = None,
+        *,
+        interval: float = 5.0,
+        max_pending: int = 4096,
+    ) -> None:
         self._index = index
         self._clock: Clock = clock if clock is not None else _SystemClock()
         self.interval = interval
@@ -86,9 +90,13 @@ class RecencyBuffer:
 
 
 def evict(
-    index: BlockIndex, store: BlockStore, bytes_to_free: int,
-    is_pinned: Callable[[str], bool], *, used: int | None = None,
-) -> list[StoredBlock]:  # fmt: skip
+    index: BlockIndex,
+    store: BlockStore,
+    bytes_to_free: int,
+    is_pinned: Callable[[str], bool],
+    *,
+    used: int | None = None,
+) -> list[StoredBlock]:
     """Remove least recently used unpinned blocks until ``bytes_to_free`` bytes are gone.
 
     Rows go first (one transaction), files after the commit (DESIGN §4): a crash in
@@ -215,7 +223,9 @@ class ColdTier:
         return decoded, ""
 
     def _drop(self, row: StoredBlock, problem: str, counter: str) -> None:
-        log.warning("cold block %s (%s) is not served: %s; removing it", row.key, row.relpath, problem)
+        log.warning(
+            "cold block %s (%s) is not served: %s; removing it", row.key, row.relpath, problem
+        )
         self._count(counter)
         self._count("misses")
         try:

@@ -1,0 +1,206 @@
+"""The block file format (DESIGN §4): plain safetensors, written and parsed without numpy.
+
+Layout: 8-byte little-endian header length, a JSON header (``dtype``, ``shape``,
+``data_offsets`` per tensor and string ``__metadata__``) padded with spaces to an
+8-byte boundary, then the tensors' bytes back to back. Any safetensors reader loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import sys
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from omlx.domain.blocks import BlockMeta
+from omlx.domain.keys import CACHE_FORMAT_VERSION
+
+# Bytes per element, in safetensors' own dtype spelling.
+DTYPE_SIZES: dict[str, int] = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
+
+METADATA_KEYS = ("format_version", "namespace", "key", "parent_key", "token_count", "layer_count")
+_MAX_HEADER = 100_000_000  # safetensors' own limit; a larger length means a broken file
+
+
+@dataclass(frozen=True, slots=True)
+class RawTensor:
+    """A tensor as bytes: safetensors dtype name, shape, little-endian row-major data."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes | memoryview
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
+
+
+def encode_block(tensors: Mapping[str, RawTensor], metadata: Mapping[str, str]) -> bytes:
+    """Serialize ``tensors`` (in the given order) and string ``metadata`` to safetensors bytes."""
+    header: dict[str, object] = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}}
+    offset = 0
+    for name, tensor in tensors.items():
+        if name == "__metadata__":
+            raise ValueError("'__metadata__' is not a tensor name")
+        if tensor.dtype not in DTYPE_SIZES:
+            raise ValueError(f"unknown dtype {tensor.dtype!r} for tensor {name!r}")
+        size = memoryview(tensor.data).nbytes
+        if size != tensor.nbytes:
+            raise ValueError(
+                f"tensor {name!r}: {size} bytes for shape {tensor.shape} {tensor.dtype}"
+            )
+        header[name] = {
+            "dtype": tensor.dtype,
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    raw += b" " * (-(8 + len(raw)) % 8)  # data starts 8-byte aligned, as safetensors writes
+    parts: list[bytes | memoryview] = [struct.pack("<Q", len(raw)), raw]
+    parts.extend(memoryview(t.data).cast("B") for t in tensors.values())
+    return b"".join(parts)
+
+
+def decode_block(data: bytes) -> tuple[dict[str, RawTensor], dict[str, str]]:
+    """Parse safetensors bytes; tensor data are zero-copy views. Raises ``ValueError`` if malformed."""
+    view = memoryview(data).cast("B")
+    if len(view) < 8:
+        raise ValueError("block file shorter than its header length")
+    (header_len,) = struct.unpack_from("<Q", view, 0)
+    if header_len > min(_MAX_HEADER, len(view) - 8):
+        raise ValueError(f"header length {header_len} exceeds the file ({len(view)} bytes)")
+    try:
+        header = json.loads(bytes(view[8 : 8 + header_len]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"block header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ValueError("block header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise ValueError("__metadata__ must map strings to strings")
+    body = view[8 + header_len :]
+    tensors: dict[str, RawTensor] = {}
+    spans: list[tuple[int, int]] = []
+    for name, info in header.items():
+        tensor, span = _parse_entry(name, info, body)
+        tensors[name] = tensor
+        spans.append(span)
+    # Like safetensors: the tensors tile the data section exactly, no gaps or overlaps.
+    end = 0
+    for begin, stop in sorted(spans):
+        if begin != end:
+            raise ValueError("tensor data offsets leave a gap or overlap")
+        end = stop
+    if end != len(body):
+        raise ValueError(f"data section is {len(body)} bytes, tensors cover {end}")
+    return tensors, dict(metadata)
+
+
+def _parse_entry(name: str, info: object, body: memoryview) -> tuple[RawTensor, tuple[int, int]]:
+    if not isinstance(info, dict):
+        raise ValueError(f"tensor {name!r}: entry is not an object")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if dtype not in DTYPE_SIZES:
+        raise ValueError(f"tensor {name!r}: unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise ValueError(f"tensor {name!r}: bad shape {shape!r}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+        raise ValueError(f"tensor {name!r}: bad data_offsets {offsets!r}")
+    begin, stop = offsets
+    if not begin <= stop <= len(body):
+        raise ValueError(f"tensor {name!r}: data_offsets {offsets} outside the data section")
+    tensor = RawTensor(dtype, tuple(shape), body[begin:stop])
+    if stop - begin != tensor.nbytes:
+        raise ValueError(f"tensor {name!r}: {stop - begin} bytes for shape {shape} {dtype}")
+    return tensor, (begin, stop)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def tokens_tensor(tokens: Sequence[int]) -> RawTensor:
+    """The ``tokens`` tensor: int32 little-endian, shape ``[n]``."""
+    return RawTensor("I32", (len(tokens),), struct.pack(f"<{len(tokens)}i", *tokens))
+
+
+def read_tokens(tensor: RawTensor) -> tuple[int, ...]:
+    """Token ids of a ``tokens`` tensor (I32 or U32, one dimension)."""
+    if tensor.dtype not in ("I32", "U32") or len(tensor.shape) != 1:
+        raise ValueError(f"tokens tensor must be 1-D I32, got {tensor.dtype} {tensor.shape}")
+    values = array("i" if tensor.dtype == "I32" else "I")
+    values.frombytes(bytes(tensor.data))
+    if sys.byteorder == "big":
+        values.byteswap()
+    return tuple(values)
+
+
+def block_metadata(meta: BlockMeta, layer_count: int) -> dict[str, str]:
+    """The string metadata every block file carries (DESIGN §4)."""
+    return {
+        "format_version": str(CACHE_FORMAT_VERSION),
+        "namespace": meta.namespace,
+        "key": meta.key,
+        "parent_key": meta.parent_key,
+        "token_count": str(meta.token_count),
+        "layer_count": str(layer_count),
+    }
+
+
+def pack_block(
+    meta: BlockMeta, tokens: Sequence[int], layers: Sequence[tuple[RawTensor, RawTensor]]
+) -> bytes:
+    """A whole block file: ``tokens``, then ``k.<i>``/``v.<i>`` per layer, and its metadata."""
+    if len(tokens) != meta.token_count:
+        raise ValueError(f"{len(tokens)} tokens for a block of {meta.token_count}")
+    tensors = {"tokens": tokens_tensor(tokens)}
+    for i, (k, v) in enumerate(layers):
+        tensors[f"k.{i}"] = k
+        tensors[f"v.{i}"] = v
+    return encode_block(tensors, block_metadata(meta, len(layers)))
+
+
+def unpack_block(
+    data: bytes,
+) -> tuple[tuple[int, ...], list[tuple[RawTensor, RawTensor]], dict[str, str]]:
+    """Inverse of :func:`pack_block`, checking the metadata against the tensors."""
+    tensors, metadata = decode_block(data)
+    missing = [k for k in METADATA_KEYS if k not in metadata]
+    if missing or "tokens" not in tensors:
+        raise ValueError(f"not a block file: missing {missing or ['tokens']}")
+    if metadata["format_version"] != str(CACHE_FORMAT_VERSION):
+        raise ValueError(f"block format version {metadata['format_version']!r} is not supported")
+    tokens = read_tokens(tensors["tokens"])
+    try:
+        token_count, layer_count = int(metadata["token_count"]), int(metadata["layer_count"])
+    except ValueError:
+        raise ValueError("token_count and layer_count must be integers") from None
+    if token_count != len(tokens):
+        raise ValueError(f"metadata says {token_count} tokens, tensor has {len(tokens)}")
+    try:
+        layers = [(tensors[f"k.{i}"], tensors[f"v.{i}"]) for i in range(layer_count)]
+    except KeyError as exc:
+        raise ValueError(f"block file lacks tensor {exc.args[0]}") from None
+    return tokens, layers, metadata

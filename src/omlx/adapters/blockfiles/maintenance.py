@@ -1,0 +1,145 @@
+"""Keeping rows and files in step: verify every block, reconcile the folder with the index.
+
+Used by ``omlx admin cache verify|vacuum`` and by a server's start-up reconcile. Safe
+beside a live server given a ``grace`` period: a block file younger than that may be
+one the writer has just renamed into place and is about to index, so it is left alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from omlx.adapters.blockfiles.format import unpack_block
+from omlx.adapters.blockfiles.store import BLOCK_SUFFIX, FileBlockStore
+from omlx.domain.blocks import StoredBlock
+from omlx.domain.keys import block_key
+from omlx.domain.ports import BlockIndex
+
+T = TypeVar("T")
+# Wraps an iterable to show progress: (items, length or None, label) -> items.
+Progress = Callable[[Iterable[T], int | None, str], Iterable[T]]
+LIVE_GRACE_S = 60.0  # files younger than this may belong to a live server's writer
+
+
+def no_progress(items: Iterable[T], length: int | None, label: str) -> Iterable[T]:
+    return items
+
+
+class ScannableIndex(BlockIndex, Protocol):
+    """The index port plus a full scan (``SqlBlockIndex`` has it)."""
+
+    def iter_blocks(self) -> Iterator[StoredBlock]: ...
+
+    def block_count(self) -> int: ...
+
+
+@dataclass(slots=True)
+class ReconcileReport:
+    temp_files: int = 0
+    rows_without_files: int = 0
+    files_without_rows: int = 0
+    orphan_bytes: int = 0
+
+
+def check_block(store: FileBlockStore, block: StoredBlock) -> str | None:
+    """Why ``block`` must not be served, or None when its file is sound."""
+    try:
+        data = store.read(block.relpath)
+    except FileNotFoundError:
+        return "file missing"
+    if len(data) != block.nbytes:
+        return f"size {len(data)} != {block.nbytes} in the index"
+    if hashlib.sha256(data).hexdigest() != block.checksum:
+        return "checksum mismatch"
+    try:
+        tokens, _, metadata = unpack_block(data)
+    except ValueError as exc:
+        return f"malformed: {exc}"
+    if block_key(block.parent_key, tokens) != block.key:
+        return "tokens do not rehash to the key"
+    if metadata["key"] != block.key or metadata["namespace"] != block.namespace:
+        return "metadata names another block"
+    return None
+
+
+def verify(
+    index: ScannableIndex, store: FileBlockStore, progress: Progress = no_progress
+) -> list[tuple[StoredBlock, str]]:
+    """Every indexed block that fails :func:`check_block`, with the reason."""
+    bad: list[tuple[StoredBlock, str]] = []
+    for block in progress(index.iter_blocks(), index.block_count(), "verifying"):
+        problem = check_block(store, block)
+        # A live server may have evicted it (row, then file) since the scan read the row.
+        if problem == "file missing" and block.key not in index.get_blocks([block.key]):
+            continue
+        if problem is not None:
+            bad.append((block, problem))
+    return bad
+
+
+def remove_blocks(index: BlockIndex, store: FileBlockStore, blocks: Sequence[StoredBlock]) -> int:
+    """Rows first (one transaction), files after the commit; returns the bytes freed."""
+    if not blocks:
+        return 0
+    index.remove_blocks([b.key for b in blocks])
+    return delete_files(store, blocks)
+
+
+def delete_files(store: FileBlockStore, blocks: Iterable[StoredBlock]) -> int:
+    """Delete the files of blocks whose rows are already gone; returns the bytes freed."""
+    freed = 0
+    for block in blocks:
+        info = store.file_info(block.relpath)
+        store.delete(block.relpath)
+        freed += info[0] if info else 0
+    return freed
+
+
+def reconcile(
+    index: ScannableIndex,
+    store: FileBlockStore,
+    *,
+    grace: float | None,
+    progress: Progress = no_progress,
+) -> ReconcileReport:
+    """Remove leftover temp files, rows without files and files without rows.
+
+    ``grace=None``: the caller owns the folder (holds its lock), everything stale goes.
+    Otherwise files modified within ``grace`` seconds are kept.
+    """
+    report = ReconcileReport(temp_files=store.remove_temp_files(older_than=grace))
+    missing = [
+        b
+        for b in progress(index.iter_blocks(), index.block_count(), "checking rows")
+        if store.file_info(b.relpath) is None
+    ]
+    if missing:
+        index.remove_blocks([b.key for b in missing])
+    report.rows_without_files = len(missing)
+    indexed = index.all_relpaths()
+    candidates: list[tuple[str, int]] = []
+    now = time.time()
+    for rel in progress(store.iter_relpaths(), None, "checking files"):
+        if rel in indexed:
+            continue
+        info = store.file_info(rel)
+        if info is None or (grace is not None and now - info[1] <= grace):
+            continue
+        candidates.append((rel, info[0]))
+    # Re-read the rows right before deleting: a block written since the snapshot is kept.
+    keys = [rel.rsplit("/", 1)[-1].removesuffix(BLOCK_SUFFIX) for rel, _ in candidates]
+    rows = index.get_blocks(keys)
+    for (rel, size), key in zip(candidates, keys, strict=True):
+        row = rows.get(key)
+        if row is not None and row.relpath == rel:
+            continue
+        store.delete(rel)
+        report.files_without_rows += 1
+        report.orphan_bytes += size
+    if grace is None:
+        store.prune_empty_dirs()  # with a live server, a new folder may be about to get a file
+    return report

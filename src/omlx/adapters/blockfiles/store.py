@@ -1,0 +1,172 @@
+"""Block files on disk: layout, durable writes, reads and cleanup (DESIGN §4).
+
+Layout: ``<cache_dir>/<model-name>-<namespace[:12]>/<key[:2]>/<key>.safetensors``.
+Temporary files are ``.<key>.<random>.tmp`` in the block's own folder, so the final
+``os.replace`` is atomic and a crashed write leaves only a hidden ``.tmp`` file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+from omlx.domain.blocks import NamespaceInfo
+
+BLOCK_SUFFIX = ".safetensors"
+TEMP_SUFFIX = ".tmp"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_folder_name(model_name: str, max_len: int = 64) -> str:
+    """A recognisable, portable folder name for a model: ``org/Model Q8`` -> ``org-Model-Q8``."""
+    name = _UNSAFE.sub("-", model_name).strip(".-_")[:max_len].rstrip(".-_")
+    return name or "model"
+
+
+def is_temp_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+
+
+class FileBlockStore:
+    """``BlockStore`` over one cache folder; relative paths are '/'-separated."""
+
+    def __init__(self, cache_dir: str | os.PathLike[str]) -> None:
+        self.root = Path(cache_dir).expanduser()
+
+    def relpath(self, namespace: NamespaceInfo, key: str) -> str:
+        if len(key) < 3 or not key.isalnum():
+            raise ValueError(f"bad block key {key!r}")
+        folder = f"{safe_folder_name(namespace.model_name)}-{namespace.digest[:12]}"
+        return f"{folder}/{key[:2]}/{key}{BLOCK_SUFFIX}"
+
+    def path(self, relpath: str) -> Path:
+        """The absolute path of ``relpath``; refuses anything that escapes the cache folder."""
+        rel = PurePosixPath(relpath)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            raise ValueError(f"bad relative path {relpath!r}")
+        return self.root.joinpath(*rel.parts)
+
+    def write(self, relpath: str, data: bytes) -> None:
+        target = self.path(relpath)
+        folder = target.parent
+        stem = target.name.removesuffix(BLOCK_SUFFIX)
+        tmp = folder / f".{stem}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        self._make_dirs(folder)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:  # an admin pruned the empty folder just now: make it again
+            self._make_dirs(folder)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except BaseException:
+            # ENOSPC and friends: never leave a half-written temp file behind.
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        _fsync_dir(folder)
+
+    def read(self, relpath: str) -> bytes:
+        return self.path(relpath).read_bytes()
+
+    def delete(self, relpath: str) -> None:
+        self.path(relpath).unlink(missing_ok=True)
+
+    def file_info(self, relpath: str) -> tuple[int, float] | None:
+        """``(size, mtime)`` of a block file, or None when it is missing."""
+        try:
+            st = self.path(relpath).stat()
+        except FileNotFoundError:
+            return None
+        return st.st_size, st.st_mtime
+
+    def iter_relpaths(self) -> Iterator[str]:
+        for rel, _ in self._walk_blocks(temp=False):
+            yield rel
+
+    def iter_temp_files(self) -> Iterator[tuple[str, float]]:
+        """Leftover temporary files: ``(relpath, mtime)``."""
+        yield from self._walk_blocks(temp=True)
+
+    def remove_temp_files(self, older_than: float | None = None) -> int:
+        removed = 0
+        now = time.time()
+        for rel, mtime in list(self.iter_temp_files()):
+            # A live writer's temp file is young: leave it unless the caller says all.
+            if older_than is not None and now - mtime <= older_than:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                self.path(rel).unlink()
+                removed += 1
+        return removed
+
+    def prune_empty_dirs(self) -> int:
+        """Remove empty model and prefix folders; returns how many went."""
+        removed = 0
+        for model_dir in self._model_dirs():
+            for sub in list(model_dir.iterdir()):
+                if sub.is_dir() and _rmdir_if_empty(sub):
+                    removed += 1
+            if _rmdir_if_empty(model_dir):
+                removed += 1
+        return removed
+
+    def _model_dirs(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return [p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+
+    def _walk_blocks(self, *, temp: bool) -> Iterator[tuple[str, float]]:
+        # Only the three-level layout counts, so index.db, the lock and stray files are ignored.
+        for model_dir in self._model_dirs():
+            for sub in model_dir.iterdir():
+                if not sub.is_dir():
+                    continue
+                with os.scandir(sub) as entries:
+                    for entry in entries:
+                        name = entry.name
+                        wanted = (
+                            is_temp_name(name)
+                            if temp
+                            else (name.endswith(BLOCK_SUFFIX) and not name.startswith("."))
+                        )
+                        if wanted and entry.is_file(follow_symlinks=False):
+                            mtime = entry.stat().st_mtime if temp else 0.0
+                            yield f"{model_dir.name}/{sub.name}/{name}", mtime
+
+    def _make_dirs(self, folder: Path) -> None:
+        if folder.is_dir():
+            return
+        missing = [folder, *(p for p in folder.parents if not p.exists())]
+        folder.mkdir(parents=True, exist_ok=True)
+        # A new folder's entry lives in its parent: fsync those so the layout survives a crash.
+        for created in reversed(missing):
+            _fsync_dir(created.parent)
+
+
+def _rmdir_if_empty(path: Path) -> bool:
+    try:
+        path.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

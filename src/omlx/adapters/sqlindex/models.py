@@ -1,0 +1,64 @@
+"""SQLAlchemy 2.x declarative models of the block index (DESIGN §4 Index).
+
+The schema itself is owned by the Alembic migrations in ``migrations/``; these models
+mirror it for queries and ``alembic revision --autogenerate``. Times are epoch seconds.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Float, ForeignKey, Index, Integer, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class NamespaceRow(Base):
+    """One model identity (config, weights, tokenizer, dtype, block size)."""
+
+    __tablename__ = "namespaces"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model_name: Mapped[str] = mapped_column(String, nullable=False)
+    model_path: Mapped[str] = mapped_column(String, nullable=False)
+    block_size: Mapped[int] = mapped_column(Integer, nullable=False)
+    kv_dtype: Mapped[str] = mapped_column(String, nullable=False)
+    layer_count: Mapped[int] = mapped_column(Integer, nullable=False)
+    created_at: Mapped[float] = mapped_column(Float, nullable=False)
+    last_used_at: Mapped[float] = mapped_column(Float, nullable=False)
+
+
+class BlockRow(Base):
+    """A block whose file is complete and fsynced (a row never exists without its file)."""
+
+    __tablename__ = "blocks"
+    __table_args__ = (
+        Index("ix_blocks_last_access", "last_access"),
+        Index("ix_blocks_namespace_last_access", "namespace", "last_access"),
+    )
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    namespace: Mapped[str] = mapped_column(
+        String(64), ForeignKey("namespaces.digest", ondelete="CASCADE"), nullable=False
+    )
+    parent_key: Mapped[str] = mapped_column(String(64), nullable=False)
+    token_count: Mapped[int] = mapped_column(Integer, nullable=False)
+    nbytes: Mapped[int] = mapped_column(Integer, nullable=False)
+    checksum: Mapped[str] = mapped_column(String(64), nullable=False)
+    relpath: Mapped[str] = mapped_column(String, nullable=False)
+    created_at: Mapped[float] = mapped_column(Float, nullable=False)
+    last_access: Mapped[float] = mapped_column(Float, nullable=False)
+    hit_count: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
+
+
+class WeightDigestRow(Base):
+    """A model file's weight digest, valid while its size and mtime are unchanged."""
+
+    __tablename__ = "weight_digests"
+
+    path: Mapped[str] = mapped_column(String, primary_key=True)
+    size: Mapped[int] = mapped_column(Integer, nullable=False)
+    mtime: Mapped[float] = mapped_column(Float, nullable=False)
+    digest: Mapped[str] = mapped_column(String(64), nullable=False)
+    computed_at: Mapped[float] = mapped_column(Float, nullable=False)

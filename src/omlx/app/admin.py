@@ -1,0 +1,349 @@
+"""``omlx admin cache ...`` and ``omlx db upgrade``: look after a cache folder from the shell.
+
+Never imports Litestar or MLX (a test checks), and is safe beside a running server:
+without the folder's lock it leaves alone any file younger than a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from omlx.adapters.blockfiles.budget import DiskBudget, default_reserve
+from omlx.adapters.blockfiles.lock import CacheDirLock, CacheDirLocked, lock_holder
+from omlx.adapters.blockfiles.maintenance import (
+    LIVE_GRACE_S,
+    delete_files,
+    reconcile,
+    remove_blocks,
+    verify,
+)
+from omlx.adapters.blockfiles.store import FileBlockStore
+from omlx.adapters.sqlindex import SqlBlockIndex, current_revision, index_path, open_index, upgrade
+from omlx.app.sizes import format_size, parse_size
+from omlx.domain.cold_tier import evict
+
+T = TypeVar("T")
+DEFAULT_CACHE_DIR = "~/.omlx/cache"
+
+cache_dir_option = click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_CACHE_DIR,
+    envvar="OMLX_CACHE_DIR",
+    show_default=True,
+    show_envvar=True,
+    help="The cache folder (block files and index.db).",
+)
+
+
+def _progress(items: Iterable[T], length: int | None, label: str) -> Iterable[T]:
+    """A progress bar on stderr, so ``--json`` output on stdout stays clean."""
+    bar = click.progressbar(items, length=length, label=label, file=sys.stderr)
+    with bar as wrapped:
+        yield from wrapped
+
+
+def _existing_index(cache_dir: Path) -> SqlBlockIndex | None:
+    """The index if the folder has one (migrated to head), else None: read-only commands create nothing."""
+    if not index_path(cache_dir).exists():
+        return None
+    return open_index(cache_dir)
+
+
+@contextmanager
+def _owned_or_shared(cache_dir: Path) -> Iterator[float | None]:
+    """Hold the folder's lock if no server does; yields the grace period for young files."""
+    lock = CacheDirLock(cache_dir)
+    try:
+        lock.acquire()
+    except CacheDirLocked as exc:
+        click.echo(
+            f"server running (pid {exc.pid or '?'}): files younger than "
+            f"{LIVE_GRACE_S:.0f} s are left alone",
+            err=True,
+        )
+    if not lock.held:
+        yield LIVE_GRACE_S
+        return
+    try:
+        yield None
+    finally:
+        lock.release()
+
+
+@click.group("admin")
+def admin_group() -> None:
+    """Maintenance of the block cache."""
+
+
+@admin_group.group("cache")
+def cache_group() -> None:
+    """Inspect, check, tidy or clear a cache folder."""
+
+
+@click.group("db")
+def db_group() -> None:
+    """The SQLite index's schema."""
+
+
+@cache_group.command("stats")
+@cache_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def stats_command(cache_dir: Path, as_json: bool) -> None:
+    """Blocks, tokens and bytes per model, the disk's free space and the server's state."""
+    index = _existing_index(cache_dir)
+    try:
+        report = _stats(cache_dir, index)
+    finally:
+        if index is not None:
+            index.close()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    server = report["server_pid"]
+    click.echo(f"cache folder: {report['cache_dir']}")
+    click.echo(
+        f"server:       {'running, pid ' + str(server) if server is not None else 'not running'}"
+    )
+    click.echo(
+        f"index:        {report['index']['path']} (revision {report['index']['revision']}, "
+        f"{format_size(report['index']['nbytes'])})"
+    )
+    for ns in report["namespaces"]:
+        click.echo(
+            f"  {ns['model_name']} [{ns['namespace'][:12]}]: {ns['blocks']} blocks, "
+            f"{ns['tokens']} tokens, {format_size(ns['nbytes'])}, "
+            f"last used {_ago(ns['newest_access'] or ns['last_used_at'])}"
+        )
+    total, disk = report["total"], report["disk"]
+    click.echo(
+        f"total:        {total['blocks']} blocks, {total['tokens']} tokens, "
+        f"{format_size(total['nbytes'])}"
+    )
+    if disk:
+        click.echo(
+            f"disk:         {format_size(disk['free'])} free of {format_size(disk['total'])} "
+            f"(reserve {format_size(disk['reserve'])})"
+        )
+
+
+def _stats(cache_dir: Path, index: SqlBlockIndex | None) -> dict[str, Any]:
+    db = index_path(cache_dir)
+    namespaces: list[dict[str, Any]] = []
+    if index is not None:
+        usage = {u.namespace: u for u in index.usage()}
+        for rec in index.namespace_records():
+            u = usage.get(rec.info.digest)
+            namespaces.append(
+                {
+                    "namespace": rec.info.digest,
+                    "model_name": rec.info.model_name,
+                    "model_path": rec.info.model_path,
+                    "block_size": rec.info.block_size,
+                    "kv_dtype": rec.info.kv_dtype,
+                    "blocks": u.blocks if u else 0,
+                    "tokens": u.tokens if u else 0,
+                    "nbytes": u.nbytes if u else 0,
+                    "oldest_access": u.oldest_access if u else None,
+                    "newest_access": u.newest_access if u else None,
+                    "created_at": rec.created_at,
+                    "last_used_at": rec.last_used_at,
+                }
+            )
+    disk: dict[str, int] = {}
+    if cache_dir.expanduser().is_dir():
+        du = shutil.disk_usage(cache_dir.expanduser())
+        disk = {"total": du.total, "free": du.free, "reserve": default_reserve(du.total)}
+    return {
+        "cache_dir": str(cache_dir.expanduser()),
+        "server_pid": lock_holder(cache_dir),
+        "index": {
+            "path": str(db),
+            "revision": current_revision(db),
+            "nbytes": sum(p.stat().st_size for p in db.parent.glob(db.name + "*")),
+        },
+        "namespaces": namespaces,
+        "total": {k: sum(ns[k] for ns in namespaces) for k in ("blocks", "tokens", "nbytes")},
+        "disk": disk,
+    }
+
+
+@cache_group.command("verify")
+@cache_dir_option
+@click.option("--fix", is_flag=True, help="Remove bad blocks (rows first, then files).")
+def verify_command(cache_dir: Path, fix: bool) -> None:
+    """Read every indexed block, check its checksum and that its tokens rehash to its key.
+
+    Exits 1 when any block is bad (also with --fix, which removes them).
+    """
+    index = _existing_index(cache_dir)
+    if index is None:
+        click.echo(f"no cache index in {cache_dir}; nothing to verify")
+        return
+    store = FileBlockStore(cache_dir)
+    try:
+        checked = index.block_count()
+        bad = verify(index, store, _progress)
+        for block, problem in bad:
+            click.echo(f"BAD {block.key} {block.relpath}: {problem}")
+        if bad and fix:
+            freed = remove_blocks(index, store, [b for b, _ in bad])
+            click.echo(f"removed {len(bad)} bad blocks ({format_size(freed)})")
+    finally:
+        index.close()
+    click.echo(f"checked {checked} blocks: {len(bad)} bad")
+    if bad:
+        sys.exit(1)
+
+
+@cache_group.command("vacuum")
+@cache_dir_option
+@click.option(
+    "--max-size",
+    help="Also evict LRU blocks beyond this size, e.g. 50GB.",
+    envvar="OMLX_PAGED_SSD_CACHE_MAX_SIZE",
+    show_envvar=True,
+)
+@click.option(
+    "--unused-namespaces",
+    is_flag=True,
+    help="Drop models whose folder is gone or that went unused for --unused-days.",
+)
+@click.option("--unused-days", type=float, default=30.0, show_default=True)
+def vacuum_command(
+    cache_dir: Path, max_size: str | None, unused_namespaces: bool, unused_days: float
+) -> None:
+    """Reconcile files and rows, enforce the budget, drop stale temp files, compact the index."""
+    try:
+        max_bytes = parse_size(max_size) if max_size else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--max-size") from None
+    if not cache_dir.expanduser().is_dir():
+        click.echo(f"no cache folder at {cache_dir}; nothing to do")
+        return
+    store = FileBlockStore(cache_dir)
+    with _owned_or_shared(cache_dir) as grace:
+        index = open_index(cache_dir)
+        try:
+            freed = _vacuum(index, store, grace, max_bytes, unused_namespaces, unused_days)
+            db = index_path(cache_dir)
+            before = db.stat().st_size
+            if grace is None:
+                index.vacuum()
+                after = db.stat().st_size
+                click.echo(f"index compacted: {format_size(before)} -> {format_size(after)}")
+            else:
+                # VACUUM holds the write lock for as long as it takes: a live server's
+                # writer would time out and drop blocks. Compact once it has stopped.
+                click.echo("index not compacted while a server runs")
+        finally:
+            index.close()
+    click.echo(f"freed {format_size(freed)} of block files")
+
+
+def _vacuum(
+    index: SqlBlockIndex,
+    store: FileBlockStore,
+    grace: float | None,
+    max_bytes: int | None,
+    unused_namespaces: bool,
+    unused_days: float,
+) -> int:
+    report = reconcile(index, store, grace=grace, progress=_progress)
+    click.echo(f"removed {report.temp_files} leftover temporary files")
+    click.echo(f"removed {report.rows_without_files} rows without files")
+    click.echo(
+        f"removed {report.files_without_rows} files without rows "
+        f"({format_size(report.orphan_bytes)})"
+    )
+    freed = report.orphan_bytes
+    if unused_namespaces:
+        stale = _unused_namespaces(index, unused_days)
+        blocks = index.remove_namespaces([ns for ns, _ in stale])
+        for digest, name in stale:
+            click.echo(f"dropped unused model {name} [{digest[:12]}]")
+        gone = delete_files(store, blocks)
+        click.echo(
+            f"dropped {len(stale)} unused namespaces: {len(blocks)} blocks ({format_size(gone)})"
+        )
+        freed += gone
+    budget = DiskBudget(store.root, max_bytes=max_bytes if max_bytes is not None else 2**62)
+    used = index.total_bytes()
+    victims = evict(index, store, used - budget.limit(used), lambda key: False, used=used)
+    evicted = sum(v.nbytes for v in victims)
+    click.echo(f"evicted {len(victims)} least recently used blocks ({format_size(evicted)})")
+    return freed + evicted
+
+
+def _unused_namespaces(index: SqlBlockIndex, days: float) -> list[tuple[str, str]]:
+    """Namespaces whose model folder or file is gone, or unused (no use, no hit) for ``days``."""
+    newest = {u.namespace: u.newest_access or 0.0 for u in index.usage()}
+    cutoff = time.time() - days * 86400
+    stale = []
+    for rec in index.namespace_records():
+        path = Path(rec.info.model_path)
+        gone = path.is_absolute() and not path.exists()
+        last_use = max(rec.last_used_at, newest.get(rec.info.digest, 0.0))
+        if gone or last_use < cutoff:
+            stale.append((rec.info.digest, rec.info.model_name))
+    return stale
+
+
+@cache_group.command("clear")
+@cache_dir_option
+@click.option(
+    "--model", "model", help="Only this model's blocks (its name as `cache stats` shows)."
+)
+@click.option("--yes", is_flag=True, help="Really delete.")
+def clear_command(cache_dir: Path, model: str | None, yes: bool) -> None:
+    """Delete every cached block, or one model's."""
+    if not yes:
+        raise click.UsageError("clear deletes cached blocks; pass --yes to confirm")
+    index = _existing_index(cache_dir)
+    if index is None:
+        click.echo(f"no cache index in {cache_dir}; nothing to clear")
+        return
+    store = FileBlockStore(cache_dir)
+    try:
+        records = index.namespace_records()
+        chosen = [r for r in records if model is None or r.info.model_name == model]
+        if model is not None and not chosen:
+            known = ", ".join(sorted({r.info.model_name for r in records})) or "none"
+            raise click.ClickException(f"no cached model named {model!r} (cached: {known})")
+        blocks = index.remove_namespaces([r.info.digest for r in chosen])
+        freed = delete_files(store, blocks)
+    finally:
+        index.close()
+    if lock_holder(cache_dir) is None:
+        store.prune_empty_dirs()
+    click.echo(f"cleared {len(blocks)} blocks of {len(chosen)} namespaces ({format_size(freed)})")
+
+
+@db_group.command("upgrade")
+@cache_dir_option
+def db_upgrade_command(cache_dir: Path) -> None:
+    """Create or migrate ``<cache-dir>/index.db`` to the newest schema."""
+    db = index_path(cache_dir)
+    before = current_revision(db)
+    upgrade(db)
+    after = current_revision(db)
+    click.echo(f"index {db}: revision {before or 'none'} -> {after}")
+
+
+def _ago(at: float | None) -> str:
+    if not at:
+        return "never"
+    seconds = max(0.0, time.time() - at)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return f"{seconds:.0f} s ago"

@@ -1,0 +1,204 @@
+"""The cold tier over real files and a real index: verified reads, corruption, the byte budget."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from hashlib import sha256
+from pathlib import Path
+
+import pytest
+
+from omlx.adapters.blockfiles.budget import DiskBudget
+from omlx.adapters.blockfiles.store import FileBlockStore
+from omlx.adapters.blockfiles.writer import BlockWriter
+from omlx.adapters.sqlindex import SqlBlockIndex, open_index
+from omlx.domain.blocks import NamespaceInfo
+from omlx.domain.cold_tier import ColdTier, RecencyBuffer
+from omlx.domain.ports import ColdSource
+from tests.fakes import FakeClock
+from tests.storage_checks import assert_cache_invariants, fake_decode, make_chain, make_namespace
+
+BIG = 10**12
+
+
+class MeteredStore(FileBlockStore):
+    """Tracks the bytes of block files on disk after every write and delete."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.on_disk = 0
+        self.peak = 0
+
+    def write(self, relpath: str, data: bytes) -> None:
+        super().write(relpath, data)
+        self.on_disk += len(data)
+        self.peak = max(self.peak, self.on_disk)
+
+    def delete(self, relpath: str) -> None:
+        info = self.file_info(relpath)
+        super().delete(relpath)
+        self.on_disk -= info[0] if info else 0
+
+
+@contextmanager
+def cold_tier(
+    tmp_path: Path,
+    ns: NamespaceInfo,
+    *,
+    max_bytes: int = BIG,
+    store: FileBlockStore | None = None,
+    pinned: frozenset[str] = frozenset(),
+) -> Iterator[tuple[ColdTier, BlockWriter, SqlBlockIndex, FakeClock]]:
+    """The cold tier wired as the composition root would: one writer thread, one index."""
+    clock = FakeClock()
+    index = open_index(tmp_path, clock=clock.now)
+    recency = RecencyBuffer(index, clock, interval=0.0)
+    writer = BlockWriter(
+        store or FileBlockStore(tmp_path),
+        index,
+        DiskBudget(tmp_path, max_bytes=max_bytes, reserve_bytes=0),
+        is_pinned=pinned.__contains__,
+        clock=clock.now,
+        tick=recency.maybe_flush,
+        tick_interval=0.01,
+    )
+    tier = ColdTier(
+        ns, store or FileBlockStore(tmp_path), index, writer, fake_decode, clock, recency
+    )
+    try:
+        yield tier, writer, index, clock
+    finally:
+        writer.close(timeout=10)
+        tier.flush()
+        index.close()
+
+
+def _drain(writer: BlockWriter) -> None:
+    deadline = time.monotonic() + 10
+    while writer.pending_keys() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not writer.pending_keys()
+
+
+def test_put_then_get_round_trip(tmp_path: Path) -> None:
+    ns = make_namespace()
+    chain = make_chain(ns, 3)
+    with cold_tier(tmp_path, ns) as (tier, writer, index, _):
+        source: ColdSource = tier  # the prefix cache's port, checked by type checkers
+        del source
+        for meta, tokens, data in chain:
+            tier.put(meta, tokens, data)
+            assert tier.contains(meta.key)  # queued counts: the block is not queued twice
+        _drain(writer)
+        for meta, tokens, _ in chain:
+            assert tier.get(meta.key, meta.parent_key) == (tokens, ns.layer_count)
+        assert tier.get("ab" * 32, ns.digest) is None
+        assert not tier.contains("ab" * 32)
+        tier.flush()
+        assert index.get_blocks([chain[0][0].key])[chain[0][0].key].hit_count == 1
+        assert (tier.stats.hits, tier.stats.misses, tier.stats.queued) == (3, 1, 3)
+    assert_cache_invariants(tmp_path)
+
+
+def _damage_truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-10])
+
+
+def _damage_flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage", [_damage_flip, _damage_truncate], ids=["flipped-byte", "truncated"]
+)
+def test_corrupt_block_is_detected_not_served_and_removed(
+    tmp_path: Path, damage: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    ns = make_namespace()
+    chain = make_chain(ns, 2)
+    with cold_tier(tmp_path, ns) as (tier, writer, index, _):
+        for meta, tokens, data in chain:
+            tier.put(meta, tokens, data)
+        _drain(writer)
+        meta = chain[1][0]
+        row = index.get_blocks([meta.key])[meta.key]
+        damage(FileBlockStore(tmp_path).path(row.relpath))  # type: ignore[operator]
+        with caplog.at_level(logging.WARNING):
+            assert tier.get(meta.key, meta.parent_key) is None
+        assert "not served" in caplog.text
+        assert tier.stats.corrupt_blocks == 1
+        assert index.get_blocks([meta.key]) == {}
+        assert FileBlockStore(tmp_path).file_info(row.relpath) is None
+        assert tier.get(chain[0][0].key, ns.digest) is not None  # its neighbour is fine
+    assert_cache_invariants(tmp_path)
+
+
+def test_tokens_that_do_not_rehash_are_not_served(tmp_path: Path) -> None:
+    ns = make_namespace()
+    (m0, t0, d0), (_, _, d1) = make_chain(ns, 2)
+    with cold_tier(tmp_path, ns) as (tier, writer, index, _):
+        tier.put(m0, t0, d0)
+        _drain(writer)
+        # A checksum-consistent file for key 0 holding block 1's tokens: only the rehash catches it.
+        row = index.get_blocks([m0.key])[m0.key]
+        FileBlockStore(tmp_path).write(row.relpath, d1)
+        index.remove_blocks([m0.key])
+        index.add_block(replace(row, nbytes=len(d1), checksum=sha256(d1).hexdigest()))
+        assert tier.get(m0.key, m0.parent_key) is None
+        assert tier.stats.corrupt_blocks == 1 and not tier.contains(m0.key)
+    assert_cache_invariants(tmp_path)
+
+
+def test_missing_file_drops_the_row(tmp_path: Path) -> None:
+    ns = make_namespace()
+    ((meta, tokens, data),) = make_chain(ns, 1)
+    with cold_tier(tmp_path, ns) as (tier, writer, index, _):
+        tier.put(meta, tokens, data)
+        _drain(writer)
+        FileBlockStore(tmp_path).delete(index.get_blocks([meta.key])[meta.key].relpath)
+        assert tier.get(meta.key, meta.parent_key) is None
+        assert tier.stats.missing_files == 1 and index.block_count() == 0
+    assert_cache_invariants(tmp_path)
+
+
+def test_budget_10mb_of_50mb_written_lru_victims(tmp_path: Path) -> None:
+    ns = make_namespace()
+    chain = make_chain(ns, 200, kv_bytes=62_500)  # ~250 KB a file, 50 MB in all
+    size = len(chain[0][2])
+    budget = 10 * 10**6
+    store = MeteredStore(tmp_path)
+    pinned = frozenset({chain[0][0].key})
+    with cold_tier(tmp_path, ns, max_bytes=budget, store=store, pinned=pinned) as (
+        tier,
+        writer,
+        index,
+        clock,
+    ):
+        for i, (meta, tokens, data) in enumerate(chain):
+            clock.advance(1)
+            tier.put(meta, tokens, data)
+            _drain(writer)
+            if i >= 20 and i % 10 == 0:
+                # Keep block 5 hot: every read makes it young again, so it is never a victim.
+                assert tier.get(chain[5][0].key, chain[5][0].parent_key) is not None
+                _drain_recency(tier)
+        assert store.peak <= budget + size
+        assert writer.stats()["written_bytes"] >= 50 * 10**6 * 0.99
+        kept = set(index.get_blocks([m.key for m, _, _ in chain]))
+        assert chain[0][0].key in kept and chain[5][0].key in kept  # pinned; recently read
+        others = sorted(i for i, (m, _, _) in enumerate(chain) if m.key in kept and i not in (0, 5))
+        assert others == list(range(200 - len(others), 200))  # the newest survive, LRU went first
+        assert writer.stats()["evicted_blocks"] == 200 - len(kept)
+    assert_cache_invariants(tmp_path, budget)
+
+
+def _drain_recency(tier: ColdTier) -> None:
+    deadline = time.monotonic() + 5
+    while tier.recency.pending() and time.monotonic() < deadline:
+        time.sleep(0.005)

@@ -1,0 +1,254 @@
+"""The SQLite index: pragmas, transactions, CRUD, batched recency across re-open, views."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.exc import IntegrityError
+
+from omlx.adapters.blockfiles.store import FileBlockStore
+from omlx.adapters.sqlindex import SqlBlockIndex, index_path, make_engine, open_index
+from omlx.domain.blocks import BlockMeta, NamespaceInfo, StoredBlock
+from omlx.domain.cold_tier import RecencyBuffer
+from tests.fakes import FakeClock
+from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace
+
+
+def _put(
+    tmp_path: Path,
+    index: SqlBlockIndex,
+    ns: NamespaceInfo,
+    meta: BlockMeta,
+    data: bytes,
+    at: float = 1.0,
+) -> StoredBlock:
+    """File first, row second: the way the writer records a block."""
+    store = FileBlockStore(tmp_path)
+    rel = store.relpath(ns, meta.key)
+    store.write(rel, data)
+    block = StoredBlock(
+        meta.key,
+        ns.digest,
+        meta.parent_key,
+        meta.token_count,
+        len(data),
+        hashlib.sha256(data).hexdigest(),
+        rel,
+        at,
+        at,
+    )
+    index.add_block(block)
+    return block
+
+
+def test_pragmas_on_every_connection(tmp_path: Path) -> None:
+    engine = make_engine(index_path(tmp_path))
+    seen: list[tuple[object, ...]] = []
+
+    def check() -> None:
+        with engine.connect() as conn:
+            seen.append(
+                tuple(
+                    conn.exec_driver_sql(f"PRAGMA {p}").scalar()
+                    for p in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")
+                )
+            )
+
+    held = [engine.connect() for _ in range(3)]  # force distinct pooled connections
+    threads = [threading.Thread(target=check) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check()
+    for conn in held:
+        seen.append(
+            tuple(
+                conn.exec_driver_sql(f"PRAGMA {p}").scalar()
+                for p in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")
+            )
+        )
+        conn.close()
+    assert len(seen) == 7
+    assert set(seen) == {("wal", 1, 1, 5000)}
+    engine.dispose()
+
+
+def test_writes_begin_immediate_reads_deferred(tmp_path: Path) -> None:
+    index = open_index(tmp_path)
+    statements: list[str] = []
+    event.listen(
+        index.engine, "before_cursor_execute", lambda conn, cur, stmt, *a: statements.append(stmt)
+    )
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    assert statements[0] == "BEGIN IMMEDIATE"
+    statements.clear()
+    index.lru_blocks(1)
+    assert statements[0] == "BEGIN DEFERRED"
+    index.close()
+
+
+def test_crud(tmp_path: Path) -> None:
+    clock = FakeClock(100.0)
+    index = open_index(tmp_path, clock=clock.now)
+    ns, other = make_namespace(), make_namespace("other")
+    index.upsert_namespace(ns)
+    clock.advance(5)
+    index.upsert_namespace(ns)  # idempotent; refreshes last use, keeps creation
+    (rec,) = index.namespace_records()
+    assert rec.info == ns and rec.created_at == 100.0 and rec.last_used_at == 105.0
+
+    chain = make_chain(ns, 4)
+    blocks = [_put(tmp_path, index, ns, m, d, at=float(i)) for i, (m, _, d) in enumerate(chain)]
+    index.add_block(blocks[0])  # idempotent
+    assert index.get_blocks([b.key for b in blocks] + ["ff" * 32]) == {b.key: b for b in blocks}
+    assert index.total_bytes() == sum(b.nbytes for b in blocks)
+    assert index.all_relpaths() == {b.relpath for b in blocks}
+    assert [b.key for b in index.lru_blocks(2)] == [blocks[0].key, blocks[1].key]
+    assert [b.key for b in index.iter_blocks(page=3)] == sorted(b.key for b in blocks)
+
+    with pytest.raises(IntegrityError):  # foreign keys are on
+        index.add_block(StoredBlock("ee" * 32, other.digest, other.digest, 4, 1, "0", "x", 1, 1))
+
+    index.remove_blocks([blocks[0].key])
+    FileBlockStore(tmp_path).delete(blocks[0].relpath)  # row first, file second
+    assert index.block_count() == 3
+
+    index.weight_digest_store("/m/model.safetensors", 10, 1.5, "d1")
+    assert index.weight_digest_lookup("/m/model.safetensors", 10, 1.5) == "d1"
+    assert index.weight_digest_lookup("/m/model.safetensors", 11, 1.5) is None  # changed file
+    index.weight_digest_store("/m/model.safetensors", 11, 2.5, "d2")
+    assert index.weight_digest_lookup("/m/model.safetensors", 11, 2.5) == "d2"
+    index.close()
+    assert_cache_invariants(tmp_path)
+
+
+def test_remove_namespace_cascades(tmp_path: Path) -> None:
+    index = open_index(tmp_path)
+    ns, other = make_namespace(), make_namespace("other")
+    for n in (ns, other):
+        index.upsert_namespace(n)
+        for meta, _, data in make_chain(n, 3):
+            _put(tmp_path, index, n, meta, data)
+    removed = index.remove_namespaces([ns.digest])
+    assert {b.namespace for b in removed} == {ns.digest} and len(removed) == 3
+    for block in removed:
+        FileBlockStore(tmp_path).delete(block.relpath)
+    assert {u.namespace for u in index.usage()} == {other.digest}
+    index.close()
+    assert_cache_invariants(tmp_path)
+
+
+def test_batched_touch_persists_lru_order_across_reopen(tmp_path: Path) -> None:
+    clock = FakeClock(1000.0)
+    index = open_index(tmp_path)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    blocks = [
+        _put(tmp_path, index, ns, m, d, at=float(i))
+        for i, (m, _, d) in enumerate(make_chain(ns, 5))
+    ]
+    recency = RecencyBuffer(index, clock, interval=10.0)
+
+    statements: list[str] = []
+    event.listen(
+        index.engine, "before_cursor_execute", lambda conn, cur, stmt, *a: statements.append(stmt)
+    )
+    for b in (blocks[0], blocks[2], blocks[0]):
+        clock.advance(1)
+        recency.record([b.key])
+    assert recency.maybe_flush() == 0  # interval not reached: nothing written yet
+    assert statements == [] and recency.pending() == 2
+    clock.advance(10)
+    assert recency.maybe_flush() == 2
+    assert sum(s.startswith("UPDATE blocks") for s in statements) == 1  # one batched statement
+    index.close()
+
+    reopened = open_index(tmp_path)
+    order = [b.key for b in reopened.lru_blocks(10)]
+    assert order == [blocks[1].key, blocks[3].key, blocks[4].key, blocks[2].key, blocks[0].key]
+    rows = reopened.get_blocks([blocks[0].key, blocks[2].key])
+    assert rows[blocks[0].key].last_access == 1003.0 and rows[blocks[0].key].hit_count == 1
+    assert rows[blocks[2].key].last_access == 1002.0
+    reopened.close()
+    assert_cache_invariants(tmp_path)
+
+
+def test_recency_buffer_flushes_when_full(tmp_path: Path) -> None:
+    index = open_index(tmp_path)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    blocks = [_put(tmp_path, index, ns, m, d) for m, _, d in make_chain(ns, 3)]
+    recency = RecencyBuffer(index, FakeClock(50.0), max_pending=3)
+    recency.record([blocks[0].key, blocks[1].key])
+    assert recency.pending() == 2
+    recency.record([blocks[2].key])
+    assert recency.pending() == 0
+    assert all(b.hit_count == 1 for b in index.get_blocks([b.key for b in blocks]).values())
+    index.close()
+    assert_cache_invariants(tmp_path)
+
+
+def test_views(tmp_path: Path) -> None:
+    index = open_index(tmp_path)
+    ns, other, empty = make_namespace("alpha"), make_namespace("beta"), make_namespace("gamma")
+    for n in (ns, other, empty):
+        index.upsert_namespace(n)
+    a = [
+        _put(tmp_path, index, ns, m, d, at=10.0 + i)
+        for i, (m, _, d) in enumerate(make_chain(ns, 3))
+    ]
+    b = [_put(tmp_path, index, other, m, d, at=5.0) for m, _, d in make_chain(other, 2, seed=1)]
+    with index.engine.connect() as conn:
+        usage = {r.model_name: r for r in conn.execute(text("SELECT * FROM cache_usage"))}
+        lru = conn.execute(text("SELECT key, model_name, last_access_utc FROM lru_blocks")).all()
+    assert usage["alpha"].blocks == 3 and usage["alpha"].nbytes == sum(x.nbytes for x in a)
+    assert usage["alpha"].tokens == 3 * ns.block_size
+    assert (usage["alpha"].oldest_access, usage["alpha"].newest_access) == (10.0, 12.0)
+    assert usage["gamma"].blocks == 0 and usage["gamma"].nbytes == 0  # people see empty models too
+    assert [r.key for r in lru] == sorted(x.key for x in b) + [x.key for x in a]
+    assert lru[0].model_name == "beta" and lru[0].last_access_utc == "1970-01-01 00:00:05"
+    port_usage = {u.model_name: u for u in index.usage()}
+    assert set(port_usage) == {"alpha", "beta"} and port_usage["beta"].blocks == 2
+    index.close()
+    assert_cache_invariants(tmp_path)
+
+
+def test_concurrent_writers_and_readers(tmp_path: Path) -> None:
+    index = open_index(tmp_path)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    chains = [make_chain(ns, 40, kv_bytes=32, seed=s) for s in range(3)]
+    errors: list[BaseException] = []
+
+    def write(chain: list[tuple[BlockMeta, tuple[int, ...], bytes]]) -> None:
+        try:
+            for meta, _, data in chain:
+                _put(tmp_path, index, ns, meta, data)
+                index.touch({meta.key: 5.0})
+        except BaseException as exc:
+            errors.append(exc)
+
+    def read() -> None:
+        try:
+            for _ in range(200):
+                index.get_blocks([m.key for m, _, _ in chains[0][:30]])
+                index.lru_blocks(5)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(c,)) for c in chains]
+    threads += [threading.Thread(target=read) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert index.block_count() == 120
+    index.close()
+    assert_cache_invariants(tmp_path)

@@ -1,0 +1,98 @@
+"""Helpers for storage tests: real block files, and the cold tier's invariant (STYLE 17).
+
+Invariant: every index row has a complete file matching its checksum, every block
+file has a row, no temporary file is left, and the blocks fit the byte budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+from omlx.adapters.blockfiles.format import RawTensor, pack_block, unpack_block
+from omlx.adapters.blockfiles.store import FileBlockStore
+from omlx.adapters.sqlindex.engine import index_path, make_engine
+from omlx.adapters.sqlindex.repository import SqlBlockIndex
+from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo
+from omlx.domain.keys import block_key, namespace_digest
+
+
+def make_namespace(model_name: str = "org/Tiny Model", **identity: object) -> NamespaceInfo:
+    digest = namespace_digest({"model": model_name, **identity})
+    return NamespaceInfo(digest, model_name, f"/models/{model_name}", 4, "bf16", 2)
+
+
+def make_chain(
+    namespace: NamespaceInfo, n_blocks: int, *, kv_bytes: int = 256, seed: int = 0
+) -> list[tuple[BlockMeta, tuple[int, ...], bytes]]:
+    """``n_blocks`` chained blocks of random tokens; each file holds ~``2*layers*kv_bytes`` KV bytes."""
+    rng = random.Random(seed)
+    parent = namespace.digest
+    chain = []
+    for _ in range(n_blocks):
+        tokens = tuple(rng.randrange(50_000) for _ in range(namespace.block_size))
+        key = block_key(parent, tokens)
+        meta = BlockMeta(
+            key=key, parent_key=parent, namespace=namespace.digest, token_count=len(tokens)
+        )
+        layers = [
+            (
+                RawTensor("BF16", (kv_bytes // 2,), rng.randbytes(kv_bytes)),
+                RawTensor("BF16", (kv_bytes // 2,), rng.randbytes(kv_bytes)),
+            )
+            for _ in range(namespace.layer_count)
+        ]
+        chain.append((meta, tokens, pack_block(meta, tokens, layers)))
+        parent = key
+    return chain
+
+
+def fake_decode(data: bytes) -> DecodedBlock:
+    """A codec ``decode`` without MLX: the payload is the number of layers."""
+    tokens, layers, metadata = unpack_block(data)
+    return DecodedBlock(tokens, len(layers), metadata)
+
+
+def block_files_bytes(cache_dir: Path) -> int:
+    store = FileBlockStore(cache_dir)
+    return sum((store.root / rel).stat().st_size for rel in store.iter_relpaths())
+
+
+def assert_cache_invariants(
+    cache_dir: Path, max_bytes: int | None = None, *, allow_temp: Sequence[str] = ()
+) -> None:
+    """Rows <=> complete files, no leftover temp files, usage within ``max_bytes``."""
+    store = FileBlockStore(cache_dir)
+    engine = make_engine(index_path(cache_dir))
+    index = SqlBlockIndex(engine)
+    try:
+        blocks = list(index.iter_blocks())
+        total = index.total_bytes()
+    finally:
+        index.close()
+    rows = {b.relpath: b for b in blocks}
+    assert len(rows) == len(blocks), "two rows share a file"
+    for rel, block in rows.items():
+        path = store.root / rel
+        assert path.is_file(), f"row {block.key} has no file {rel}"
+        data = path.read_bytes()
+        assert len(data) == block.nbytes, f"{rel}: {len(data)} bytes, row says {block.nbytes}"
+        assert hashlib.sha256(data).hexdigest() == block.checksum, f"{rel}: checksum differs"
+        assert rel == store.relpath(_namespace_stub(rel, block.namespace), block.key)
+    files = set(store.iter_relpaths())
+    assert files == set(rows), f"files without rows: {sorted(files - set(rows))[:5]}"
+    temps = {rel for rel, _ in store.iter_temp_files()} - set(allow_temp)
+    assert not temps, f"leftover temporary files: {sorted(temps)[:5]}"
+    assert total == sum(b.nbytes for b in blocks)
+    if max_bytes is not None:
+        assert total <= max_bytes, f"{total} bytes indexed, budget {max_bytes}"
+        assert block_files_bytes(cache_dir) <= max_bytes
+
+
+def _namespace_stub(relpath: str, digest: str) -> NamespaceInfo:
+    # The layout check needs only the model folder's name, which the relpath carries.
+    folder = relpath.split("/", 1)[0]
+    model = folder[: -len(digest[:12]) - 1]
+    return NamespaceInfo(digest, model, "", 0, "", 0)
