@@ -61,7 +61,7 @@ def test_our_files_load_with_safetensors(tmp_path: Path) -> None:
 
     (header_len,) = struct.unpack("<Q", data[:8])
     assert (8 + header_len) % 8 == 0  # data section 8-byte aligned, header padded with spaces
-    loaded = st_load(data)
+    loaded = st_load(bytes(data))  # encode_block returns a bytearray
     for name, array in arrays.items():
         np.testing.assert_array_equal(loaded[name], array)
         assert loaded[name].dtype == array.dtype

@@ -51,6 +51,10 @@ class PrefixCacheStats:
     queued_blocks: int
     active_leases: int
     last_hit_at: float | None
+    # Time the request path spent cutting and encoding new blocks (engine thread).
+    store_calls: int = 0
+    store_seconds: float = 0.0
+    last_store_seconds: float = 0.0
 
 
 class _SystemClock:
@@ -92,6 +96,9 @@ class PrefixCache:
         self._stored = 0
         self._queued = 0
         self._last_hit_at: float | None = None
+        self._store_calls = 0
+        self._store_seconds = 0.0
+        self._last_store_seconds = 0.0
 
     @property
     def hot(self) -> HotTier:
@@ -159,6 +166,7 @@ class PrefixCache:
         ``tokens`` are exactly the positions ``cache`` holds (prompt and generated).
         Each new block goes to the hot tier and is queued once for the cold tier.
         """
+        started = time.perf_counter()
         bs = self.block_size
         parent = self.namespace.digest
         new = queued = 0
@@ -183,9 +191,13 @@ class PrefixCache:
                     queued += 1
                 self._remember(key)
             parent = key
+        elapsed = time.perf_counter() - started
         with self._lock:
             self._stored += new
             self._queued += queued
+            self._store_calls += 1
+            self._store_seconds += elapsed
+            self._last_store_seconds = elapsed
         return new
 
     def stats(self) -> PrefixCacheStats:
@@ -200,6 +212,9 @@ class PrefixCache:
                 queued_blocks=self._queued,
                 active_leases=len(self._leases),
                 last_hit_at=self._last_hit_at,
+                store_calls=self._store_calls,
+                store_seconds=self._store_seconds,
+                last_store_seconds=self._last_store_seconds,
             )
 
     def _from_cold(self, key: str, parent: str, block_tokens: tuple[int, ...]) -> Any | None:

@@ -54,7 +54,7 @@ class RawTensor:
         return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
 
 
-def encode_block(tensors: Mapping[str, RawTensor], metadata: Mapping[str, str]) -> bytes:
+def encode_block(tensors: Mapping[str, RawTensor], metadata: Mapping[str, str]) -> bytearray:
     """Serialize ``tensors`` (in the given order) and string ``metadata`` to safetensors bytes."""
     header: dict[str, object] = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}}
     offset = 0
@@ -76,9 +76,17 @@ def encode_block(tensors: Mapping[str, RawTensor], metadata: Mapping[str, str]) 
         offset += size
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     raw += b" " * (-(8 + len(raw)) % 8)  # data starts 8-byte aligned, as safetensors writes
-    parts: list[bytes | memoryview] = [struct.pack("<Q", len(raw)), raw]
-    parts.extend(memoryview(t.data).cast("B") for t in tensors.values())
-    return b"".join(parts)
+    # One preallocated buffer, each tensor copied in once: with zero-copy views of the
+    # engine's arrays as sources this is the only copy a block costs.
+    out = bytearray(8 + len(raw) + offset)
+    struct.pack_into("<Q", out, 0, len(raw))
+    out[8 : 8 + len(raw)] = raw
+    position = 8 + len(raw)
+    for t in tensors.values():
+        view = memoryview(t.data).cast("B")
+        out[position : position + len(view)] = view
+        position += len(view)
+    return out
 
 
 def decode_block(data: bytes) -> tuple[dict[str, RawTensor], dict[str, str]]:
