@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -49,6 +49,11 @@ class FakeCodec:
 
     def assemble(self, payloads: Sequence[tuple[int, ...]]) -> list[int]:
         return [v for p in payloads for v in p]
+
+    def truncate(self, payload: tuple[int, ...], n: int) -> tuple[int, ...]:
+        if not 0 < n <= len(payload):
+            raise ValueError(f"cannot keep {n} of a block's {len(payload)} positions")
+        return payload[:n]
 
     def nbytes(self, payload: tuple[int, ...]) -> int:
         return 8 * len(payload)
@@ -125,6 +130,11 @@ class FakeBlockIndex:
     def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]:
         return {k: self.blocks[k] for k in keys if k in self.blocks}
 
+    def children(self, parent_key: str, limit: int) -> list[StoredBlock]:
+        mine = [b for b in self.blocks.values() if b.parent_key == parent_key]
+        mine.sort(key=lambda b: (-b.last_access, -b.created_at, b.key))
+        return mine[:limit]
+
     def touch(self, hits: Mapping[str, float]) -> None:
         for key, at in hits.items():
             block = self.blocks.get(key)
@@ -177,7 +187,9 @@ class FakeColdSource:
         self.blocks: dict[str, tuple[BlockMeta, tuple[int, ...], bytes]] = {}
         self.puts: list[str] = []
         self.gets: list[str] = []
+        self.batches: list[list[str]] = []  # the chains asked of get_many
         self.touched: list[str] = []
+        self.children_calls: list[str] = []
 
     def get(self, key: str, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
         self.gets.append(key)
@@ -194,12 +206,27 @@ class FakeColdSource:
             return None
         return decoded.tokens, decoded.payload
 
+    def get_many(
+        self, chain: Sequence[tuple[str, str]]
+    ) -> Generator[tuple[tuple[int, ...], Any], None, None]:
+        """Lazily, one ``get`` per block as the caller asks for it (no read-ahead)."""
+        self.batches.append([key for key, _ in chain])
+        for key, parent_key in chain:
+            found = self.get(key, parent_key)
+            if found is None:
+                return
+            yield found
+
     def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> None:
         self.puts.append(meta.key)
         self.blocks[meta.key] = (meta, tuple(tokens), data)
 
     def contains(self, key: str) -> bool:
         return key in self.blocks
+
+    def children(self, parent_key: str) -> list[BlockMeta]:
+        self.children_calls.append(parent_key)
+        return [meta for meta, _, _ in self.blocks.values() if meta.parent_key == parent_key]
 
     def touch(self, keys: Sequence[str]) -> None:
         self.touched.extend(keys)

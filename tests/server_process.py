@@ -39,7 +39,8 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "omlx", "serve", "--port", str(self.port), *self.args]
         if self.cache_dir is not None:
             cmd += ["--paged-ssd-cache-dir", str(self.cache_dir)]
-        self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        # Kept open for the life of the process; closed in stop()/kill().
+        self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

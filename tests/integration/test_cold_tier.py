@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from omlx.adapters.blockfiles.budget import DiskBudget
+from omlx.adapters.blockfiles.format import RawTensor, pack_block
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.blockfiles.writer import BlockWriter
 from omlx.adapters.sqlindex import SqlBlockIndex, open_index
-from omlx.domain.blocks import NamespaceInfo
+from omlx.domain.blocks import BlockMeta, NamespaceInfo
 from omlx.domain.cold_tier import ColdTier, RecencyBuffer
+from omlx.domain.keys import block_key
 from omlx.domain.ports import ColdSource
 from tests.fakes import FakeClock
 from tests.storage_checks import assert_cache_invariants, fake_decode, make_chain, make_namespace
@@ -52,9 +54,10 @@ def cold_tier(
     max_bytes: int = BIG,
     store: FileBlockStore | None = None,
     pinned: frozenset[str] = frozenset(),
+    clock: FakeClock | None = None,
 ) -> Iterator[tuple[ColdTier, BlockWriter, SqlBlockIndex, FakeClock]]:
     """The cold tier wired as the composition root would: one writer thread, one index."""
-    clock = FakeClock()
+    clock = clock or FakeClock()
     index = open_index(tmp_path, clock=clock.now)
     recency = RecencyBuffer(index, clock, interval=0.0)
     writer = BlockWriter(
@@ -73,6 +76,7 @@ def cold_tier(
         yield tier, writer, index, clock
     finally:
         writer.close(timeout=10)
+        tier.close()
         tier.flush()
         index.close()
 
@@ -167,6 +171,85 @@ def test_missing_file_drops_the_row(tmp_path: Path) -> None:
     assert_cache_invariants(tmp_path)
 
 
+def _pairs(chain: list[tuple[BlockMeta, tuple[int, ...], bytes]]) -> list[tuple[str, str]]:
+    return [(meta.key, meta.parent_key) for meta, _, _ in chain]
+
+
+def test_get_many_serves_a_chain_in_order_read_ahead(tmp_path: Path) -> None:
+    ns = make_namespace()
+    chain = make_chain(ns, 20)
+    with cold_tier(tmp_path, ns) as (tier, writer, index, _):
+        for meta, tokens, data in chain:
+            tier.put(meta, tokens, data)
+        _drain(writer)
+        got = list(tier.get_many(_pairs(chain)))
+        assert got == [(tokens, ns.layer_count) for _, tokens, _ in chain]
+        assert (tier.stats.hits, tier.stats.misses) == (20, 0)
+        # A chain longer than the disk's: served up to the first key without a row, one miss.
+        tail = ("ab" * 32, chain[-1][0].key)
+        assert len(list(tier.get_many([*_pairs(chain[:3]), tail, *_pairs(chain[3:5])]))) == 3
+        assert (tier.stats.hits, tier.stats.misses) == (23, 1)
+        assert list(tier.get_many([])) == []
+        assert list(tier.get_many([tail])) == []
+        tier.flush()
+        assert index.get_blocks([chain[4][0].key])[chain[4][0].key].hit_count == 1
+        assert index.get_blocks([chain[0][0].key])[chain[0][0].key].hit_count == 2
+    assert_cache_invariants(tmp_path)
+
+
+@pytest.mark.parametrize("problem", ["flipped-byte", "missing-file", "other-parent"])
+def test_get_many_stops_at_a_bad_block_and_drops_only_it(tmp_path: Path, problem: str) -> None:
+    ns = make_namespace()
+    chain = make_chain(ns, 12)
+    bad = 5
+    with cold_tier(tmp_path, ns) as (tier, writer, index, _):
+        for meta, tokens, data in chain:
+            tier.put(meta, tokens, data)
+        _drain(writer)
+        pairs = _pairs(chain)
+        row = index.get_blocks([pairs[bad][0]])[pairs[bad][0]]
+        path = FileBlockStore(tmp_path).path(row.relpath)
+        if problem == "flipped-byte":
+            _damage_flip(path)
+        elif problem == "missing-file":
+            path.unlink()
+        else:  # the right file under a parent that does not hash to it
+            pairs[bad] = (pairs[bad][0], ns.digest)
+        served = list(tier.get_many(pairs))
+        assert served == [(tokens, ns.layer_count) for _, tokens, _ in chain[:bad]]
+        assert index.get_blocks([pairs[bad][0]]) == {}  # dropped, to be recomputed
+        assert FileBlockStore(tmp_path).file_info(row.relpath) is None
+        assert len(index.get_blocks([k for k, _ in pairs[bad + 1 :]])) == 12 - bad - 1
+        counter = "missing_files" if problem == "missing-file" else "corrupt_blocks"
+        assert getattr(tier.stats, counter) == 1 and tier.stats.hits == bad
+    assert_cache_invariants(tmp_path)
+
+
+def test_get_many_closed_early_stops_reading(tmp_path: Path) -> None:
+    ns = make_namespace()
+    chain = make_chain(ns, 40)
+    reads: list[str] = []
+
+    class CountingStore(FileBlockStore):
+        def read(self, relpath: str) -> bytes:
+            reads.append(relpath)
+            return super().read(relpath)
+
+    with cold_tier(tmp_path, ns, store=CountingStore(tmp_path)) as (tier, writer, _, _):
+        for meta, tokens, data in chain:
+            tier.put(meta, tokens, data)
+        _drain(writer)
+        reads.clear()
+        batch = tier.get_many(_pairs(chain))
+        assert next(batch)[0] == chain[0][1]
+        batch.close()
+        tier.close()  # waits for reads already started
+        assert 1 <= len(reads) < 40  # read ahead a few files, not the whole chain
+        assert tier.stats.hits == 1
+        assert len(list(tier.get_many(_pairs(chain)))) == 40  # a closed tier reads again
+    assert_cache_invariants(tmp_path)
+
+
 def test_budget_10mb_of_50mb_written_lru_victims(tmp_path: Path) -> None:
     ns = make_namespace()
     chain = make_chain(ns, 200, kv_bytes=62_500)  # ~250 KB a file, 50 MB in all
@@ -202,3 +285,106 @@ def _drain_recency(tier: ColdTier) -> None:
     deadline = time.monotonic() + 5
     while tier.recency.pending() and time.monotonic() < deadline:
         time.sleep(0.005)
+
+
+def test_budget_and_lru_order_hold_across_a_restart(tmp_path: Path) -> None:
+    """Recency recorded before a restart decides the victims after it."""
+    ns = make_namespace()
+    chain = make_chain(ns, 60, kv_bytes=62_500)  # 15 MB against a 10 MB budget
+    size = len(chain[0][2])
+    budget = 10 * 10**6
+    clock = FakeClock()
+    with cold_tier(tmp_path, ns, max_bytes=budget, clock=clock) as (tier, writer, _, _):
+        for meta, tokens, data in chain[:30]:
+            clock.advance(1)
+            tier.put(meta, tokens, data)
+            _drain(writer)
+        clock.advance(1)
+        assert tier.get(chain[2][0].key, chain[2][0].parent_key) is not None  # block 2 is now young
+    # A new process on the same folder: the index, not memory, knows block 2 was used last.
+    store = MeteredStore(tmp_path)
+    store.on_disk = store.peak = sum(
+        (store.file_info(rel) or (0, 0))[0] for rel in store.iter_relpaths()
+    )
+    with cold_tier(tmp_path, ns, max_bytes=budget, store=store, clock=clock) as (
+        tier,
+        writer,
+        index,
+        _,
+    ):
+        for meta, tokens, data in chain[30:]:
+            clock.advance(1)
+            tier.put(meta, tokens, data)
+            _drain(writer)
+        kept = set(index.get_blocks([m.key for m, _, _ in chain]))
+    assert store.peak <= budget + size
+    assert chain[2][0].key in kept
+    others = sorted(i for i, (m, _, _) in enumerate(chain) if m.key in kept and i != 2)
+    assert len(kept) < 60 and others == list(range(60 - len(others), 60))  # the older went first
+    assert_cache_invariants(tmp_path, budget)
+
+
+def _partial(ns: NamespaceInfo, parent: str, tokens: tuple[int, ...], kv_bytes: int = 256):
+    """A request's trailing partial block (fewer tokens than the block size), as a file."""
+    meta = BlockMeta(block_key(parent, tokens), parent, ns.digest, len(tokens))
+    layers = [
+        (RawTensor("BF16", (kv_bytes // 2,), bytes(kv_bytes)),) * 2 for _ in range(ns.layer_count)
+    ]
+    return meta, tokens, pack_block(meta, tokens, layers)
+
+
+def test_partial_blocks_are_listed_as_children_and_served_verified(tmp_path: Path) -> None:
+    ns = make_namespace()
+    chain = make_chain(ns, 2)
+    root = chain[0][0].key
+    partials = [_partial(ns, root, (7,)), _partial(ns, root, (7, 8, 9))]
+    with cold_tier(tmp_path, ns) as (tier, writer, index, clock):
+        for meta, tokens, data in [*chain, *partials]:
+            clock.advance(1)
+            tier.put(meta, tokens, data)
+            _drain(writer)
+        children = tier.children(root)
+        assert [c.key for c in children] == [p[0].key for p in reversed(partials)] + [
+            chain[1][0].key
+        ]  # most recently used first
+        assert children[0] == partials[1][0]  # the metadata the prefix cache needs
+        assert tier.children(ns.digest) == [chain[0][0]]
+        assert tier.get(partials[1][0].key, root) == ((7, 8, 9), ns.layer_count)
+        # A foreign namespace's rows are not offered.
+        other = make_namespace("other")
+        index.upsert_namespace(other)
+        assert (
+            ColdTier(other, FileBlockStore(tmp_path), index, writer, fake_decode).children(root)
+            == []
+        )
+        # Forged tokens under a partial key are caught by the rehash, then dropped.
+        forged = _partial(ns, root, (7, 8, 10))[2]
+        row = index.get_blocks([partials[0][0].key])[partials[0][0].key]
+        FileBlockStore(tmp_path).write(row.relpath, forged)
+        index.remove_blocks([row.key])
+        index.add_block(replace(row, nbytes=len(forged), checksum=sha256(forged).hexdigest()))
+        assert tier.get(row.key, root) is None
+        assert row.key not in {c.key for c in tier.children(root)}
+    assert_cache_invariants(tmp_path)
+
+
+def test_partial_blocks_count_against_the_budget(tmp_path: Path) -> None:
+    ns = make_namespace()
+    chain = make_chain(ns, 30, kv_bytes=62_500)
+    size = len(chain[0][2])
+    budget = 10 * size
+    blocks = []
+    for meta, tokens, data in chain:  # each full block followed by a partial sibling
+        blocks.append((meta, tokens, data))
+        blocks.append(_partial(ns, meta.parent_key, tokens[:2], kv_bytes=62_500))
+    store = MeteredStore(tmp_path)
+    with cold_tier(tmp_path, ns, max_bytes=budget, store=store) as (tier, writer, index, clock):
+        for meta, tokens, data in blocks:
+            clock.advance(1)
+            tier.put(meta, tokens, data)
+            _drain(writer)
+        kept = index.get_blocks([m.key for m, _, _ in blocks])
+        assert any(b.token_count < ns.block_size for b in kept.values())
+        assert blocks[0][0].key not in kept and blocks[1][0].key not in kept  # LRU went first
+    assert store.peak <= budget + size
+    assert_cache_invariants(tmp_path, budget)

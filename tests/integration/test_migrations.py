@@ -54,7 +54,11 @@ def test_upgrade_on_an_empty_folder(tmp_path: Path) -> None:
     assert current_revision(db) == head_revision()
     schema = _schema(db)
     assert {"namespaces", "blocks", "weight_digests", "alembic_version"} <= schema["table"]
-    assert {"ix_blocks_last_access", "ix_blocks_namespace_last_access"} <= schema["index"]
+    assert {
+        "ix_blocks_last_access",
+        "ix_blocks_namespace_last_access",
+        "ix_blocks_parent_key",
+    } <= schema["index"]
     assert schema["view"] == {"cache_usage", "lru_blocks"}
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -107,6 +111,8 @@ def test_upgrade_keeps_data_written_by_the_previous_revision(tmp_path: Path) -> 
     assert index.get_blocks([b.key for b in blocks]) == {b.key: b for b in blocks}
     assert [r.info for r in index.namespace_records()] == [ns]
     assert [b.key for b in index.lru_blocks(10)] == [b.key for b in blocks]
+    assert index.children(blocks[0].key, 10) == [blocks[1]]  # 0003 indexed the old rows
+    assert "ix_blocks_parent_key" in _schema(db)["index"]
     index.weight_digest_store("/w", 1, 1.0, "d")
     assert index.weight_digest_lookup("/w", 1, 1.0) == "d"
     index.close()

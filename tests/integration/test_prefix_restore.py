@@ -1,6 +1,10 @@
-"""Restored prefixes give identical output, and the reported cached tokens add up."""
+"""Restored prefixes give identical output, and the reported cached tokens add up, to the token."""
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -10,13 +14,26 @@ from omlx.adapters.mlx.loader import load_model
 from omlx.domain.blocks import NamespaceInfo
 from omlx.domain.hot_tier import HotTier
 from omlx.domain.keys import namespace_digest
+from omlx.domain.partial_match import common_prefix
 from omlx.domain.prefix_cache import PrefixCache
 from tests.engine_helpers import generate, greedy
 
 SYSTEM = "You are a careful coding assistant. " * 12
 
 
-def make_prefix_cache(model, block_size: int, hot_bytes: int = 1 << 30) -> PrefixCache:
+class RecordingPrefixCache(PrefixCache):
+    """Remembers every token sequence the engine stores: what a token-exact cache could reuse."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stored: list[list[int]] = []
+
+    def store(self, tokens: Sequence[int], cache: Any) -> int:
+        self.stored.append(list(tokens))
+        return super().store(tokens, cache)
+
+
+def make_prefix_cache(model, block_size: int, hot_bytes: int = 1 << 30) -> RecordingPrefixCache:
     namespace = NamespaceInfo(
         digest=namespace_digest(model.identity(block_size)),
         model_name=model.model_id,
@@ -25,33 +42,50 @@ def make_prefix_cache(model, block_size: int, hot_bytes: int = 1 << 30) -> Prefi
         kv_dtype=model.kv_dtype,
         layer_count=model.layer_count,
     )
-    return PrefixCache(namespace=namespace, codec=MLXKVCodec(), hot=HotTier(hot_bytes))
+    return RecordingPrefixCache(namespace=namespace, codec=MLXKVCodec(), hot=HotTier(hot_bytes))
 
 
-def converse(model, engine, turns: list[str], max_tokens: int = 12):
+def converse(model, engine, turns: list[str], max_tokens: int = 12, prompts: list | None = None):
     """A greedy multi-turn chat; returns each turn's (text, prompt length, cached tokens)."""
     messages = [{"role": "system", "content": SYSTEM}]
     results = []
     for user in turns:
         messages.append({"role": "user", "content": user})
         prompt = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        if prompts is not None:
+            prompts.append(list(prompt))
         run = generate(engine, greedy(prompt, max_tokens))
         results.append((run.text, len(prompt), run.finished.cached_tokens))
         messages.append({"role": "assistant", "content": run.text})
     return results
 
 
-def run_conversation(model, block_size: int | None, turns: list[str], max_tokens: int = 12):
+def token_exact(prompt: list[int], stored: list[list[int]]) -> int:
+    """What a token-exact prompt cache restores: the longest stored prefix, one token left."""
+    return min(max((common_prefix(prompt, s) for s in stored), default=0), len(prompt) - 1)
+
+
+def run_conversation(
+    model,
+    block_size: int | None,
+    turns: list[str],
+    max_tokens: int = 12,
+    prompts: list | None = None,
+):
     cache = make_prefix_cache(model, block_size) if block_size else None
     engine = MLXEngine(model, cache, EngineConfig(max_concurrent=4, prefill_step_size=64))
     engine.start()
     try:
-        return converse(model, engine, turns, max_tokens), cache
+        return converse(model, engine, turns, max_tokens, prompts), cache
     finally:
         engine.stop()
 
 
-TURNS = ["Read this file and tell me what it does.", "Now add a test for it.", "Thanks, and rename it."]
+TURNS = [
+    "Read this file and tell me what it does.",
+    "Now add a test for it.",
+    "Thanks, and rename it.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +96,38 @@ def tiny(tiny_model_dir):
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_three_turns_identical_with_and_without_cache_tiny(tiny, block_size):
     plain, _ = run_conversation(tiny, None, TURNS)
-    cached, cache = run_conversation(tiny, block_size, TURNS)
+    prompts: list[list[int]] = []
+    cached, cache = run_conversation(tiny, block_size, TURNS, prompts=prompts)
     assert [t for t, _, _ in cached] == [t for t, _, _ in plain]
     assert cached[0][2] == 0
-    for (_, prev_len, _), (_, _, cached_tokens) in zip(cached, cached[1:]):
-        assert cached_tokens >= (prev_len // block_size) * block_size
-        assert cached_tokens % block_size == 0
+    for turn, ((_, prev_len, _), (_, _, cached_tokens)) in enumerate(itertools.pairwise(cached), 1):
+        # The whole previous prompt and whatever of its reply re-renders to the same
+        # tokens (the template closes the reply with <|im_end|>, the tiny model's reply
+        # is random bytes that re-tokenize differently): to the token, blocks or not.
+        assert cached_tokens >= prev_len
+        assert cached_tokens == token_exact(prompts[turn], cache.stored[:turn])
+    stats = cache.stats()
+    assert stats.partial_hits == 2 and stats.hit_tokens == sum(c for _, _, c in cached)
     assert cache.hot.stats().bytes <= cache.hot.stats().max_bytes
+    assert cache.hot.stats().pinned == 0
+
+
+def test_a_replayed_prompt_restores_all_but_its_last_token(tiny):
+    cache = make_prefix_cache(tiny, 64)
+    engine = MLXEngine(tiny, cache, EngineConfig())
+    engine.start()
+    try:
+        prompt = tiny.tokenizer.apply_chat_template(
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TURNS[0]}],
+            add_generation_prompt=True,
+        )
+        first = generate(engine, greedy(prompt, 8))
+        replay = generate(engine, greedy(prompt, 8))
+    finally:
+        engine.stop()
+    assert replay.text == first.text
+    assert first.finished.cached_tokens == 0
+    assert replay.finished.cached_tokens == len(prompt) - 1
 
 
 def test_two_conversations_share_the_system_prompt_blocks(tiny):
@@ -93,8 +152,12 @@ def test_default_model_three_turns_identical_with_and_without_cache():
     model = load_model(None)
     turns = ["What is the capital of France?", "And of Italy?", "Which is bigger?"]
     plain, _ = run_conversation(model, None, turns, max_tokens=10)
-    cached, _ = run_conversation(model, 64, turns, max_tokens=10)
+    prompts: list[list[int]] = []
+    cached, cache = run_conversation(model, 64, turns, max_tokens=10, prompts=prompts)
     assert [t for t, _, _ in cached] == [t for t, _, _ in plain]
-    for (_, prev_len, _), (_, _, cached_tokens) in zip(cached, cached[1:]):
-        assert cached_tokens >= (prev_len // 64) * 64
-    assert cached[2][2] > 0
+    for turn, (_, _, cached_tokens) in enumerate(cached[1:], 1):
+        # A real tokenizer re-renders the reply to the tokens it generated: the whole
+        # previous conversation (prompt and reply) is restored, not just its full blocks.
+        previous = cache.stored[turn - 1]  # the previous prompt and completion tokens
+        assert cached_tokens >= len(previous) - 1
+        assert cached_tokens == token_exact(prompts[turn], cache.stored[:turn])

@@ -10,10 +10,12 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.exc import IntegrityError
 
+from omlx.adapters.blockfiles.format import pack_block
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.sqlindex import SqlBlockIndex, index_path, make_engine, open_index
 from omlx.domain.blocks import BlockMeta, NamespaceInfo, StoredBlock
 from omlx.domain.cold_tier import RecencyBuffer
+from omlx.domain.keys import block_key
 from tests.fakes import FakeClock
 from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace
 
@@ -124,6 +126,40 @@ def test_crud(tmp_path: Path) -> None:
     assert index.weight_digest_lookup("/m/model.safetensors", 11, 1.5) is None  # changed file
     index.weight_digest_store("/m/model.safetensors", 11, 2.5, "d2")
     assert index.weight_digest_lookup("/m/model.safetensors", 11, 2.5) == "d2"
+    index.close()
+    assert_cache_invariants(tmp_path)
+
+
+def test_children_by_parent_key_most_recent_first(tmp_path: Path) -> None:
+    index = open_index(tmp_path)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    chain = make_chain(ns, 2)
+    root = _put(tmp_path, index, ns, chain[0][0], chain[0][2], at=1.0)
+    _put(tmp_path, index, ns, chain[1][0], chain[1][2], at=2.0)
+    # Siblings of block 1: partial blocks of other requests (1 to 3 tokens).
+    siblings = []
+    for n, at in ((1, 5.0), (3, 3.0), (2, 4.0)):
+        tokens = tuple(range(900 + n, 900 + 2 * n))
+        meta = BlockMeta(block_key(root.key, tokens), root.key, ns.digest, n)
+        siblings.append(_put(tmp_path, index, ns, meta, pack_block(meta, tokens, []), at=at))
+    found = index.children(root.key, 10)
+    assert [b.key for b in found] == [
+        siblings[0].key,
+        siblings[2].key,
+        siblings[1].key,
+        chain[1][0].key,
+    ]
+    assert [b.token_count for b in found] == [1, 2, 3, 4]
+    assert found[0] == siblings[0]  # whole rows
+    assert [b.key for b in index.children(root.key, 2)] == [siblings[0].key, siblings[2].key]
+    assert [b.key for b in index.children(ns.digest, 10)] == [root.key]
+    assert index.children("ab" * 32, 10) == []
+    with index.engine.connect() as conn:
+        plan = conn.exec_driver_sql(
+            "EXPLAIN QUERY PLAN SELECT key FROM blocks WHERE parent_key = 'x'"
+        ).fetchall()
+    assert any("ix_blocks_parent_key" in str(row) for row in plan)
     index.close()
     assert_cache_invariants(tmp_path)
 

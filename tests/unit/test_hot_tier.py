@@ -14,8 +14,13 @@ from omlx.domain.blocks import BlockMeta
 from omlx.domain.hot_tier import HotTier
 
 
+def parent_of(key: str) -> str:
+    """Keys share three parents, so the parent -> children map has siblings to track."""
+    return f"p{sum(map(ord, key)) % 3}"
+
+
 def meta(key: str) -> BlockMeta:
-    return BlockMeta(key=key, parent_key="p", namespace="ns", token_count=4)
+    return BlockMeta(key=key, parent_key=parent_of(key), namespace="ns", token_count=4)
 
 
 def put(hot: HotTier, key: str, nbytes: int = 10) -> bool:
@@ -124,6 +129,23 @@ def test_shrink_and_clear() -> None:
     assert hot.is_pinned("d")
 
 
+def test_children_follow_puts_evictions_and_clear() -> None:
+    hot = HotTier(30)
+    for key in "abc":
+        put(hot, key)
+    by_parent = {p: {k for k in "abc" if parent_of(k) == p} for p in ("p0", "p1", "p2")}
+    for parent, keys in by_parent.items():
+        assert {b.key for b in hot.children(parent)} == keys
+    stats = hot.stats()
+    put(hot, "d")  # evicts a, the oldest
+    assert "a" not in {b.key for b in hot.children(parent_of("a"))}
+    assert "d" in {b.key for b in hot.children(parent_of("d"))}
+    assert (hot.stats().hits, hot.stats().misses) == (stats.hits, stats.misses)  # no hit counted
+    hot.clear()
+    assert all(hot.children(p) == [] for p in ("p0", "p1", "p2"))
+    assert hot.children("unknown") == []
+
+
 def test_invalid_sizes_are_refused() -> None:
     with pytest.raises(ValueError):
         HotTier(-1)
@@ -154,7 +176,8 @@ def test_stats_can_be_read_while_the_engine_thread_writes() -> None:
 class HotTierMachine(RuleBasedStateMachine):
     """A random workload against a plain reference model of LRU with pins."""
 
-    KEYS = st.sampled_from([f"k{i}" for i in range(12)])
+    KEYS_ALL = tuple(f"k{i}" for i in range(12))
+    KEYS = st.sampled_from(KEYS_ALL)
 
     def __init__(self) -> None:
         super().__init__()
@@ -227,6 +250,9 @@ class HotTierMachine(RuleBasedStateMachine):
         assert set(self.hot.keys()) == set(self.order)
         assert s.bytes == sum(self.order.values())
         assert s.pinned == len(+self.pins)
+        for parent in {parent_of(k) for k in self.KEYS_ALL}:
+            held = {b.key for b in self.hot.children(parent)}
+            assert held == {k for k in self.order if parent_of(k) == parent}
 
 
 TestHotTierMachine = HotTierMachine.TestCase

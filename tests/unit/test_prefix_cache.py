@@ -1,4 +1,4 @@
-"""The prefix cache over fakes: matching, pins, cold promotion, write-through stores."""
+"""The prefix cache over fakes: matching to the token, pins, cold promotion, write-through stores."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from omlx.domain.blocks import BlockMeta, NamespaceInfo
 from omlx.domain.hot_tier import HotTier
-from omlx.domain.keys import chain_keys, namespace_digest
+from omlx.domain.keys import block_key, chain_keys, namespace_digest
+from omlx.domain.partial_match import common_prefix
 from omlx.domain.prefix_cache import PrefixCache
 from tests.fakes import FakeClock, FakeCodec, FakeColdSource
 
@@ -49,13 +50,18 @@ def serve(pc: PrefixCache, tokens: list[int]) -> int:
     return hit.cached_tokens
 
 
-def common_blocks(a: list[int], b: list[int], bs: int) -> int:
-    n = 0
-    while (n + 1) * bs <= min(len(a), len(b)) and a[n * bs : (n + 1) * bs] == b[
-        n * bs : (n + 1) * bs
-    ]:
-        n += 1
-    return n
+def all_keys(namespace_digest: str, tokens: list[int], bs: int) -> list[str]:
+    """The keys ``store`` gives ``tokens``: every full block, then the partial one, if any."""
+    keys = chain_keys(namespace_digest, tokens, bs)
+    start = len(keys) * bs
+    if start < len(tokens):
+        keys.append(block_key(keys[-1] if keys else namespace_digest, tokens[start:]))
+    return keys
+
+
+def best_prefix(query: list[int], stored: list[list[int]]) -> int:
+    """What a token-exact cache restores: the longest common prefix, one token left over."""
+    return min(max((common_prefix(query, s) for s in stored), default=0), max(len(query) - 1, 0))
 
 
 # (block size, a shared stem, conversations = stem[:cut] + their own tail)
@@ -82,38 +88,52 @@ def test_lookup_finds_the_longest_leading_run(
         pc.store(tokens, list(tokens))
     query = stem[:cut] + tail
     hit = pc.lookup(query)
-    limit = max((len(query) - 1) // bs, 0)
-    expected = min(max(common_blocks(query, s, bs) for s in stored), limit)
-    assert hit.cached_tokens == expected * bs == len(hit.keys) * bs
+    expected = best_prefix(query, stored)  # to the token, as a token-exact cache would
+    assert hit.cached_tokens == expected
     assert hit.cached_tokens < max(len(query), 1)  # at least one token left to prefill
-    assert list(hit.keys) == chain_keys(pc.namespace.digest, query, bs)[:expected]
+    assert (hit.n_blocks, hit.partial_tokens) == divmod(expected, bs)
+    assert hit.cached_tokens == hit.n_blocks * bs + hit.partial_tokens
+    assert (
+        list(hit.keys[: hit.n_blocks]) == chain_keys(pc.namespace.digest, query, bs)[: hit.n_blocks]
+    )
+    assert len(hit.keys) == hit.n_blocks + (1 if hit.partial_tokens else 0)
     assert (pc.restore(hit) or []) == query[: hit.cached_tokens]
-    # Shared blocks are held once.
-    unique = {k for s in stored for k in chain_keys(pc.namespace.digest, s, bs)}
+    assert all(pc.is_pinned(k) for k in hit.keys)
+    pc.release(hit)
+    assert pc.hot.stats().pinned == 0
+    # Shared blocks are held once; each stored sequence adds at most its partial block.
+    unique = {k for s in stored for k in all_keys(pc.namespace.digest, s, bs)}
     assert pc.hot.stats().blocks == len(unique)
 
 
 @pytest.mark.parametrize("bs", [16, 64])
-def test_a_follow_up_turn_reuses_every_block_but_keeps_one_token(bs: int) -> None:
+def test_a_follow_up_turn_reuses_the_whole_previous_request_but_keeps_one_token(bs: int) -> None:
     pc = make(bs)
     first = seq(3 * bs + 5)
     assert serve(pc, first) == 0
     follow_up = first + seq(bs, 9000)
-    assert serve(pc, follow_up) == 3 * bs
+    hit = pc.lookup(follow_up)
+    assert hit.cached_tokens == 3 * bs + 5  # the previous request's partial block, too
+    assert (hit.hot_hits, hit.cold_hits, hit.partial_tokens) == (3, 0, 5)
+    assert hit.keys[-1] == all_keys(pc.namespace.digest, first, bs)[-1]
+    pc.release(hit)
     exact = seq(4 * bs)
     pc.store(exact, list(exact))
-    assert pc.lookup(exact).cached_tokens == 3 * bs  # a whole-prompt match leaves one block
+    assert pc.lookup(exact).cached_tokens == 4 * bs - 1  # a whole-prompt match leaves one token
 
 
-@pytest.mark.parametrize("n", [0, 1, 15, 16])
-def test_short_prompts_match_nothing(n: int) -> None:
+@pytest.mark.parametrize("n", [0, 1, 2, 15, 16, 17])
+def test_short_prompts_match_all_but_their_last_token(n: int) -> None:
     pc = make(16)
     pc.store(seq(64), seq(64))
     hit = pc.lookup(seq(n))
-    assert hit.keys == () and hit.cached_tokens == 0 and hit.lease == 0
-    assert pc.restore(hit) is None
+    assert hit.cached_tokens == max(n - 1, 0)
+    assert (pc.restore(hit) or []) == seq(max(n - 1, 0))
+    if n <= 1:
+        assert hit.keys == () and hit.lease == 0 and pc.restore(hit) is None
     pc.release(hit)
-    assert pc.lookup(seq(17)).cached_tokens == 16
+    assert pc.hot.stats().pinned == 0
+    assert pc.lookup(seq(17, 500)).cached_tokens == 0  # no shared token, nothing restored
 
 
 @pytest.mark.parametrize("bs", [16, 64])
@@ -163,20 +183,22 @@ def test_cold_blocks_are_promoted_after_a_restart(bs: int) -> None:
     cold = FakeColdSource()
     prompt = seq(4 * bs + 3)
     make(bs, cold=cold).store(prompt, list(prompt))
-    assert len(cold.puts) == 4
+    assert len(cold.puts) == 5  # four full blocks and the partial one
 
     restarted = make(bs, cold=cold)  # empty RAM, same disk
-    hit = restarted.lookup(prompt)
-    assert (hit.cached_tokens, hit.hot_hits, hit.cold_hits) == (4 * bs, 0, 4)
-    assert restarted.restore(hit) == prompt[: 4 * bs]
+    hit = restarted.lookup(prompt)  # a replay: all but the last token
+    assert (hit.cached_tokens, hit.hot_hits, hit.cold_hits) == (4 * bs + 2, 0, 4)
+    assert hit.partial_tokens == 2
+    assert restarted.restore(hit) == prompt[: 4 * bs + 2]
     assert all(k in restarted.hot for k in hit.keys)
+    restarted.release(hit)
     reads = len(cold.gets)
     again = restarted.lookup(prompt)
-    assert (again.hot_hits, again.cold_hits) == (4, 0)
+    assert (again.hot_hits, again.cold_hits, again.cached_tokens) == (4, 0, 4 * bs + 2)
     assert len(cold.gets) == reads
     assert cold.touched == list(again.keys)  # RAM hits reach the cold tier's recency
     restarted.store(prompt, list(prompt))
-    assert len(cold.puts) == 4  # promoted blocks are never written back
+    assert len(cold.puts) == 5  # promoted blocks are never written back
 
 
 def test_hot_and_cold_hits_mix_and_stop_at_the_first_miss() -> None:
@@ -194,6 +216,41 @@ def test_hot_and_cold_hits_mix_and_stop_at_the_first_miss() -> None:
     assert keys[4] not in cold.gets  # the walk stopped at block 3
     assert cold.touched == [keys[0]]
     assert pc.restore(hit) == prompt[: 3 * bs]
+
+
+def test_the_disk_part_of_a_prefix_is_asked_for_in_one_batch() -> None:
+    bs = 16
+    cold = FakeColdSource()
+    prompt = seq(6 * bs + 1)
+    make(bs, cold=cold).store(prompt, list(prompt))
+    keys = chain_keys(namespace(bs).digest, prompt, bs)
+    pc = make(bs, cold=cold)
+    pc.hot.put(*_hot_args(pc, prompt, 0, keys))
+    pc.hot.put(*_hot_args(pc, prompt, 3, keys))  # RAM holds a block in the middle too
+    hit = pc.lookup(prompt)
+    assert (hit.hot_hits, hit.cold_hits, hit.cached_tokens) == (2, 4, 6 * bs)
+    assert cold.batches == [[keys[1], keys[2], keys[4], keys[5]]]  # RAM's blocks not read
+    assert cold.gets == [keys[1], keys[2], keys[4], keys[5]]
+    assert list(hit.keys) == keys
+    assert pc.restore(hit) == prompt[: 6 * bs]
+    assert all(k in pc.hot for k in keys)
+
+
+def test_a_ram_block_evicted_by_the_walk_is_read_alone() -> None:
+    bs = 16
+    cold = FakeColdSource()
+    prompt = seq(4 * bs + 1)
+    make(bs, cold=cold).store(prompt, list(prompt))
+    keys = chain_keys(namespace(bs).digest, prompt, bs)
+    pc = make(bs, hot_bytes=2 * 8 * bs, cold=cold)  # RAM holds two blocks
+    pc.hot.put(*_hot_args(pc, prompt, 2, keys))
+    hit = pc.lookup(prompt)  # promoting blocks 0 and 1 pushes block 2 out before its turn
+    assert cold.batches == [[keys[0], keys[1], keys[3]]]
+    assert cold.gets == [keys[0], keys[1], keys[2], keys[3]]
+    assert (hit.hot_hits, hit.cold_hits, hit.cached_tokens) == (0, 4, 4 * bs)
+    assert pc.restore(hit) == prompt[: 4 * bs]
+    pc.release(hit)
+    assert pc.hot.stats().pinned == 0
 
 
 def _hot_args(pc: PrefixCache, tokens: list[int], i: int, keys: list[str]) -> tuple:
@@ -259,7 +316,7 @@ def test_blocks_that_do_not_fit_in_ram_still_reach_disk_and_serve_hits() -> None
     pc = make(bs, hot_bytes=0, cold=cold)
     prompt = seq(2 * bs + 1)
     pc.store(prompt, list(prompt))
-    assert len(cold.puts) == 2 and pc.hot.stats().blocks == 0
+    assert len(cold.puts) == 3 and pc.hot.stats().blocks == 0
     hit = pc.lookup(prompt)
     assert hit.cold_hits == 2 and pc.restore(hit) == prompt[: 2 * bs]
 
@@ -281,8 +338,9 @@ def test_stats_count_lookups_and_hits() -> None:
     serve(pc, prompt)
     serve(pc, prompt)
     s = pc.stats()
-    assert (s.lookups, s.lookup_tokens, s.hit_tokens, s.hot_hits, s.cold_hits) == (2, 80, 32, 2, 0)
-    assert s.stored_blocks == 2 and s.queued_blocks == 0
+    assert (s.lookups, s.lookup_tokens, s.hit_tokens, s.hot_hits, s.cold_hits) == (2, 80, 39, 2, 0)
+    assert (s.partial_hits, s.partial_tokens) == (1, 7)
+    assert s.stored_blocks == 3 and s.queued_blocks == 0  # two full blocks and a partial one
     assert s.last_hit_at == FakeClock().now()
 
 

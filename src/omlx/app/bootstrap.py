@@ -49,8 +49,14 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
         EngineConfig(
             max_concurrent=settings.max_concurrent_requests,
             prefill_step_size=settings.prefill_step_size,
+            kv_memory_limit=_kv_memory_limit(settings),
         ),
     )
+    if engine.budget is not None:
+        log.info(
+            "memory guard: kv_memory_limit %d bytes, %d bytes of KV per token, at most %d tokens per request",
+            engine.budget.limit_bytes, engine.budget.bytes_per_token, engine.budget.token_capacity,
+        )
     engine.start()
     closers.append(engine.stop)  # closed first: no block is stored after the writer drains
     generation = GenerationService(
@@ -71,6 +77,16 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
         blas=describe_blas(),
         closers=closers,
     )
+
+
+def _kv_memory_limit(settings: Settings) -> int | None:
+    """kv_memory_limit in bytes: a size as given, "auto" as half of physical RAM, "off" as None."""
+    if not settings.kv_memory_guard:
+        return None
+    from omlx.adapters.mlx.memory import auto_limit_bytes
+
+    limit = settings.kv_memory_limit_bytes
+    return auto_limit_bytes() if limit is None else limit
 
 
 def _close_all(closers: list) -> None:

@@ -33,6 +33,7 @@ def _serve_options(fn):
         click.option("--max-concurrent-requests", type=int, default=None, help="Requests decoded together (default 8)."),
         click.option("--max-queued-requests", type=int, default=None, help="Waiting requests before 429 (default 64)."),
         click.option("--prefill-step-size", type=int, default=None, help="Tokens prefilled per engine step (default 256)."),
+        click.option("--kv-memory-limit", default=None, help='RAM for KV (running requests + hot tier): a size, "auto" (half of RAM) or "off".'),
         click.option("--api-key", default=None, envvar="OMLX_API_KEY", help="Require this key (Bearer or x-api-key)."),
     ]
     for option in reversed(options):

@@ -21,6 +21,7 @@ class Container:
     prefix_cache: Any = None  # PrefixCache | None
     cold_tier: Any = None  # ColdTier | None
     blas: str = ""
+    metrics: Any = None  # api.metrics.Metrics, set by create_app (one registry per app)
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import anyio
 
@@ -21,9 +22,12 @@ from omlx.domain.generation import (
     Finished,
     GenerationEvent,
     GenerationRequest,
+    PrefillProgress,
     SamplingParams,
     TextDelta,
 )
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,36 +37,77 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    stop_sequence: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedPrompt:
+    """A chat rendered through the model's template: the text and its tokens."""
+
+    text: str
+    tokens: list[int]
+
+
+class GenerationObserver(Protocol):
+    """Told about every generation (metrics)."""
+
+    def first_token(self, seconds: float) -> None: ...
+
+    def finished(self, event: Finished) -> None: ...
+
+    def cancelled(self) -> None: ...
 
 
 class GenerationService:
     """What the HTTP controllers call; knows the model's tokenizer and the engine."""
 
-    def __init__(self, engine: Any, model: Any, *, max_queued: int, default_max_tokens: int) -> None:
+    def __init__(
+        self, engine: Any, model: Any, *, max_queued: int, default_max_tokens: int
+    ) -> None:
         self.engine = engine
         self.model = model
         self.tokenizer = model.tokenizer
         self.max_queued = max_queued
         self.default_max_tokens = default_max_tokens
+        self.observer: GenerationObserver | None = None
 
     # ---- prompts ----------------------------------------------------------
 
-    async def render_chat(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
-        return await anyio.to_thread.run_sync(self._render_chat, messages, tools)
+    async def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> RenderedPrompt:
+        return await anyio.to_thread.run_sync(
+            self._render_chat, messages, tools, template_kwargs or {}
+        )
 
-    def _render_chat(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
+    def _render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict] | None,
+        template_kwargs: dict[str, Any],
+    ) -> RenderedPrompt:
+        kwargs: dict[str, Any] = {**template_kwargs, "add_generation_prompt": True}
+        if tools:
+            kwargs["tools"] = tools
         try:
-            kwargs: dict[str, Any] = {"add_generation_prompt": True}
-            if tools:
-                kwargs["tools"] = tools
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
         except Exception as exc:  # jinja raises on messages a template rejects
-            raise APIError(400, f"the model's chat template rejected the messages: {exc}", param="messages") from exc
-        return self.encode_text(text)
+            raise APIError(
+                400, f"the model's chat template rejected the messages: {exc}", param="messages"
+            ) from exc
+        if not isinstance(text, str):
+            raise APIError(400, "the model's chat template did not render text", param="messages")
+        return RenderedPrompt(text, self.encode_text(text))
 
     def encode_text(self, text: str) -> list[int]:
         # The rendered template already holds its special tokens; don't add a BOS twice.
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        try:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        except Exception as exc:  # e.g. lone surrogates from a JSON \ud800 escape
+            raise APIError(400, f"the text cannot be tokenized: {exc}", param="messages") from exc
 
     def build_request(
         self,
@@ -87,11 +132,13 @@ class GenerationService:
                 param="messages",
                 code="context_length_exceeded",
             )
+        explicit_max_tokens = max_tokens is not None
         if max_tokens is None:
             max_tokens = self.default_max_tokens
         if max_tokens < 1:
             raise APIError(400, f"{max_tokens_param} must be at least 1", param=max_tokens_param)
         max_tokens = min(max_tokens, context - len(prompt_tokens))
+        max_tokens = self._fit_kv_memory(len(prompt_tokens), max_tokens, explicit_max_tokens, max_tokens_param)
         temperature = 1.0 if temperature is None else temperature
         if not 0 <= temperature <= 2:
             raise APIError(400, "temperature must be between 0 and 2", param="temperature")
@@ -110,9 +157,30 @@ class GenerationService:
         return GenerationRequest(
             prompt_tokens=tuple(prompt_tokens),
             max_tokens=max_tokens,
-            sampling=SamplingParams(temperature, top_p, top_k, seed),
+            # OpenAI seeds are signed 64-bit; MLX keys take unsigned ones.
+            sampling=SamplingParams(
+                temperature, top_p, top_k, None if seed is None else seed % 2**64
+            ),
             stop=stops,
         )
+
+    def _fit_kv_memory(self, prompt: int, max_tokens: int, explicit: bool, param: str) -> int:
+        """The engine's memory guard, up front: 400 when the request could never fit alone.
+
+        A defaulted max_tokens is lowered to fit instead, as for the context length.
+        """
+        capacity = getattr(self.engine, "kv_token_capacity", None)
+        if not isinstance(capacity, int) or prompt + max_tokens <= capacity:
+            return max_tokens
+        if explicit or prompt >= capacity:
+            raise APIError(
+                400,
+                f"the prompt ({prompt} tokens) plus {param} ({max_tokens}) needs more KV cache than "
+                f"kv_memory_limit allows: at most {capacity} tokens in all; lower {param} or shorten the prompt",
+                param=param if explicit and prompt < capacity else "messages",
+                code="kv_memory_exceeded",
+            )
+        return capacity - prompt
 
     # ---- running ----------------------------------------------------------
 
@@ -125,28 +193,56 @@ class GenerationService:
                 headers={"Retry-After": "1"},
             )
 
-    async def events(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
-        """The request's events until Finished or Failed; leaving early cancels it."""
+    async def events(
+        self, request: GenerationRequest, keepalive: float | None = None
+    ) -> AsyncIterator[GenerationEvent | None]:
+        """The request's events until Finished or Failed; ``None`` after ``keepalive`` quiet seconds.
+
+        Prefill progress is dropped. Leaving early (a closed client) cancels the request
+        on the engine, which drops it before its next decode step.
+        """
         self.check_capacity()
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[GenerationEvent] = asyncio.Queue()
 
         def emit(event: GenerationEvent) -> None:
-            loop.call_soon_threadsafe(inbox.put_nowait, event)
+            # RuntimeError: the loop has closed (shutdown) and nobody is listening.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(inbox.put_nowait, event)
 
+        started = time.monotonic()
         job_id = self.engine.submit(request, emit)
-        finished = False
+        finished = first = False
+        # One pending get, reused across quiet spells, so a timeout never loses an event.
+        getter: asyncio.Future[GenerationEvent] | None = None
         try:
             while True:
-                event = await inbox.get()
+                if getter is None:
+                    getter = asyncio.ensure_future(inbox.get())
+                done, _ = await asyncio.wait({getter}, timeout=keepalive)
+                if not done:
+                    yield None
+                    continue
+                event, getter = getter.result(), None
+                if isinstance(event, PrefillProgress):
+                    continue
+                if isinstance(event, TextDelta) and not first:
+                    first = True
+                    self._observe_first(time.monotonic() - started)
                 if isinstance(event, Finished | Failed):
                     finished = True
+                    if isinstance(event, Finished):
+                        self._observe_finished(event)
                 yield event
                 if finished:
                     return
         finally:
+            if getter is not None:
+                getter.cancel()
             if not finished:
                 self.engine.cancel(job_id)
+                if self.observer is not None:
+                    self.observer.cancelled()
 
     async def complete(self, request: GenerationRequest) -> Completion:
         """Run to the end and collect the text (non-streaming responses)."""
@@ -165,8 +261,51 @@ class GenerationService:
                         event.prompt_tokens,
                         event.completion_tokens,
                         event.cached_tokens,
+                        stop_sequence_of(event),
                     )
         finally:
             with contextlib.suppress(Exception):
                 await events.aclose()
         raise APIError(500, "generation ended without a result")
+
+    def _observe_first(self, seconds: float) -> None:
+        if self.observer is not None:
+            self.observer.first_token(seconds)
+
+    def _observe_finished(self, event: Finished) -> None:
+        if self.observer is not None:
+            self.observer.finished(event)
+
+
+def stop_sequence_of(event: Finished) -> str | None:
+    """The stop string that ended generation, where the engine reports it."""
+    return getattr(event, "stop_sequence", None)
+
+
+async def unless_disconnected(receive: Callable[[], Awaitable[dict]], work: Awaitable[T]) -> T:
+    """Await ``work``; if the client disconnects first, cancel it (which cancels its generation).
+
+    ``receive`` is the request's ASGI receive: once the body is read, its next message
+    is ``http.disconnect``, and only when the client goes away.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        raise APIError(499, "the client closed the connection")
+    return task.result()
+
+
+async def _wait_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
+    try:
+        while (await receive()).get("type") != "http.disconnect":
+            pass
+    except Exception:  # a receive that cannot tell: never report a disconnect
+        await asyncio.Event().wait()

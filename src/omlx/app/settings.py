@@ -31,6 +31,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_concurrent_requests: int = 8
     max_queued_requests: int = 64
     prefill_step_size: int = 256
+    kv_memory_limit: str = "auto"
     default_max_tokens: int = 1024
     max_request_body_bytes: int = 16_000_000
 
@@ -41,6 +42,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def ssd_cache_bytes(self) -> int:
         return parse_size(self.paged_ssd_cache_max_size)
+
+    @property
+    def kv_memory_limit_bytes(self) -> int | None:
+        """The guard's limit in bytes; None for "auto" (the engine side decides) or "off"."""
+        value = str(self.kv_memory_limit).strip().lower()
+        return None if value in ("auto", "off") else parse_size(self.kv_memory_limit)
+
+    @property
+    def kv_memory_guard(self) -> bool:
+        return str(self.kv_memory_limit).strip().lower() != "off"
 
     @property
     def cache_dir(self) -> Path:
@@ -56,6 +67,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError("prefill_step_size must be >= 1")
         self.hot_cache_bytes  # noqa: B018 - parse now so a bad size fails at start
         self.ssd_cache_bytes  # noqa: B018
+        if self.kv_memory_limit_bytes == 0:
+            raise ValueError('kv_memory_limit must be a size above 0, "auto" or "off"')
         return self
 
 

@@ -9,6 +9,7 @@ from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, Namespace
 from omlx.domain.eviction import LRUPolicy, plan_eviction
 from omlx.domain.hot_tier import HotBlock, HotTier, HotTierStats
 from omlx.domain.keys import CACHE_FORMAT_VERSION, block_key, chain_keys, namespace_digest
+from omlx.domain.partial_match import PartialMatch, best_child, common_prefix
 from omlx.domain.ports import BlockIndex, BlockStore, Clock, ColdSource, EvictionPolicy, KVCodec
 from omlx.domain.prefix_cache import PrefixCache, PrefixCacheStats, PrefixHit
 
@@ -28,12 +29,15 @@ __all__ = [
     "LRUPolicy",
     "NamespaceInfo",
     "NamespaceUsage",
+    "PartialMatch",
     "PrefixCache",
     "PrefixCacheStats",
     "PrefixHit",
     "StoredBlock",
+    "best_child",
     "block_key",
     "chain_keys",
+    "common_prefix",
     "namespace_digest",
     "plan_eviction",
 ]

@@ -2,7 +2,9 @@
 
 A block is served only when its file matches the checksum in the index and its tokens
 rehash to its key; anything else is logged, counted, removed (row, then file) and
-recomputed by the caller. Standard library only.
+recomputed by the caller. A prefix's blocks are read in one batch (``get_many``): one
+index query, files read and hashed on a few threads (both release the GIL) while the
+caller's thread decodes them in order. Standard library only.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +25,15 @@ from omlx.domain.keys import block_key
 from omlx.domain.ports import BlockIndex, BlockSink, BlockStore, Clock
 
 log = logging.getLogger(__name__)
+
+# Candidates for token-granular matching asked of the index per lookup: the prefix cache
+# reads at most a few of them, most recently used first.
+CHILDREN_LIMIT = 16
+
+# Threads reading and hashing block files for ``get_many``; reads ahead of the decoding
+# thread by up to READ_AHEAD_PER_THREAD files per thread.
+READ_THREADS = 4
+READ_AHEAD_PER_THREAD = 2
 
 
 class _SystemClock:
@@ -142,6 +155,8 @@ class ColdTier:
         decode: Callable[[bytes], DecodedBlock],
         clock: Clock | None = None,
         recency: RecencyBuffer | None = None,
+        *,
+        read_threads: int = READ_THREADS,
     ) -> None:
         self.namespace = namespace
         self._store = store
@@ -151,7 +166,9 @@ class ColdTier:
         self._clock: Clock = clock if clock is not None else _SystemClock()
         self.recency = recency if recency is not None else RecencyBuffer(index, self._clock)
         self.stats = ColdTierStats()
-        self._lock = threading.Lock()  # counters only
+        self._lock = threading.Lock()  # counters and the pool
+        self._read_threads = max(read_threads, 1)
+        self._pool: ThreadPoolExecutor | None = None  # made on the first batch read
 
     def get(self, key: str, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
         try:
@@ -163,25 +180,70 @@ class ColdTier:
             self._count("misses")
             return None
         try:
-            data = self._store.read(row.relpath)
-        except FileNotFoundError:
-            self._drop(row, "its file is missing", "missing_files")
+            checked = self._read_checked(row)
+        except Exception as exc:
+            self._read_failed(row, exc)
             return None
-        except OSError:
-            log.exception("reading block %s failed; treated as a miss", key)
+        return self._serve(row, parent_key, checked)
+
+    def get_many(
+        self, chain: Sequence[tuple[str, str]]
+    ) -> Generator[tuple[tuple[int, ...], Any], None, None]:
+        if not chain:
+            return
+        try:
+            rows = self._index.get_blocks([key for key, _ in chain])
+        except Exception:
+            log.exception("index lookup of %d blocks failed; treated as a miss", len(chain))
             self._count("misses")
-            return None
-        decoded, problem = self._verify(row, parent_key, data)
-        if decoded is None:
-            self._drop(row, problem, "corrupt_blocks")
-            return None
-        self.recency.record((key,))
-        self._count("hits")
-        return decoded.tokens, decoded.payload
+            return
+        found: list[tuple[StoredBlock, str]] = []
+        for key, parent_key in chain:  # the chain ends at its first block without a row
+            row = rows.get(key)
+            if row is None or row.namespace != self.namespace.digest:
+                break
+            found.append((row, parent_key))
+        if not found:
+            self._count("misses")
+            return
+        pool = self._reader_pool()
+        ahead: deque[Future[tuple[bytes, bool]]] = deque()
+        todo = iter(found)
+        try:
+            for row, _ in todo:
+                ahead.append(pool.submit(self._read_checked, row))
+                if len(ahead) >= self._read_threads * READ_AHEAD_PER_THREAD:
+                    break
+            for row, parent_key in found:
+                future = ahead.popleft()
+                following = next(todo, None)
+                if following is not None:
+                    ahead.append(pool.submit(self._read_checked, following[0]))
+                try:
+                    checked = future.result()
+                except Exception as exc:
+                    self._read_failed(row, exc)
+                    return
+                served = self._serve(row, parent_key, checked)
+                if served is None:
+                    return
+                yield served
+            if len(found) < len(chain):
+                self._count("misses")
+        finally:
+            for future in ahead:  # stopped early: files not yet read are not read
+                future.cancel()
+
+    def close(self) -> None:
+        """Stop the read threads (shutdown); a later batch read starts them again."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> None:
         if meta.namespace != self.namespace.digest or len(tokens) != meta.token_count:
-            log.error("block %s is not a full block of this namespace; not stored", meta.key)
+            log.error("block %s does not match this namespace or its tokens; not stored", meta.key)
             self._count("dropped")
             return
         try:
@@ -200,6 +262,18 @@ class ColdTier:
             log.exception("index lookup of %s failed", key)
             return False
 
+    def children(self, parent_key: str) -> list[BlockMeta]:
+        try:
+            rows = self._index.children(parent_key, CHILDREN_LIMIT)
+        except Exception:
+            log.exception("index lookup of the children of %s failed", parent_key)
+            return []
+        return [
+            BlockMeta(r.key, r.parent_key, r.namespace, r.token_count)
+            for r in rows
+            if r.namespace == self.namespace.digest
+        ]
+
     def touch(self, keys: Sequence[str]) -> None:
         self.recency.record(keys)
 
@@ -207,10 +281,49 @@ class ColdTier:
         """Write buffered recency now (shutdown, tests)."""
         return self.recency.flush()
 
+    def _reader_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self._read_threads, thread_name_prefix="omlx-cold-read"
+                )
+            return self._pool
+
+    def _read_checked(self, row: StoredBlock) -> tuple[bytes, bool]:
+        """The file's bytes and whether they match the index's size and checksum.
+
+        Bytes only, so it may run on a read thread: reading and hashing large
+        buffers release the GIL; decoding stays on the caller's thread.
+        """
+        data = self._store.read(row.relpath)
+        ok = len(data) == row.nbytes and hashlib.sha256(data).hexdigest() == row.checksum
+        return data, ok
+
+    def _read_failed(self, row: StoredBlock, exc: BaseException) -> None:
+        if isinstance(exc, FileNotFoundError):
+            self._drop(row, "its file is missing", "missing_files")
+        elif isinstance(exc, OSError):
+            log.error("reading block %s failed (%s); treated as a miss", row.key, exc)
+            self._count("misses")
+        else:
+            raise exc
+
+    def _serve(
+        self, row: StoredBlock, parent_key: str, checked: tuple[bytes, bool]
+    ) -> tuple[tuple[int, ...], Any] | None:
+        """Decode checked bytes and serve them, or drop the block; on the caller's thread."""
+        decoded, problem = self._verify(row, parent_key, *checked)
+        if decoded is None:
+            self._drop(row, problem, "corrupt_blocks")
+            return None
+        self.recency.record((row.key,))
+        self._count("hits")
+        return decoded.tokens, decoded.payload
+
     def _verify(
-        self, row: StoredBlock, parent_key: str, data: bytes
+        self, row: StoredBlock, parent_key: str, data: bytes, checksum_ok: bool
     ) -> tuple[DecodedBlock | None, str]:
-        if len(data) != row.nbytes or hashlib.sha256(data).hexdigest() != row.checksum:
+        if not checksum_ok:
             return None, "its checksum does not match the index"
         try:
             decoded = self._decode(data)

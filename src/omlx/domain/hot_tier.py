@@ -1,6 +1,9 @@
 """The hot tier: a RAM pool of blocks under a byte budget, LRU over unpinned blocks.
 
-The engine thread mutates it; other threads (``/health``) read ``stats()``; one lock.
+Full and partial blocks alike (see ``keys``): the same budget, LRU order and pins. A
+parent -> children map lets token-granular matching find every block that extends a
+matched prefix. The engine thread mutates it; other threads (``/health``) read
+``stats()``; one lock.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class HotTier:
         self.max_bytes = max_bytes
         self._policy: EvictionPolicy = policy if policy is not None else LRUPolicy()
         self._blocks: dict[str, HotBlock] = {}
+        self._children: dict[str, set[str]] = {}  # parent key -> keys held in RAM
         self._pins: dict[str, int] = {}
         self._bytes = 0
         self._hits = 0
@@ -72,6 +76,11 @@ class HotTier:
             self._hits += 1
             self._policy.record_access(key, block.nbytes)
             return block
+
+    def children(self, parent_key: str) -> list[HotBlock]:
+        """Blocks in RAM whose parent is ``parent_key``; counts no hit, moves no LRU order."""
+        with self._lock:
+            return [self._blocks[k] for k in self._children.get(parent_key, ())]
 
     def touch(self, key: str) -> bool:
         """Mark ``key`` most recently used without counting a hit; False when absent."""
@@ -104,6 +113,7 @@ class HotTier:
                 for victim in victims:
                     self._evict_locked(victim)
             self._blocks[meta.key] = HotBlock(meta, tokens, payload, nbytes)
+            self._children.setdefault(meta.parent_key, set()).add(meta.key)
             self._bytes += nbytes
             self._policy.record_access(meta.key, nbytes)
             return True
@@ -145,6 +155,7 @@ class HotTier:
             for key in self._blocks:
                 self._policy.remove(key)
             self._blocks.clear()
+            self._children.clear()
             self._bytes = 0
 
     def stats(self) -> HotTierStats:
@@ -177,6 +188,11 @@ class HotTier:
 
     def _evict_locked(self, key: str) -> None:
         block = self._blocks.pop(key)
+        siblings = self._children.get(block.meta.parent_key)
+        if siblings is not None:
+            siblings.discard(key)
+            if not siblings:
+                del self._children[block.meta.parent_key]
         self._policy.remove(key)
         self._bytes -= block.nbytes
         self._evictions += 1

@@ -2,6 +2,15 @@
 
 Keys must be identical across processes and versions, so they are SHA-256 over
 canonical bytes, never Python's ``hash``.
+
+*Partial blocks.* Besides full blocks, the trailing partial block of a finished request
+(its last ``n < block_size`` tokens) is keyed and stored too, with the same formula:
+``block_key(parent, partial_tokens)``. This departs from DESIGN §4 ("only full blocks are
+keyed"): without it a follow-up turn, or a replay after a restart, recomputes up to
+``block_size - 1`` tokens of the previous turn. A partial key never extends a chain (no
+block names it as parent) and is only used by token-granular matching: KV at position
+``j`` depends only on tokens ``<= j``, so any stored child of the last matched key whose
+first ``k`` tokens equal the prompt's next ``k`` serves those ``k`` positions.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, NamespaceUsage, StoredBlock
@@ -27,6 +27,13 @@ class KVCodec(Protocol):
 
     def assemble(self, payloads: Sequence[Any]) -> Any:
         """A fresh engine cache holding ``payloads`` in order, its offset at their total length."""
+        ...
+
+    def truncate(self, payload: Any, n: int) -> Any:
+        """The payload of the block's first ``n`` positions (``0 < n <= its length``).
+
+        Token-granular matching uses a stored block whose leading tokens equal the prompt's.
+        """
         ...
 
     def nbytes(self, payload: Any) -> int:
@@ -81,6 +88,10 @@ class BlockIndex(Protocol):
     def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]:
         ...
 
+    def children(self, parent_key: str, limit: int) -> list[StoredBlock]:
+        """Up to ``limit`` blocks whose parent is ``parent_key``, most recently used first."""
+        ...
+
     def touch(self, hits: Mapping[str, float]) -> None:
         """Apply a batch of hits: key -> last access time; each hit adds one to ``hit_count``."""
         ...
@@ -132,12 +143,31 @@ class ColdSource(Protocol):
         """
         ...
 
+    def get_many(
+        self, chain: Sequence[tuple[str, str]]
+    ) -> Generator[tuple[tuple[int, ...], Any], None, None]:
+        """``get`` of each ``(key, parent_key)`` of ``chain`` in order, up to the first ``None``.
+
+        For a prefix's remaining blocks: one index query, and the files read and
+        checksummed ahead on other threads while the caller's thread decodes them in
+        order (the payload is made there). Stops at the first missing, unreadable or
+        corrupt block (dropped, as ``get`` does); ``close()`` it to stop early.
+        """
+        ...
+
     def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> None:
         """Queue the block file's bytes for the writer; a full queue or disk drops it, never raises."""
         ...
 
     def contains(self, key: str) -> bool:
         """Whether the key is on disk or already queued for it."""
+        ...
+
+    def children(self, parent_key: str) -> list[BlockMeta]:
+        """Blocks on disk (full or partial) whose parent is ``parent_key``; never raises.
+
+        Only metadata: a candidate's tokens are read, and verified, by ``get``.
+        """
         ...
 
     def touch(self, keys: Sequence[str]) -> None:

@@ -1,6 +1,12 @@
 """The prefix cache: longest cached prefix of a prompt, and storing a finished request's blocks.
 
-The engine calls it on its own thread; only ``stats()`` is read from others.
+Matching is token-granular without changing the key contract (``keys``): whole blocks
+are matched by key as before; where that walk stops, every stored child of the last
+matched key (a full block with another tail, or a request's trailing partial block)
+serves its leading tokens that equal the prompt's, since KV at position ``j`` depends
+only on tokens ``<= j``. So a follow-up turn or a replay recomputes its new tokens, not
+up to ``block_size - 1`` more. The engine calls it on its own thread; only ``stats()``
+is read from others.
 """
 
 from __future__ import annotations
@@ -10,13 +16,15 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
 from omlx.domain.blocks import BlockMeta, NamespaceInfo
 from omlx.domain.hot_tier import HotTier
 from omlx.domain.keys import block_key, chain_keys
+from omlx.domain.partial_match import PartialMatch, best_child
 from omlx.domain.ports import Clock, ColdSource, KVCodec
 
 log = logging.getLogger(__name__)
@@ -24,7 +32,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True, eq=False)
 class PrefixHit:
-    """The matched leading blocks of one prompt, pinned until ``PrefixCache.release``."""
+    """The matched prefix of one prompt, pinned until ``PrefixCache.release``.
+
+    ``keys``/``payloads``: the whole blocks matched by key, then, when ``partial_tokens``
+    is non-zero, the block whose first ``partial_tokens`` positions continue them (its
+    payload already truncated). ``hot_hits``/``cold_hits`` count whole blocks only.
+    """
 
     keys: tuple[str, ...]
     payloads: tuple[Any, ...]
@@ -32,10 +45,12 @@ class PrefixHit:
     hot_hits: int
     cold_hits: int
     lease: int = 0  # 0: nothing pinned
+    partial_tokens: int = 0
 
     @property
     def n_blocks(self) -> int:
-        return len(self.keys)
+        """Whole blocks matched by key (the partially used block not counted)."""
+        return len(self.keys) - (1 if self.partial_tokens else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +70,9 @@ class PrefixCacheStats:
     store_calls: int = 0
     store_seconds: float = 0.0
     last_store_seconds: float = 0.0
+    # Lookups that used part of a block, and the tokens those parts restored.
+    partial_hits: int = 0
+    partial_tokens: int = 0
 
 
 class _SystemClock:
@@ -99,6 +117,8 @@ class PrefixCache:
         self._store_calls = 0
         self._store_seconds = 0.0
         self._last_store_seconds = 0.0
+        self._partial_hits = 0
+        self._partial_tokens = 0
 
     @property
     def hot(self) -> HotTier:
@@ -109,10 +129,11 @@ class PrefixCache:
         return self._hot.is_pinned(key)
 
     def lookup(self, tokens: Sequence[int]) -> PrefixHit:
-        """The longest run of leading blocks held in RAM or on disk, pinned for this request.
+        """The longest cached prefix of ``tokens``, to the token, pinned for this request.
 
-        Never the whole prompt: at least one token is left to prefill, so the engine
-        always has logits to sample from.
+        Whole blocks first (by key, RAM then disk), then the best child of the last
+        matched key. Never the whole prompt: at least one token is left to prefill, so
+        the engine always has logits to sample from.
         """
         bs = self.block_size
         max_blocks = max((len(tokens) - 1) // bs, 0)
@@ -120,32 +141,36 @@ class PrefixCache:
         payloads: list[Any] = []
         hot_keys: list[str] = []
         cold_hits = 0
+        partial = 0
         parent = self.namespace.digest
-        # Keys are chained lazily (same values as ``chain_keys``): a miss ends the walk.
         try:
+            # RAM, block by block (keys chained lazily, as ``chain_keys``) to its first miss.
             for i in range(max_blocks):
-                block_tokens = tuple(tokens[i * bs : (i + 1) * bs])
-                key = block_key(parent, block_tokens)
+                key = block_key(parent, tokens[i * bs : (i + 1) * bs])
                 block = self._hot.get(key)
-                if block is not None:
-                    payload = block.payload
-                    hot_keys.append(key)
-                else:
-                    payload = self._from_cold(key, parent, block_tokens)
-                    if payload is None:
-                        break
-                    cold_hits += 1
-                # Pin as we go: promoting a later cold block must not evict an earlier match.
-                self._hot.pin((key,))
-                keys.append(key)
-                payloads.append(payload)
+                if block is None:
+                    break
+                self._take(key, block.payload, keys, payloads)
+                hot_keys.append(key)
                 parent = key
+            if len(keys) < max_blocks and self._cold is not None:
+                cold_hits = self._walk_cold(tokens, max_blocks, parent, keys, payloads, hot_keys)
+                parent = keys[-1] if keys else parent
+            n_hot = len(hot_keys)
+            match = self._best_child(tokens, len(keys) * bs, parent)
+            if match is not None:
+                partial = match.shared
+                payloads.append(self._codec.truncate(match.payload, partial))
+                self._hot.pin((match.meta.key,))
+                keys.append(match.meta.key)
+                if match.from_hot:
+                    hot_keys.append(match.meta.key)
         except BaseException:
             self._hot.unpin(keys)  # no lease was handed out: do not leak the pins
             raise
         if self._cold is not None and hot_keys:
             self._cold.touch(hot_keys)  # served from RAM: keep them young on disk too
-        return self._record_hit(len(tokens), keys, payloads, len(hot_keys), cold_hits)
+        return self._record_hit(len(tokens), keys, payloads, n_hot, cold_hits, partial)
 
     def restore(self, hit: PrefixHit) -> Any:
         """A fresh engine cache holding the hit's blocks, or None when nothing matched."""
@@ -161,36 +186,25 @@ class PrefixCache:
             self._hot.unpin(keys)
 
     def store(self, tokens: Sequence[int], cache: Any) -> int:
-        """Cut every full block of ``tokens`` not yet in RAM out of ``cache``; returns how many.
+        """Cut every block of ``tokens`` not yet in RAM out of ``cache``; returns how many.
 
-        ``tokens`` are exactly the positions ``cache`` holds (prompt and generated).
-        Each new block goes to the hot tier and is queued once for the cold tier.
+        ``tokens`` are exactly the positions ``cache`` holds (prompt and generated). The
+        full blocks, then the trailing partial block (if any), each keyed by the chained
+        formula; each new block goes to the hot tier and is queued once for the cold tier.
         """
         started = time.perf_counter()
         bs = self.block_size
         parent = self.namespace.digest
         new = queued = 0
-        for i, key in enumerate(chain_keys(self.namespace.digest, tokens, bs)):
-            if self._hot.touch(key):
-                parent = key
-                continue
-            start = i * bs
-            block_tokens = tuple(tokens[start : start + bs])
-            meta = BlockMeta(
-                key=key, parent_key=parent, namespace=self.namespace.digest, token_count=bs
-            )
-            payload = self._codec.split(cache, start, start + bs)
-            # A block that does not fit in RAM still goes to disk.
-            self._hot.put(meta, block_tokens, payload, self._codec.nbytes(payload))
-            new += 1
-            if self._cold is not None and not self._is_known(key):
-                if not self._cold.contains(key):
-                    self._cold.put(
-                        meta, block_tokens, self._codec.encode(payload, block_tokens, meta)
-                    )
-                    queued += 1
-                self._remember(key)
-            parent = key
+        keys = chain_keys(self.namespace.digest, tokens, bs)
+        for i, key in enumerate(keys):
+            n, q = self._store_block(key, parent, tokens, cache, i * bs, (i + 1) * bs)
+            new, queued, parent = new + n, queued + q, key
+        start = len(keys) * bs
+        if start < len(tokens):
+            key = block_key(parent, tokens[start:])
+            n, q = self._store_block(key, parent, tokens, cache, start, len(tokens))
+            new, queued = new + n, queued + q
         elapsed = time.perf_counter() - started
         with self._lock:
             self._stored += new
@@ -215,12 +229,122 @@ class PrefixCache:
                 store_calls=self._store_calls,
                 store_seconds=self._store_seconds,
                 last_store_seconds=self._last_store_seconds,
+                partial_hits=self._partial_hits,
+                partial_tokens=self._partial_tokens,
             )
 
-    def _from_cold(self, key: str, parent: str, block_tokens: tuple[int, ...]) -> Any | None:
-        """Read a block from the cold source and promote it into RAM; None on a miss."""
-        if self._cold is None:
+    def _store_block(
+        self, key: str, parent: str, tokens: Sequence[int], cache: Any, start: int, stop: int
+    ) -> tuple[int, int]:
+        """Put positions ``[start, stop)`` in RAM and queue them for disk; (new, queued)."""
+        if self._hot.touch(key):
+            return 0, 0
+        block_tokens = tuple(tokens[start:stop])
+        meta = BlockMeta(
+            key=key, parent_key=parent, namespace=self.namespace.digest, token_count=stop - start
+        )
+        payload = self._codec.split(cache, start, stop)
+        # A block that does not fit in RAM still goes to disk.
+        self._hot.put(meta, block_tokens, payload, self._codec.nbytes(payload))
+        queued = 0
+        if self._cold is not None and not self._is_known(key):
+            if not self._cold.contains(key):
+                self._cold.put(meta, block_tokens, self._codec.encode(payload, block_tokens, meta))
+                queued = 1
+            self._remember(key)
+        return 1, queued
+
+    def _best_child(self, tokens: Sequence[int], start: int, parent: str) -> PartialMatch | None:
+        """The child of ``parent`` continuing ``tokens[start:]`` the furthest (promoted to RAM).
+
+        Capped so one token is left to prefill; disk is asked only when RAM could be beaten.
+        """
+        want = tuple(tokens[start : start + max(min(len(tokens) - 1 - start, self.block_size), 0)])
+        if not want:
             return None
+        cold = self._cold
+        match = best_child(
+            want,
+            self._hot.children(parent),
+            (lambda: cold.children(parent)) if cold is not None else None,
+            lambda meta: self._read_cold(meta.key, parent),
+        )
+        if match is None:
+            return None
+        if match.from_hot:
+            self._hot.touch(match.meta.key)
+        else:  # promoted whole: the next lookup finds it in RAM
+            self._hot.put(
+                match.meta, match.tokens, match.payload, self._codec.nbytes(match.payload)
+            )
+            self._remember(match.meta.key)
+        return match
+
+    def _take(self, key: str, payload: Any, keys: list[str], payloads: list[Any]) -> None:
+        # Pin as we go: promoting a later cold block must not evict an earlier match.
+        self._hot.pin((key,))
+        keys.append(key)
+        payloads.append(payload)
+
+    def _walk_cold(
+        self,
+        tokens: Sequence[int],
+        max_blocks: int,
+        parent: str,
+        keys: list[str],
+        payloads: list[Any],
+        hot_keys: list[str],
+    ) -> int:
+        """Extend the match past RAM's first miss; returns how many blocks came from disk.
+
+        The rest of the chain is asked of the cold source in one batch (read ahead
+        while this thread decodes); blocks RAM still holds are taken from RAM. The
+        walk ends at the first block neither has.
+        """
+        assert self._cold is not None
+        bs = self.block_size
+        start = len(keys)
+        rest = chain_keys(parent, tokens[start * bs : max_blocks * bs], bs)
+        parents = [parent, *rest[:-1]]
+        wanted = [(k, p) for k, p in zip(rest, parents, strict=True) if k not in self._hot]
+        cold_hits = planned = 0
+        with closing(self._cold.get_many(wanted)) as batch:
+            for j, (key, parent_key) in enumerate(zip(rest, parents, strict=True)):
+                block_tokens = tuple(tokens[(start + j) * bs : (start + j + 1) * bs])
+                if planned < len(wanted) and wanted[planned][0] == key:
+                    planned += 1
+                    payload = self._promote(key, parent_key, block_tokens, self._next(batch, key))
+                else:
+                    block = self._hot.get(key)
+                    if block is not None:
+                        self._take(key, block.payload, keys, payloads)
+                        hot_keys.append(key)
+                        continue
+                    # Left RAM since the batch was planned (a promotion evicted it).
+                    found = self._read_cold(key, parent_key)
+                    payload = self._promote(key, parent_key, block_tokens, found)
+                if payload is None:
+                    break
+                self._take(key, payload, keys, payloads)
+                cold_hits += 1
+        return cold_hits
+
+    @staticmethod
+    def _next(
+        batch: Iterator[tuple[Sequence[int], Any]], key: str
+    ) -> tuple[tuple[int, ...], Any] | None:
+        """The batch's next block (``key``), or None when it ended (a miss) or failed."""
+        try:
+            found = next(batch, None)
+        except OSError:
+            # The port promises not to raise; a disk error must still never fail a request.
+            log.exception("cold tier read of %s failed; treated as a miss", key)
+            return None
+        return None if found is None else (tuple(found[0]), found[1])
+
+    def _read_cold(self, key: str, parent: str) -> tuple[tuple[int, ...], Any] | None:
+        """A verified read from the cold source (checksum, rehash to ``key``); None on a miss."""
+        assert self._cold is not None
         try:
             found = self._cold.get(key, parent)
         except OSError:
@@ -229,8 +353,20 @@ class PrefixCache:
             return None
         if found is None:
             return None
+        return tuple(found[0]), found[1]
+
+    def _promote(
+        self,
+        key: str,
+        parent: str,
+        block_tokens: tuple[int, ...],
+        found: tuple[tuple[int, ...], Any] | None,
+    ) -> Any | None:
+        """Put a block read from the cold source into RAM; its payload, or None on a miss."""
+        if found is None:
+            return None
         stored_tokens, payload = found
-        if tuple(stored_tokens) != block_tokens:
+        if stored_tokens != block_tokens:
             log.warning(
                 "cold block %s holds other tokens than its key says; treated as a miss", key
             )
@@ -246,21 +382,30 @@ class PrefixCache:
         return payload
 
     def _record_hit(
-        self, n_tokens: int, keys: list[str], payloads: list[Any], hot_hits: int, cold_hits: int
+        self,
+        n_tokens: int,
+        keys: list[str],
+        payloads: list[Any],
+        hot_hits: int,
+        cold_hits: int,
+        partial: int,
     ) -> PrefixHit:
-        cached = len(keys) * self.block_size
+        cached = (hot_hits + cold_hits) * self.block_size + partial
         with self._lock:
             self._lookups += 1
             self._lookup_tokens += n_tokens
             self._hit_tokens += cached
             self._hot_hits += hot_hits
             self._cold_hits += cold_hits
+            if partial:
+                self._partial_hits += 1
+                self._partial_tokens += partial
             lease = 0
             if keys:
                 lease = next(self._lease_ids)
                 self._leases[lease] = tuple(keys)
                 self._last_hit_at = self._clock.now()
-        return PrefixHit(tuple(keys), tuple(payloads), cached, hot_hits, cold_hits, lease)
+        return PrefixHit(tuple(keys), tuple(payloads), cached, hot_hits, cold_hits, lease, partial)
 
     def _is_known(self, key: str) -> bool:
         return key in self._known

@@ -3,6 +3,8 @@
 Layout: 8-byte little-endian header length, a JSON header (``dtype``, ``shape``,
 ``data_offsets`` per tensor and string ``__metadata__``) padded with spaces to an
 8-byte boundary, then the tensors' bytes back to back. Any safetensors reader loads it.
+Block files put ``tokens`` first, then every ``k.<i>``, then every ``v.<i>``, so each
+side's layers are one span a reader can take whole (``joined``); readers accept any order.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omlx.domain.blocks import BlockMeta
 from omlx.domain.keys import CACHE_FORMAT_VERSION
@@ -48,6 +50,8 @@ class RawTensor:
     dtype: str
     shape: tuple[int, ...]
     data: bytes | memoryview
+    # Where ``data`` starts in the file, for tensors parsed by ``decode_block``.
+    offset: int | None = field(default=None, compare=False)
 
     @property
     def nbytes(self) -> int:
@@ -112,7 +116,7 @@ def decode_block(data: bytes) -> tuple[dict[str, RawTensor], dict[str, str]]:
     tensors: dict[str, RawTensor] = {}
     spans: list[tuple[int, int]] = []
     for name, info in header.items():
-        tensor, span = _parse_entry(name, info, body)
+        tensor, span = _parse_entry(name, info, body, 8 + header_len)
         tensors[name] = tensor
         spans.append(span)
     # Like safetensors: the tensors tile the data section exactly, no gaps or overlaps.
@@ -126,7 +130,9 @@ def decode_block(data: bytes) -> tuple[dict[str, RawTensor], dict[str, str]]:
     return tensors, dict(metadata)
 
 
-def _parse_entry(name: str, info: object, body: memoryview) -> tuple[RawTensor, tuple[int, int]]:
+def _parse_entry(
+    name: str, info: object, body: memoryview, body_offset: int
+) -> tuple[RawTensor, tuple[int, int]]:
     if not isinstance(info, dict):
         raise ValueError(f"tensor {name!r}: entry is not an object")
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
@@ -139,10 +145,26 @@ def _parse_entry(name: str, info: object, body: memoryview) -> tuple[RawTensor, 
     begin, stop = offsets
     if not begin <= stop <= len(body):
         raise ValueError(f"tensor {name!r}: data_offsets {offsets} outside the data section")
-    tensor = RawTensor(dtype, tuple(shape), body[begin:stop])
+    tensor = RawTensor(dtype, tuple(shape), body[begin:stop], body_offset + begin)
     if stop - begin != tensor.nbytes:
         raise ValueError(f"tensor {name!r}: {stop - begin} bytes for shape {shape} {dtype}")
     return tensor, (begin, stop)
+
+
+def joined(data: bytes | bytearray | memoryview, parts: Sequence[RawTensor]) -> memoryview | None:
+    """One zero-copy view of ``parts``' bytes when they lie back to back, in this order, in ``data``.
+
+    ``parts`` come from ``decode_block(data)``; None when they are not adjacent (another
+    tensor order), so the caller gathers them one by one instead.
+    """
+    if not parts or any(p.offset is None for p in parts):
+        return None
+    start = end = parts[0].offset
+    for part in parts:
+        if part.offset != end:
+            return None
+        end += part.nbytes
+    return memoryview(data).cast("B")[start:end]
 
 
 def _is_count(value: object) -> bool:
@@ -180,13 +202,12 @@ def block_metadata(meta: BlockMeta, layer_count: int) -> dict[str, str]:
 def pack_block(
     meta: BlockMeta, tokens: Sequence[int], layers: Sequence[tuple[RawTensor, RawTensor]]
 ) -> bytes:
-    """A whole block file: ``tokens``, then ``k.<i>``/``v.<i>`` per layer, and its metadata."""
+    """A whole block file: ``tokens``, every layer's ``k.<i>``, every ``v.<i>``, and its metadata."""
     if len(tokens) != meta.token_count:
         raise ValueError(f"{len(tokens)} tokens for a block of {meta.token_count}")
     tensors = {"tokens": tokens_tensor(tokens)}
-    for i, (k, v) in enumerate(layers):
-        tensors[f"k.{i}"] = k
-        tensors[f"v.{i}"] = v
+    tensors.update((f"k.{i}", k) for i, (k, _) in enumerate(layers))
+    tensors.update((f"v.{i}", v) for i, (_, v) in enumerate(layers))
     return encode_block(tensors, block_metadata(meta, len(layers)))
 
 

@@ -3,6 +3,14 @@
 Requests arrive through a thread-safe inbox; events leave through each
 request's ``emit`` callback (the app bridges them to its event loop). Restored
 prefixes enter the batch as ready caches, so only the uncached tail is prefilled.
+
+Scheduling: first come, first served into a batch of at most ``max_concurrent``.
+Each ``BatchGenerator.next()`` runs one decode step for the running streams and
+then one chunk (``prefill_step_size`` tokens per prompt) of the prompts being
+prefilled, so streams keep producing tokens while a long prompt is prefilled; a
+short prompt that joins a long one's prefill batch moves to decoding as soon as
+its own tokens are done. A memory guard (``memory.KVBudget``) admits a request
+only when its KV fits beside the running ones, shrinking the hot tier first.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from omlx.adapters.mlx.loader import LoadedModel
-from omlx.adapters.mlx.sampling import make_sampler
+from omlx.adapters.mlx.memory import KVBudget, format_bytes, kv_bytes_per_token
+from omlx.adapters.mlx.sampling import Sampler, make_sampler
 from omlx.domain.generation import (
     Failed,
     Finished,
@@ -45,6 +54,8 @@ Emit = Callable[[GenerationEvent], None]
 class EngineConfig:
     max_concurrent: int = 8
     prefill_step_size: int = 256
+    # Bytes of KV for the running requests plus the hot tier; None: no memory guard.
+    kv_memory_limit: int | None = None
 
 
 @dataclass(slots=True)
@@ -62,7 +73,16 @@ class _Job:
     cached_tokens: int = 0
     completion_tokens: int = 0
     done: bool = False
+    waited_epoch: int = -1  # the batch state in which it last had to wait for memory
     times: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        """Cache positions it may reach: its prompt plus every token it may generate."""
+        return len(self.request.prompt_tokens) + self.request.max_tokens
+
+
+_ADMIT, _WAIT, _REFUSE = "admit", "wait", "refuse"
 
 
 class MLXEngine:
@@ -86,9 +106,39 @@ class MLXEngine:
         self._thread: threading.Thread | None = None
         self._generator: BatchGenerator | None = None
         self._eos = sorted(model.tokenizer.eos_token_ids)
-        self.queued = 0  # submitted but not yet admitted into the batch (read by the app)
+        # One object shared by every request: the batcher builds a matcher per row.
+        self._stop_tokens = StopSequences([[t] for t in self._eos])
+        # Unseeded samplers are stateless: requests with equal parameters share one
+        # object, so the batcher samples them in one call instead of row by row.
+        self._samplers: dict[tuple[float, float, int], Sampler] = {}
+        # Measured now, before the engine thread owns MLX (one forward of one token).
+        limit = self.config.kv_memory_limit
+        self.budget = KVBudget(limit, kv_bytes_per_token(model.model)) if limit is not None else None
+        self._epoch = 0  # bumped whenever the running set changes (memory verdicts expire)
+        self._memory_blocked = False  # the head of the queue waits for KV memory
+        self._count_lock = threading.Lock()
+        self._submitted = 0  # written under the lock by submitters
+        self._dequeued = 0  # written by the engine thread only
         self.active = 0  # in the batch
         self.last_step_at = time.monotonic()
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a batch slot (read by the app for 429s, /health, metrics).
+
+        Submitted but not yet admitted, less those that free slots will take at the
+        engine's next look: two requests arriving together at an idle server do not
+        count as a queue. While the head of the queue waits for memory, all of them do.
+        """
+        pending = self._submitted - self._dequeued
+        if self._memory_blocked:
+            return pending
+        return max(0, pending - max(0, self.config.max_concurrent - self.active))
+
+    @property
+    def kv_token_capacity(self) -> int | None:
+        """The most positions (prompt + max_tokens) one request may use; None: no guard."""
+        return None if self.budget is None else self.budget.token_capacity
 
     # ---- any thread -------------------------------------------------------
 
@@ -105,7 +155,8 @@ class MLXEngine:
     def submit(self, request: GenerationRequest, emit: Emit) -> int:
         """Queue a request; returns its id for ``cancel``."""
         job_id = next(self._ids)
-        self.queued += 1
+        with self._count_lock:
+            self._submitted += 1
         self._inbox.put(("submit", _Job(job_id, request, emit, time.monotonic())))
         return job_id
 
@@ -134,6 +185,8 @@ class MLXEngine:
         return BatchGenerator(
             self.model.model,
             completion_batch_size=self.config.max_concurrent,
+            # Every admitted prompt joins the prefill batch at once: a short prompt
+            # beside a long one is split off to decode after its own last chunk.
             prefill_batch_size=self.config.max_concurrent,
             prefill_step_size=self.config.prefill_step_size,
         )
@@ -158,10 +211,22 @@ class MLXEngine:
                 return
 
     def _admit_waiting(self) -> None:
-        """First come, first served, up to ``max_concurrent`` in the batch."""
+        """First come, first served, up to ``max_concurrent`` in the batch and within the KV limit.
+
+        The head of the queue waits for memory rather than being overtaken, so a large
+        request is never starved by a stream of small ones.
+        """
         while self._waiting and len(self._running) < self.config.max_concurrent:
-            job = self._waiting.popleft()
-            self.queued -= 1
+            job = self._waiting[0]
+            verdict = self._memory_verdict(job)
+            self._memory_blocked = verdict == _WAIT
+            if verdict == _WAIT:
+                return
+            self._waiting.popleft()
+            self._dequeued += 1
+            if verdict == _REFUSE:
+                self._refuse(job)
+                continue
             try:
                 self._admit(job)
             except Exception as exc:
@@ -170,27 +235,85 @@ class MLXEngine:
                 self._jobs.pop(job.id, None)
                 job.emit(Failed(f"could not start generation: {exc}"))
 
+    def _memory_verdict(self, job: _Job) -> str:
+        """Admit, wait (fits alone, not beside the running ones) or refuse (never fits)."""
+        budget = self.budget
+        if budget is None:
+            return _ADMIT
+        if not budget.fits_alone(job.length):
+            return _REFUSE
+        if job.waited_epoch == self._epoch:
+            return _WAIT  # nothing finished since the last look
+        need = budget.batch_bytes([j.length for j in self._running.values()] + [job.length])
+        if need > budget.limit_bytes:
+            return self._wait(job, need, "the running requests")
+        hot = self.prefix_cache.hot if self.prefix_cache is not None else None
+        room = budget.limit_bytes - need
+        if hot is not None and hot.stats().bytes > room:
+            if job.hit is None:  # pin its own prefix first: the shrink must not evict it
+                job.hit = self.prefix_cache.lookup(job.request.prompt_tokens)
+            freed = hot.shrink(room)
+            log.info("memory guard: hot tier gave back %s for request %d", format_bytes(freed), job.id)
+            if hot.stats().bytes > room and self._running:
+                return self._wait(job, need, "the running requests and pinned cache blocks")
+        return _ADMIT
+
+    def _wait(self, job: _Job, need: int, beside: str) -> str:
+        if job.waited_epoch < 0:
+            log.info(
+                "memory guard: request %d waits: %s of KV beside %s exceeds kv_memory_limit %s",
+                job.id, format_bytes(need), beside, format_bytes(self.budget.limit_bytes),
+            )
+        job.waited_epoch = self._epoch
+        return _WAIT
+
+    def _refuse(self, job: _Job) -> None:
+        budget = self.budget
+        prompt, new = len(job.request.prompt_tokens), job.request.max_tokens
+        self._release(job)
+        self._jobs.pop(job.id, None)
+        job.emit(
+            Failed(
+                f"this request needs {format_bytes(budget.batch_bytes([job.length]))} of KV cache "
+                f"({prompt} prompt + {new} max_tokens tokens), more than kv_memory_limit "
+                f"({format_bytes(budget.limit_bytes)}) allows; at most {budget.token_capacity} "
+                "tokens in all: lower max_tokens or shorten the prompt"
+            )
+        )
+
+    def _sampler(self, params: Any) -> Sampler:
+        if params.seed is not None:
+            return make_sampler(params.temperature, params.top_p, params.top_k, params.seed)
+        key = (params.temperature, params.top_p, params.top_k) if params.temperature > 0 else (0.0, 1.0, 0)
+        sampler = self._samplers.get(key)
+        if sampler is None:
+            if len(self._samplers) >= 64:  # clients choose the floats: keep the memo small
+                self._samplers.clear()
+            sampler = self._samplers[key] = make_sampler(params.temperature, params.top_p, params.top_k)
+        return sampler
+
     def _admit(self, job: _Job) -> None:
         tokens = list(job.request.prompt_tokens)
         cache = None
         if self.prefix_cache is not None:
-            job.hit = self.prefix_cache.lookup(tokens)
+            if job.hit is None:
+                job.hit = self.prefix_cache.lookup(tokens)
             job.cached_tokens = job.hit.cached_tokens
             if job.cached_tokens:
                 cache = self.prefix_cache.restore(job.hit)
         job.times["admitted"] = time.monotonic()
-        params = job.request.sampling
         (job.uid,) = self._generator.insert(
             [tokens[job.cached_tokens :]],
             max_tokens=[job.request.max_tokens],
             caches=[cache],
             all_tokens=[tokens[: job.cached_tokens]],
-            samplers=[make_sampler(params.temperature, params.top_p, params.top_k, params.seed)],
-            stop_sequences=[StopSequences([[t] for t in self._eos])],
+            samplers=[self._sampler(job.request.sampling)],
+            stop_sequences=[self._stop_tokens],
         )
         job.detok = self.model.tokenizer.detokenizer
         job.stops = StopStringMatcher(job.request.stop)
         self._running[job.uid] = job
+        self._epoch += 1
         self.active = len(self._running)
         job.emit(PrefillStarted(job.cached_tokens, len(tokens)))
 
@@ -231,6 +354,7 @@ class MLXEngine:
             self._finish(job, reason, r.prompt_cache, r.all_tokens)
 
     def _finish(self, job: _Job, reason: str, cache: Any, tokens: list[int] | None) -> None:
+        """Store its blocks, unpin its prefix and drop its KV now; then tell the client."""
         job.done = True
         if cache is not None and tokens and self.prefix_cache is not None:
             try:
@@ -238,9 +362,12 @@ class MLXEngine:
             except Exception:
                 log.exception("could not store the blocks of request %d", job.id)
         self._release(job)
-        self._running.pop(job.uid, None)
+        if job.uid is not None and self._running.pop(job.uid, None) is not None:
+            self._epoch += 1
         self._jobs.pop(job.id, None)
         self.active = len(self._running)
+        if not self._running:
+            mx.clear_cache()  # idle: hand the freed KV buffers back, not just to MLX's pool
         job.emit(
             Finished(reason, len(job.request.prompt_tokens), job.completion_tokens, job.cached_tokens)
         )
@@ -248,7 +375,9 @@ class MLXEngine:
     def _cancel(self, job: _Job) -> None:
         if job.uid is None:
             self._waiting.remove(job)
-            self.queued -= 1
+            self._dequeued += 1
+            if not self._waiting:
+                self._memory_blocked = False
         else:
             self._generator.remove([job.uid])
         self._finish(job, "cancelled", cache=None, tokens=None)
@@ -264,6 +393,7 @@ class MLXEngine:
             self._jobs.pop(job.id, None)
             job.emit(Failed(message))
         self._running.clear()
+        self._epoch += 1
         self.active = 0
         self._generator = self._new_generator()
         mx.clear_cache()

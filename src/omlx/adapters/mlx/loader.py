@@ -7,7 +7,6 @@ of its weights and tokenizer files, its KV dtype and layer count.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 from collections.abc import Callable, Iterable
@@ -165,6 +164,3 @@ def _probe_cache(model: nn.Module) -> tuple[int, str, bool]:
     mx.eval([getattr(c, "state", []) for c in cache])
     return len(cache), dtype, plain
 
-
-def describe(model: LoadedModel) -> str:
-    return json.dumps({"id": model.model_id, "path": str(model.path)})

@@ -36,6 +36,7 @@ class BlockRow(Base):
     __table_args__ = (
         Index("ix_blocks_last_access", "last_access"),
         Index("ix_blocks_namespace_last_access", "namespace", "last_access"),
+        Index("ix_blocks_parent_key", "parent_key"),  # children: token-granular matching
     )
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)

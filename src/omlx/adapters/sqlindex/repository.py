@@ -53,6 +53,12 @@ def _get_blocks_sql(n: int) -> str:
     return f"SELECT {columns} FROM blocks WHERE key IN ({', '.join('?' * n)})"
 
 
+_CHILDREN_SQL = (
+    f"SELECT {', '.join(c.name for c in _BLOCK_COLUMNS)} FROM blocks WHERE parent_key = ? "
+    "ORDER BY last_access DESC, created_at DESC, key LIMIT ?"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class NamespaceRecord:
     """A namespace row with its bookkeeping times."""
@@ -126,6 +132,17 @@ class SqlBlockIndex:
         finally:
             raw.close()
         return found
+
+    def children(self, parent_key: str, limit: int) -> list[StoredBlock]:
+        # The request path too (once per lookup, through ix_blocks_parent_key): driver SQL.
+        raw = self.engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            rows = [StoredBlock(*row) for row in cursor.execute(_CHILDREN_SQL, (parent_key, limit))]
+            cursor.close()
+        finally:
+            raw.close()
+        return rows
 
     def touch(self, hits: Mapping[str, float]) -> None:
         if not hits:

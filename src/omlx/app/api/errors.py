@@ -63,7 +63,9 @@ def is_anthropic_path(path: str) -> bool:
     return path.startswith("/v1/messages")
 
 
-def openai_error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+def openai_error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict:
     kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
@@ -73,13 +75,17 @@ def anthropic_error_body(status: int, message: str) -> dict:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def error_body(path: str, status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+def error_body(
+    path: str, status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict:
     if is_anthropic_path(path):
         return anthropic_error_body(status, message)
     return openai_error_body(status, message, param, code)
 
 
-def _response(request: Request, status: int, message: str, param=None, code=None, headers=None) -> Response:
+def _response(
+    request: Request, status: int, message: str, param=None, code=None, headers=None
+) -> Response:
     return Response(
         error_body(request.url.path, status, message, param, code),
         status_code=status,
@@ -103,6 +109,9 @@ def handle_http(request: Request, exc: HTTPException) -> Response:
         message = f"no route {request.method} {request.url.path}"
     elif isinstance(exc, MethodNotAllowedException):
         message = f"method {request.method} not allowed on {request.url.path}"
+    elif status == 413:
+        limit = request.route_handler.resolve_request_max_body_size()
+        message = f"the request body is larger than this server's limit of {limit} bytes"
     else:
         message = str(exc.detail)
     return _response(request, status, message, headers=exc.headers)

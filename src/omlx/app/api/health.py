@@ -6,13 +6,18 @@ from typing import Any
 
 from litestar import Controller, get
 
+from omlx.app.api.auth import PUBLIC
 from omlx.app.container import Container
 
 
 class HealthController(Controller):
     path = "/health"
-    tags = ["health"]
+    tags = ("health",)
 
-    @get(operation_id="health", summary="Server, engine and cache state")
+    @get(
+        operation_id="health",
+        summary="Server, engine and cache state (no API key needed)",
+        opt={PUBLIC: True},
+    )
     async def health(self, container: Container) -> dict[str, Any]:
         return container.health()

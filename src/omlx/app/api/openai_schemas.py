@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
-from msgspec import Struct
+from msgspec import UNSET, Struct, UnsetType
 
 
 class ContentPart(Struct, kw_only=True):
@@ -70,11 +70,14 @@ class ChatCompletionRequest(Struct, kw_only=True):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     user: str | None = None
+    # vLLM's and mlx-lm's extension, e.g. {"enable_thinking": false}
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(Struct, kw_only=True):
     model: str
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # A string, token ids, or a one-item batch of either (msgspec allows one array type).
+    prompt: str | list[str | int | list[int]]
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -172,7 +175,7 @@ class TextCompletion(Struct):
     created: int
     model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
+    usage: Usage | UnsetType = UNSET  # the schema has no null usage: omitted until known
     object: Literal["text_completion"] = "text_completion"
 
 
@@ -188,5 +191,18 @@ class ModelList(Struct):
     object: Literal["list"] = "list"
 
 
-def encode(value: Struct) -> bytes:
-    return msgspec.json.encode(value)
+class OpenAIErrorDetail(Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorResponse(Struct):
+    """OpenAI's error envelope (STYLE §7)."""
+
+    error: OpenAIErrorDetail
+
+
+def encode(value: Struct) -> str:
+    return msgspec.json.encode(value).decode()

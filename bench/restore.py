@@ -1,0 +1,404 @@
+"""Restore rate of a long prefix from omlx's block files against the disk's sequential read rate.
+
+    .venv/bin/python bench/restore.py [--tokens 2048] [--block-size 64] [--rounds 3] [--dir DIR]
+                                      [--json OUT]
+
+Prefills the default model once on a prompt of real source text (the recompute cost),
+cuts the KV cache into blocks with omlx's codec, writes them through omlx's block writer
+(temp file, fsync, rename, index row), then per round, each after dropping the page cache:
+(a) restore: ``ColdTier.get_many`` over the chain (one index query, files read and checksummed
+on read threads while this thread decodes and rehashes in order) and ``MLXKVCodec.assemble``
+into one mlx cache; (a') the same with ``ColdTier.get`` per block, serially (the path before
+``get_many``); (b) a plain sequential read of the same files in the same order. Prints MB/s
+and the ratio of (a) to (b) (target >= 50%), and restore time next to recompute time
+(DESIGN §6: a disk hit must beat recomputing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import ROOT, drop_page_cache, load_average, machine_note, meminfo_cached_mb, table
+
+from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas
+
+load_optimized_blas()
+
+import mlx.core as mx  # noqa: E402
+from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
+
+from omlx.adapters.blockfiles import DiskBudget, FileBlockStore  # noqa: E402
+from omlx.adapters.blockfiles.writer import BlockWriter  # noqa: E402
+from omlx.adapters.mlx.kv_codec import MLXKVCodec  # noqa: E402
+from omlx.adapters.mlx.loader import load_model  # noqa: E402
+from omlx.adapters.sqlindex import open_index  # noqa: E402
+from omlx.domain.blocks import BlockMeta, NamespaceInfo  # noqa: E402
+from omlx.domain.cold_tier import ColdTier  # noqa: E402
+from omlx.domain.hot_tier import HotTier  # noqa: E402
+from omlx.domain.keys import chain_keys, namespace_digest  # noqa: E402
+from omlx.domain.prefix_cache import PrefixCache  # noqa: E402
+
+MB = 1e6
+
+
+def prompt_tokens(model: Any, n: int) -> list[int]:
+    """``n`` tokens of this repository's own source text."""
+    text = ""
+    for path in sorted((ROOT / "src/omlx").rglob("*.py")):
+        text += f"\n# file: {path.relative_to(ROOT)}\n" + path.read_text()
+        tokens = model.tokenizer.encode(text)
+        if len(tokens) >= n:
+            return list(tokens[:n])
+    raise SystemExit(f"the source tree has fewer than {n} tokens")
+
+
+def prefill(model: Any, tokens: list[int], step: int) -> tuple[list[Any], float]:
+    """A fresh cache holding ``tokens``, computed ``step`` tokens at a time, and the seconds it took."""
+    cache = make_prompt_cache(model.model)
+    t0 = time.perf_counter()
+    for start in range(0, len(tokens), step):
+        logits = model.model(mx.array([tokens[start : start + step]]), cache=cache)
+        mx.eval(logits, [c.state for c in cache])
+    return cache, time.perf_counter() - t0
+
+
+def write_blocks(
+    cache: list[Any], tokens: list[int], ns: NamespaceInfo, store, index
+) -> tuple[list[BlockMeta], float, float]:
+    """Split, encode and write every full block through omlx's writer; returns metas and times."""
+    codec = MLXKVCodec()
+    writer = BlockWriter(store, index, DiskBudget(store.root, max_bytes=10**13, reserve_bytes=0))
+    metas: list[BlockMeta] = []
+    parent = ns.digest
+    bs = ns.block_size
+    t0 = time.perf_counter()
+    for i, key in enumerate(chain_keys(ns.digest, tokens, bs)):
+        meta = BlockMeta(key=key, parent_key=parent, namespace=ns.digest, token_count=bs)
+        block_tokens = tokens[i * bs : (i + 1) * bs]
+        payload = codec.split(cache, i * bs, (i + 1) * bs)
+        if not writer.submit(meta, ns, codec.encode(payload, block_tokens, meta)):
+            raise SystemExit(f"the writer dropped block {i}")
+        metas.append(meta)
+        parent = key
+    encode_s = time.perf_counter() - t0
+    if not writer.close(timeout=600):
+        raise SystemExit("the writer did not drain")
+    stats = writer.stats()
+    if stats["written"] != len(metas):
+        raise SystemExit(f"the writer wrote {stats['written']} of {len(metas)} blocks: {stats}")
+    return metas, encode_s, stats["write_seconds"]
+
+
+def restore_cold_tier(tier: ColdTier, metas: list[BlockMeta]) -> tuple[list[Any], float]:
+    """(a) omlx's cold read path: ColdTier.get_many over the chain, then one assemble."""
+    codec = MLXKVCodec()
+    t0 = time.perf_counter()
+    payloads = [payload for _, payload in tier.get_many([(m.key, m.parent_key) for m in metas])]
+    if len(payloads) != len(metas):
+        raise SystemExit(f"{len(payloads)} of {len(metas)} blocks were served: {tier.stats}")
+    restored = codec.assemble(payloads)
+    return restored, time.perf_counter() - t0
+
+
+def restore_serial(tier: ColdTier, metas: list[BlockMeta]) -> tuple[list[Any], float]:
+    """(a') ColdTier.get per block in chain order (no read-ahead), then one assemble."""
+    codec = MLXKVCodec()
+    t0 = time.perf_counter()
+    payloads = []
+    for meta in metas:
+        found = tier.get(meta.key, meta.parent_key)
+        if found is None:
+            raise SystemExit(f"block {meta.key} was not served: {tier.stats}")
+        payloads.append(found[1])
+    restored = codec.assemble(payloads)
+    return restored, time.perf_counter() - t0
+
+
+def restore_prefix_cache(tier: ColdTier, ns: NamespaceInfo, tokens: list[int]) -> tuple[int, float]:
+    """What a request does after a restart: PrefixCache.lookup (empty RAM tier) then restore."""
+    cache = PrefixCache(namespace=ns, codec=MLXKVCodec(), hot=HotTier(10**11), cold=tier)
+    t0 = time.perf_counter()
+    hit = cache.lookup([*tokens, 0])  # one extra token: lookup always leaves one to compute
+    cache.restore(hit)
+    elapsed = time.perf_counter() - t0
+    cache.release(hit)
+    return hit.cached_tokens, elapsed
+
+
+def sequential_read(paths: list[Path]) -> tuple[int, float]:
+    """(b) the disk's own rate: read the same files whole, in the same order."""
+    t0 = time.perf_counter()
+    total = 0
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            total += len(f.readall())
+    return total, time.perf_counter() - t0
+
+
+def breakdown(tier_store: FileBlockStore, index, metas: list[BlockMeta]) -> dict[str, float]:
+    """Where restore time goes with the files in the page cache: read, checksum, decode, assemble."""
+    codec = MLXKVCodec()
+    rows = index.get_blocks([m.key for m in metas])
+    t = {"read": 0.0, "sha256": 0.0, "decode": 0.0, "assemble": 0.0}
+    payloads = []
+    for meta in metas:
+        t0 = time.perf_counter()
+        data = tier_store.read(rows[meta.key].relpath)
+        t1 = time.perf_counter()
+        hashlib.sha256(data).hexdigest()
+        t2 = time.perf_counter()
+        payloads.append(codec.decode(data).payload)
+        t3 = time.perf_counter()
+        t["read"] += t1 - t0
+        t["sha256"] += t2 - t1
+        t["decode"] += t3 - t2
+    t0 = time.perf_counter()
+    codec.assemble(payloads)
+    t["assemble"] = time.perf_counter() - t0
+    return t
+
+
+def same_cache(a: list[Any], b: list[Any], n: int) -> bool:
+    return all(
+        bool(mx.array_equal(x.keys[..., :n, :], y.keys[..., :n, :]))
+        and bool(mx.array_equal(x.values[..., :n, :], y.values[..., :n, :]))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--tokens", type=int, default=2048, help="prefix length (a multiple of the block size)"
+    )
+    parser.add_argument("--block-size", type=int, default=64)
+    parser.add_argument(
+        "--prefill-step", type=int, default=256, help="tokens per prefill step (omlx's default)"
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="cache folder (default: a temp folder under /tmp)"
+    )
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+
+    result: dict[str, Any] = {
+        "machine": machine_note(),
+        "blas": describe_blas(),
+        "args": vars(args),
+    }
+    result["load_average_start"] = load_average()
+    print(
+        f"machine: {result['machine']}; load average {result['load_average_start']}\n{result['blas']}",
+        flush=True,
+    )
+    model = load_model(None)
+    tokens = prompt_tokens(model, args.tokens)
+    n = len(tokens) - len(tokens) % args.block_size
+    ns = NamespaceInfo(
+        digest=namespace_digest(model.identity(args.block_size)),
+        model_name=model.model_id,
+        model_path=str(model.path),
+        block_size=args.block_size,
+        kv_dtype=model.kv_dtype,
+        layer_count=model.layer_count,
+    )
+    print(
+        f"model {model.model_id}: {model.layer_count} layers, KV {model.kv_dtype}; prefix {n} tokens",
+        flush=True,
+    )
+
+    print(
+        f"recompute: prefilling {len(tokens)} tokens, {args.prefill_step} per step ...", flush=True
+    )
+    cache, recompute_s = prefill(model, tokens, args.prefill_step)
+    print(f"  {recompute_s:.2f} s ({len(tokens) / recompute_s:.0f} tok/s)", flush=True)
+
+    root = args.dir or Path(tempfile.mkdtemp(prefix="omlx-restore-bench-", dir="/tmp"))
+    root.mkdir(parents=True, exist_ok=True)
+    store = FileBlockStore(root)
+    index = open_index(root)
+    try:
+        metas, encode_s, write_s = write_blocks(cache, tokens[:n], ns, store, index)
+        rows = index.get_blocks([m.key for m in metas])
+        paths = [store.path(rows[m.key].relpath) for m in metas]
+        nbytes = sum(p.stat().st_size for p in paths)
+        print(
+            f"wrote {len(metas)} block files, {nbytes / MB:.1f} MB ({nbytes / len(metas) / MB:.2f} MB each) to {root}: "
+            f"split+encode {encode_s:.2f} s, writer (write+fsync+rename+row) {write_s:.2f} s "
+            f"= {nbytes / MB / write_s:.0f} MB/s",
+            flush=True,
+        )
+        tier = ColdTier(ns, store, index, writer=_NoWriter(), decode=MLXKVCodec().decode)
+
+        # One restore first (files still in the page cache from the write): one-time costs of
+        # the first SQLite query and MLX/numpy paths stay out of the timed rounds; checks the result.
+        restored, first_s = restore_cold_tier(tier, metas)
+        if not same_cache(restored, cache, n):
+            raise SystemExit("the restored cache differs from the computed one")
+        del restored
+        restored, _ = restore_serial(tier, metas)
+        if not same_cache(restored, cache, n):
+            raise SystemExit("the serially restored cache differs from the computed one")
+        del restored
+        print(
+            f"first restore in this process (page cache warm, checked equal to the prefill): {first_s:.3f} s",
+            flush=True,
+        )
+        before = meminfo_cached_mb()
+        dropped = drop_page_cache()
+        after = meminfo_cached_mb()
+        if dropped:
+            print(f"page cache dropped: Cached {before:.0f} -> {after:.0f} MB", flush=True)
+        else:
+            print("page cache: cannot drop (not root?): the reads below may come from RAM")
+        rounds = []
+        for i in range(args.rounds):
+            before = meminfo_cached_mb()
+            drop_page_cache()
+            after = meminfo_cached_mb()
+            restored, restore_s = restore_cold_tier(tier, metas)
+            del restored
+            drop_page_cache()
+            restored, serial_s = restore_serial(tier, metas)
+            del restored
+            drop_page_cache()
+            read_bytes, read_s = sequential_read(paths)
+            assert read_bytes == nbytes
+            rounds.append(
+                {
+                    "restore_s": restore_s,
+                    "restore_mb_s": nbytes / MB / restore_s,
+                    "serial_s": serial_s,
+                    "serial_mb_s": nbytes / MB / serial_s,
+                    "read_s": read_s,
+                    "read_mb_s": nbytes / MB / read_s,
+                    "page_cache_mb_before_drop": before,
+                    "page_cache_mb_after_drop": after,
+                }
+            )
+            r = rounds[-1]
+            print(
+                f"round {i + 1}: restore {restore_s:.3f} s = {r['restore_mb_s']:.0f} MB/s; "
+                f"serial gets {serial_s:.3f} s = {r['serial_mb_s']:.0f} MB/s; "
+                f"sequential read {read_s:.3f} s = {r['read_mb_s']:.0f} MB/s; "
+                f"ratio {r['restore_mb_s'] / r['read_mb_s']:.0%}",
+                flush=True,
+            )
+        drop_page_cache()
+        cached, server_path_s = restore_prefix_cache(tier, ns, tokens[:n])
+        print(
+            f"PrefixCache.lookup+restore after a drop (the server's path): {cached} tokens in {server_path_s:.3f} s",
+            flush=True,
+        )
+        sequential_read(paths)  # files now in the page cache
+        _, warm_restore_s = restore_cold_tier(tier, metas)
+        parts = breakdown(store, index, metas)
+        print(
+            f"page cache warm: restore {warm_restore_s:.3f} s = {nbytes / MB / warm_restore_s:.0f} MB/s; "
+            + ", ".join(f"{k} {v:.3f} s" for k, v in parts.items()),
+            flush=True,
+        )
+        tier.close()
+    finally:
+        index.close()
+        if not args.keep and args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+    result["load_average_end"] = load_average()
+    print(f"load average at the end: {result['load_average_end']}")
+    restore_med = statistics.median(r["restore_s"] for r in rounds)
+    serial_med = statistics.median(r["serial_s"] for r in rounds)
+    read_med = statistics.median(r["read_s"] for r in rounds)
+    ratio = read_med / restore_med
+    rows_out = [
+        [
+            f"(a) restore: ColdTier.get_many x{len(metas)} + assemble",
+            f"{restore_med:.3f} s",
+            f"{nbytes / MB / restore_med:.0f} MB/s",
+        ],
+        [
+            f"(a') ColdTier.get x{len(metas)}, serial, + assemble",
+            f"{serial_med:.3f} s",
+            f"{nbytes / MB / serial_med:.0f} MB/s",
+        ],
+        [
+            "(b) sequential read of the same files",
+            f"{read_med:.3f} s",
+            f"{nbytes / MB / read_med:.0f} MB/s",
+        ],
+        [
+            "PrefixCache.lookup + restore (server path)",
+            f"{server_path_s:.3f} s",
+            f"{nbytes / MB / server_path_s:.0f} MB/s",
+        ],
+        [
+            "restore, files already in the page cache",
+            f"{warm_restore_s:.3f} s",
+            f"{nbytes / MB / warm_restore_s:.0f} MB/s",
+        ],
+        [
+            f"recompute: prefill {len(tokens)} tokens",
+            f"{recompute_s:.3f} s",
+            f"{len(tokens) / recompute_s:.0f} tok/s",
+        ],
+    ]
+    print(
+        f"\nRestore of a {n}-token prefix ({len(metas)} blocks, {nbytes / MB:.1f} MB), median of {args.rounds} rounds, page cache dropped before each"
+    )
+    print(table(["what", "time", "rate"], rows_out))
+    verdicts = [
+        f"restore rate / sequential read rate: {ratio:.0%} (target >= 50%) {'MET' if ratio >= 0.5 else 'MISSED'}",
+        f"restore vs recompute: {restore_med:.3f} s vs {recompute_s:.2f} s = {recompute_s / restore_med:.0f}x faster to restore",
+    ]
+    if not dropped:
+        verdicts.append("page cache could not be dropped: disk rates are page-cache rates")
+    print("\n".join(verdicts))
+    result.update(
+        tokens=n,
+        blocks=len(metas),
+        bytes=nbytes,
+        recompute_s=recompute_s,
+        encode_s=encode_s,
+        write_s=write_s,
+        rounds=rounds,
+        restore_median_s=restore_med,
+        serial_median_s=serial_med,
+        read_median_s=read_med,
+        ratio=ratio,
+        first_restore_s=first_s,
+        server_path_s=server_path_s,
+        warm_restore_s=warm_restore_s,
+        warm_breakdown_s=parts,
+        page_cache_dropped=dropped,
+        verdicts=verdicts,
+    )
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+        print(f"wrote {args.json}")
+
+
+class _NoWriter:
+    """The read path needs no writer: blocks are already on disk."""
+
+    def submit(self, meta, namespace, data) -> bool:
+        return False
+
+    def pending(self, key: str) -> bool:
+        return False
+
+
+if __name__ == "__main__":
+    main()

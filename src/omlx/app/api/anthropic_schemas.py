@@ -1,0 +1,142 @@
+"""Anthropic Messages API bodies as msgspec Structs (the HTTP edge only).
+
+Requests accept unknown fields and every block type's fields in one Struct
+(``cache_control`` included, accepted and ignored: our cache is automatic).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from msgspec import Struct
+
+
+class ResultPart(Struct, kw_only=True):
+    """A block inside a ``tool_result``'s content (text; images are refused)."""
+
+    type: str
+    text: str | None = None
+
+
+class InputBlock(Struct, kw_only=True):
+    """Any input content block: text, tool_use, tool_result, thinking, image..."""
+
+    type: str
+    text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None
+    content: str | list[ResultPart] | None = None
+    is_error: bool | None = None
+    thinking: str | None = None
+    signature: str | None = None
+    cache_control: dict[str, Any] | None = None
+
+
+class InputMessage(Struct, kw_only=True):
+    role: Literal["user", "assistant"]
+    content: str | list[InputBlock]
+
+
+class SystemBlock(Struct, kw_only=True):
+    type: str = "text"
+    text: str = ""
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolParam(Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    type: str | None = None  # "custom" or absent; server tools are refused
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolChoice(Struct, kw_only=True):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class ThinkingParam(Struct, kw_only=True):
+    type: str  # "enabled" | "disabled" (others: the template's default)
+    budget_tokens: int | None = None
+
+
+class MessagesRequest(Struct, kw_only=True):
+    model: str
+    messages: list[InputMessage]
+    max_tokens: int
+    system: str | list[SystemBlock] | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingParam | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class CountTokensRequest(Struct, kw_only=True):
+    model: str
+    messages: list[InputMessage]
+    system: str | list[SystemBlock] | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingParam | None = None
+
+
+class TokenCount(Struct):
+    input_tokens: int
+
+
+class TextBlock(Struct, tag="text", tag_field="type"):
+    text: str
+
+
+class ThinkingBlock(Struct, tag="thinking", tag_field="type"):
+    thinking: str
+    signature: str = ""
+
+
+class ToolUseBlock(Struct, tag="tool_use", tag_field="type"):
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+OutputBlock = TextBlock | ThinkingBlock | ToolUseBlock
+
+
+class MessageUsage(Struct):
+    # input_tokens excludes cache reads, as Anthropic counts them: prompt = input + cache_read
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+
+class Message(Struct, kw_only=True):
+    id: str
+    model: str
+    content: list[OutputBlock]
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
+    stop_sequence: str | None
+    usage: MessageUsage
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+
+
+class AnthropicErrorDetail(Struct):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(Struct):
+    """Anthropic's error envelope (STYLE §7)."""
+
+    error: AnthropicErrorDetail
+    type: Literal["error"] = "error"

@@ -1,0 +1,49 @@
+"""API-key auth: ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` on every route but /health."""
+
+from __future__ import annotations
+
+import hmac
+
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+from litestar.types import Guard
+
+from omlx.app.api.errors import APIError
+
+PUBLIC = "public"  # route opt: reachable without a key
+
+
+def presented_key(connection: ASGIConnection) -> str | None:
+    """The key a client sent, in either header clients use (OpenAI SDKs: Bearer; Anthropic: x-api-key)."""
+    if key := connection.headers.get("x-api-key"):
+        return key.strip()
+    scheme, _, token = connection.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return None
+
+
+def api_key_guard(api_key: str) -> Guard:
+    """A guard that refuses requests without ``api_key`` with a 401 in the route's envelope."""
+    expected = api_key.encode()
+
+    def guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+        if handler.opt.get(PUBLIC):
+            return
+        key = presented_key(connection)
+        if key is None:
+            raise APIError(
+                401,
+                "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if not hmac.compare_digest(key.encode(), expected):
+            raise APIError(
+                401,
+                "invalid API key",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    return guard

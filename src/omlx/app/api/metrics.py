@@ -1,0 +1,283 @@
+"""``GET /metrics``: Prometheus text from a per-app registry.
+
+Request and generation metrics are recorded as they happen; engine and cache
+numbers are read from their ``stats()`` at scrape time by a custom collector,
+so the engine thread and the cache tiers carry no Prometheus code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+from litestar import Controller, Response, get
+from litestar.middleware import ASGIMiddleware
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from omlx.domain.generation import Finished
+
+UNMATCHED = "unmatched"  # the route label of 404/405 answers, whatever the path
+_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    """One app's metrics; also the generation service's observer (TTFT, tokens)."""
+
+    def __init__(self, container: Any) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "omlx_http_requests",
+            "HTTP responses by route, method and status",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "omlx_http_request_duration_seconds",
+            "Request start to last body byte (whole streams), by route",
+            ["route"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "omlx_time_to_first_token_seconds",
+            "Submission to the first generated text",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "omlx_prompt_tokens", "Prompt tokens of finished generations", registry=r
+        )
+        self.cached_tokens = Counter(
+            "omlx_cached_prompt_tokens",
+            "Prompt tokens restored from the prefix cache, not computed",
+            registry=r,
+        )
+        self.generated_tokens = Counter("omlx_generated_tokens", "Tokens generated", registry=r)
+        self.generations = Counter(
+            "omlx_generations",
+            "Generations by how they ended: stop, length, or cancelled (the client left)",
+            ["reason"],
+            registry=r,
+        )
+        r.register(StateCollector(container))
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def finished(self, event: Finished) -> None:
+        self.prompt_tokens.inc(event.prompt_tokens)
+        self.cached_tokens.inc(event.cached_tokens)
+        self.generated_tokens.inc(event.completion_tokens)
+        self.generations.labels(event.reason).inc()
+
+    def cancelled(self) -> None:
+        """A client left before the end; the engine drops the request before its next step."""
+        self.generations.labels("cancelled").inc()
+
+    def response(self, route: str, method: str, status: int, seconds: float | None) -> None:
+        self.requests.labels(route, method, str(status)).inc()
+        if seconds is not None:
+            self.duration.labels(route).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestMetrics(ASGIMiddleware):
+    """Counts and times each routed request, streams until their last byte or disconnect."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
+        if scope["type"] != "http":
+            await next_app(scope, receive, send)
+            return
+        start = time.monotonic()
+        status = 500  # what the client saw if nothing was sent
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await next_app(scope, receive, send_status)
+        finally:
+            route = scope.get("path_template") or scope.get("path", UNMATCHED)
+            self.metrics.response(route, scope["method"], status, time.monotonic() - start)
+
+
+def count_unmatched(metrics: Metrics):
+    """A ``before_send`` hook: 404/405 answers never reach route middleware, count them here."""
+
+    async def before_send(message: Message, scope: Scope) -> None:
+        if message["type"] == "http.response.start" and "route_handler" not in scope:
+            metrics.response(UNMATCHED, scope.get("method", ""), message["status"], None)
+
+    return before_send
+
+
+class MetricsController(Controller):
+    path = "/metrics"
+    tags = ("metrics",)
+
+    @get(
+        operation_id="metrics",
+        summary="Prometheus metrics (text exposition format)",
+        media_type=CONTENT_TYPE_LATEST,
+    )
+    async def metrics(self, metrics: Metrics) -> Response[bytes]:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+class StateCollector(Collector):
+    """Engine queue depths and cache-tier counters, read at scrape time."""
+
+    def __init__(self, container: Any) -> None:
+        self.container = container
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.container
+        yield GaugeMetricFamily(
+            "omlx_engine_active_requests", "Requests in the running batch", value=c.engine.active
+        )
+        yield GaugeMetricFamily(
+            "omlx_engine_queued_requests",
+            "Requests waiting for a batch slot",
+            value=c.engine.queued,
+        )
+        if c.prefix_cache is not None:
+            yield from _cache_families(c)
+
+
+_FAMILIES = {
+    "omlx_cache_lookups": (CounterMetricFamily, "Prefix-cache lookups", ()),
+    "omlx_cache_lookup_tokens": (
+        CounterMetricFamily,
+        "Prompt tokens looked up in the prefix cache",
+        (),
+    ),
+    "omlx_cache_hit_tokens": (CounterMetricFamily, "Prompt tokens found in the prefix cache", ()),
+    "omlx_cache_block_hits": (
+        CounterMetricFamily,
+        "Blocks a lookup matched, by the tier that held them",
+        ("tier",),
+    ),
+    "omlx_cache_blocks_read": (CounterMetricFamily, "Blocks read back from a tier", ("tier",)),
+    "omlx_cache_blocks_queued": (
+        CounterMetricFamily,
+        "Blocks handed to a tier's writer",
+        ("tier",),
+    ),
+    "omlx_cache_blocks_written": (CounterMetricFamily, "Blocks stored in a tier", ("tier",)),
+    "omlx_cache_bytes_written": (
+        CounterMetricFamily,
+        "Bytes of blocks written to a tier",
+        ("tier",),
+    ),
+    "omlx_cache_blocks_evicted": (
+        CounterMetricFamily,
+        "Blocks evicted from a tier to stay in budget",
+        ("tier",),
+    ),
+    "omlx_cache_bytes_evicted": (
+        CounterMetricFamily,
+        "Bytes of blocks evicted from a tier",
+        ("tier",),
+    ),
+    "omlx_cache_blocks_dropped": (
+        CounterMetricFamily,
+        "Blocks not written, by reason",
+        ("tier", "reason"),
+    ),
+    "omlx_cache_blocks_rejected": (
+        CounterMetricFamily,
+        "Stored blocks refused on read, by reason",
+        ("tier", "reason"),
+    ),
+    "omlx_cache_blocks": (GaugeMetricFamily, "Blocks held in a tier", ("tier",)),
+    "omlx_cache_bytes": (GaugeMetricFamily, "Bytes held in a tier", ("tier",)),
+    "omlx_cache_max_bytes": (GaugeMetricFamily, "Byte budget of a tier", ("tier",)),
+    "omlx_cache_write_queue_blocks": (
+        GaugeMetricFamily,
+        "Blocks queued for the SSD tier, not yet on disk",
+        (),
+    ),
+    "omlx_cache_pinned_requests": (GaugeMetricFamily, "Requests holding cached blocks pinned", ()),
+}
+
+
+def _cache_families(c: Any) -> Iterator[Metric]:
+    families = {
+        name: kind(name, doc, labels=list(labels))
+        for name, (kind, doc, labels) in _FAMILIES.items()
+    }
+
+    def put(name: str, value: Any, *labels: str) -> None:
+        if isinstance(value, int | float):
+            families[name].add_metric(list(labels), value)
+
+    s = c.prefix_cache.stats()
+    put("omlx_cache_lookups", s.lookups)
+    put("omlx_cache_lookup_tokens", s.lookup_tokens)
+    put("omlx_cache_hit_tokens", s.hit_tokens)
+    put("omlx_cache_block_hits", s.hot_hits, "hot")
+    put("omlx_cache_block_hits", s.cold_hits, "ssd")
+    put("omlx_cache_blocks_written", s.stored_blocks, "hot")
+    put("omlx_cache_pinned_requests", s.active_leases)
+    hot = c.prefix_cache.hot.stats()
+    put("omlx_cache_blocks_read", hot.hits, "hot")
+    put("omlx_cache_blocks_evicted", hot.evictions, "hot")
+    put("omlx_cache_blocks", hot.blocks, "hot")
+    put("omlx_cache_bytes", hot.bytes, "hot")
+    put("omlx_cache_max_bytes", hot.max_bytes, "hot")
+    cold = _stats(getattr(c, "cold_tier", None))
+    put("omlx_cache_blocks_read", cold.get("hits"), "ssd")
+    put("omlx_cache_blocks_dropped", cold.get("dropped"), "ssd", "rejected")
+    put("omlx_cache_blocks_rejected", cold.get("corrupt_blocks"), "ssd", "corrupt")
+    put("omlx_cache_blocks_rejected", cold.get("missing_files"), "ssd", "missing_file")
+    writer = _stats(_writer_of(c))
+    put("omlx_cache_blocks_written", writer.get("written"), "ssd")
+    put("omlx_cache_bytes_written", writer.get("written_bytes"), "ssd")
+    put("omlx_cache_blocks_evicted", writer.get("evicted_blocks"), "ssd")
+    put("omlx_cache_bytes_evicted", writer.get("evicted_bytes"), "ssd")
+    for reason in ("queue_full", "no_space", "closed", "error"):
+        put("omlx_cache_blocks_dropped", writer.get(f"dropped_{reason}"), "ssd", reason)
+    put("omlx_cache_blocks_queued", s.queued_blocks, "ssd")
+    put("omlx_cache_write_queue_blocks", writer.get("queued"))
+    yield from (f for f in families.values() if f.samples)
+
+
+def _writer_of(c: Any) -> Any:
+    """The SSD tier's block writer (bootstrap hangs it on the cold tier), or None."""
+    for owner, name in ((c, "block_writer"), (c.cold_tier, "writer")):
+        if owner is not None and (found := getattr(owner, name, None)) is not None:
+            return found
+    return None
+
+
+def _stats(source: Any) -> dict[str, Any]:
+    """A component's stats as a dict, whether ``stats`` is a method or an attribute."""
+    if source is None:
+        return {}
+    stats = getattr(source, "stats", None)
+    if callable(stats):
+        stats = stats()
+    if is_dataclass(stats):
+        return asdict(stats)
+    return dict(stats) if isinstance(stats, dict) else {}

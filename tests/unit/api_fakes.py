@@ -1,0 +1,136 @@
+"""Fakes for API unit tests: an engine that replays scripted events, a byte tokenizer.
+
+The app under test is the real ``create_app`` over a real ``GenerationService``;
+only the model and the engine thread are replaced.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from omlx.app.container import Container
+from omlx.app.generation import GenerationService
+from omlx.app.settings import Settings
+from omlx.domain.generation import (
+    Failed,
+    Finished,
+    GenerationEvent,
+    GenerationRequest,
+    PrefillStarted,
+    TextDelta,
+)
+
+MODEL = "fake"
+
+
+class FakeTokenizer:
+    """UTF-8 bytes as tokens; a template of ``<role>content`` lines; Qwen-style markers."""
+
+    has_thinking = True
+    think_start, think_end = "<think>", "</think>"
+    has_tool_calling = True
+    tool_call_start, tool_call_end = "<tool_call>", "</tool_call>"
+    eos_token_ids = frozenset({0})
+
+    @staticmethod
+    def tool_parser(text: str, tools: Any) -> dict:
+        return json.loads(text.strip())
+
+    def __len__(self) -> int:
+        return 256
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode())
+
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        tokenize: bool = False,
+        add_generation_prompt: bool = True,
+        tools: Any = None,
+        **kwargs: Any,
+    ) -> str:
+        lines = [f"<tools>{','.join(t['function']['name'] for t in tools)}"] if tools else []
+        for m in messages:
+            calls = "".join(
+                f"<tool_call>{json.dumps(c['function'])}</tool_call>"
+                for c in m.get("tool_calls", [])
+            )
+            lines.append(f"<{m['role']}>{m['content']}{calls}")
+        if add_generation_prompt:
+            lines.append("<assistant>")
+        return "\n".join(lines)
+
+
+@dataclass
+class FakeModel:
+    tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
+    model_id: str = MODEL
+    context_length: int = 4096
+    cache_supported: bool = True
+    cache_unsupported_reason: str = ""
+
+
+Script = Callable[[GenerationRequest], list[GenerationEvent]]
+
+
+def reply(*texts: str, cached: int = 0, reason: str = "stop") -> Script:
+    """A script: the prompt is admitted, ``texts`` stream out, generation finishes."""
+
+    def script(request: GenerationRequest) -> list[GenerationEvent]:
+        n = len(request.prompt_tokens)
+        return [
+            PrefillStarted(cached, n),
+            *(TextDelta(t) for t in texts),
+            Finished(reason, n, len(texts), cached),
+        ]
+
+    return script
+
+
+def fails_after(*texts: str) -> Script:
+    def script(request: GenerationRequest) -> list[GenerationEvent]:
+        n = len(request.prompt_tokens)
+        return [
+            PrefillStarted(0, n),
+            *(TextDelta(t) for t in texts),
+            Failed("the engine fell over"),
+        ]
+
+    return script
+
+
+class FakeEngine:
+    """Replays ``script(request)`` synchronously on submit; records submissions and cancels."""
+
+    def __init__(self, script: Script | None = None) -> None:
+        self.script = script or reply("Hello", " world")
+        self.submitted: list[GenerationRequest] = []
+        self.cancelled: list[int] = []
+        self.active = 0
+        self.queued = 0
+
+    def submit(self, request: GenerationRequest, emit: Callable[[GenerationEvent], None]) -> int:
+        self.submitted.append(request)
+        for event in self.script(request):
+            emit(event)
+        return len(self.submitted)
+
+    def cancel(self, job_id: int) -> None:
+        self.cancelled.append(job_id)
+
+
+def fake_container(engine: FakeEngine | None = None, **settings: Any) -> Container:
+    model = FakeModel()
+    engine = engine or FakeEngine()
+    return Container(
+        settings=Settings(**settings),
+        model=model,
+        engine=engine,
+        generation=GenerationService(engine, model, max_queued=4, default_max_tokens=16),
+        model_ids=frozenset({MODEL}),
+        started_at=1_700_000_000,
+    )
