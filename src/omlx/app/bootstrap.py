@@ -173,6 +173,7 @@ def _build_cold_tier(settings, namespace, hot, codec, ssd, closers):
     )
     cold = ColdTier(namespace, store, index, writer, codec.decode, recency=recency)
     # Closed in reverse: drain the writer, then flush recency so LRU order survives.
+    closers.append(cold.close)  # its read threads, after the flush below
     closers.append(cold.flush)
     closers.append(lambda: writer.close(30))
     # Start-up reads the index, not the folder; the reconcile of what a crash left

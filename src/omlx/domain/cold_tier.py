@@ -30,9 +30,11 @@ log = logging.getLogger(__name__)
 # reads at most a few of them, most recently used first.
 CHILDREN_LIMIT = 16
 
-# Threads reading and hashing block files for ``get_many``; reads ahead of the decoding
-# thread by up to READ_AHEAD_PER_THREAD files per thread.
-READ_THREADS = 4
+# Threads reading and hashing block files for ``get_many``, up to READ_AHEAD_PER_THREAD
+# files each ahead of the decoding thread. Parallel reads keep the disk's queue full:
+# on the bench machine (2 cores, virtio disk, busy) 32 files took 0.41 s on 1 thread,
+# 0.33 s on 2, 0.20 s on 4 and 0.13-0.18 s on 6-12 (bench/restore.py, docs/benchmarks.md).
+READ_THREADS = 8
 READ_AHEAD_PER_THREAD = 2
 
 
