@@ -1,6 +1,6 @@
 """Aggregate decode tokens/s of omlx serve against mlx_lm.server with 1, 2, 4 and 8 streams.
 
-    .venv/bin/python bench/concurrency.py [--streams 1,2,4,8] [--tokens 64] [--reps 2]
+    .venv/bin/python bench/concurrency.py [--streams 1,2,4,8] [--tokens 128] [--reps 3]
 
 Both servers load the same weights: the default GGUF converted by ``omlx convert``
 into an mlx-lm folder (``--mlx-folder``, made once). For each stream count N, each
@@ -11,8 +11,13 @@ chats start together, each asking for ``--tokens`` tokens (distinct prompts per
 repetition, so no prefix is reused). Both servers are up for a stream count, bursts
 alternate between them (the idle one sleeps), and each reports its median burst.
 
-Aggregate decode tokens/s = (sum of completion tokens - N) / (last stream end - first
-first token): every token after each stream's first, over the decode window.
+Aggregate decode tokens/s is taken where all N streams decode together: from the last
+stream's first token to the first stream's last, tokens (content chunks) of all streams
+in that stretch over its length. Start-up (arrival, templating, prefill) and tail are
+left out, so a server that starts one stream early is not charged for the ramp. Bursts
+run in pairs (omlx then mlx_lm.server, then the other way round), so besides the ratio
+of the medians the table gives the median of the per-pair ratios, which cancels most
+of a shared machine's drift.
 """
 
 from __future__ import annotations
@@ -36,7 +41,6 @@ from common import (
     mlx_lm_server,
     omlx_server,
     process_cpu_seconds,
-    stream_chat,
     table,
 )
 
@@ -54,25 +58,46 @@ def prompts(n: int, rep: int) -> list[list[dict[str, str]]]:
     ]
 
 
+def stream_times(base_url: str, model: str, messages: list[dict[str, str]], max_tokens: int) -> dict:
+    """One greedy streaming chat: when it was sent, and when each content chunk arrived."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
+    stamps: list[float] = []
+    sent = time.perf_counter()
+    with httpx.Client(timeout=600) as client, client.stream("POST", base_url + "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            r.read()
+            raise RuntimeError(f"{base_url}: HTTP {r.status_code}: {r.text[:300]}")
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                stamps.append(time.perf_counter())
+    return {"sent": sent, "stamps": stamps, "end": time.perf_counter()}
+
+
 def burst(base_url: str, model: str, n: int, rep: int, tokens: int) -> dict:
-    """N streams at once; the decode window's aggregate rate."""
+    """N streams at once. The rate counts only the stretch where all N decode together.
+
+    That stretch runs from the last stream's first token to the first stream's end;
+    content chunks (one per token for this model's English text) inside it, over its length.
+    """
     barrier = threading.Barrier(n)
 
     def one(messages):
         barrier.wait()
-        t0 = time.perf_counter()
-        result = stream_chat(base_url, model, messages, tokens)
-        return t0 + result.ttft, t0 + result.total, result.completion_tokens or 0
+        return stream_times(base_url, model, messages, tokens)
 
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
-        results = list(pool.map(one, prompts(n, rep)))
-    first = min(r[0] for r in results)
-    end = max(r[1] for r in results)
-    generated = sum(r[2] for r in results)
+        runs = list(pool.map(one, prompts(n, rep)))
+    begin = max(r["stamps"][0] for r in runs)
+    finish = min(r["stamps"][-1] for r in runs)
+    inside = sum(1 for r in runs for t in r["stamps"] if begin < t <= finish)
     return {
-        "rate": (generated - n) / (end - first),
-        "tokens": generated,
-        "window_s": end - first,
+        "rate": inside / (finish - begin) if finish > begin else float("nan"),
+        "tokens": sum(len(r["stamps"]) for r in runs),
+        "ttft": statistics.median(r["stamps"][0] - r["sent"] for r in runs),
+        "steady_s": finish - begin,
     }
 
 
@@ -80,6 +105,7 @@ def measure(servers: dict, n: int, tokens: int, reps: int) -> dict[str, dict]:
     """Both servers up at once (the idle one sleeps), bursts alternating so noise hits both alike."""
     rates: dict[str, list[float]] = {name: [] for name in servers}
     counts: dict[str, list[int]] = {name: [] for name in servers}
+    ttfts: dict[str, list[float]] = {name: [] for name in servers}
     cpu_ms: dict[str, list[float]] = {name: [] for name in servers}
     for server, _ in servers.values():
         server.start()
@@ -94,6 +120,7 @@ def measure(servers: dict, n: int, tokens: int, reps: int) -> dict[str, dict]:
                 result = burst(server.base_url, models[name], n, rep, tokens)
                 rates[name].append(result["rate"])
                 counts[name].append(result["tokens"])
+                ttfts[name].append(result["ttft"])
                 cpu_ms[name].append(1000 * (process_cpu_seconds(server.proc.pid) - cpu) / result["tokens"])
     finally:
         for server, _ in servers.values():
@@ -104,6 +131,7 @@ def measure(servers: dict, n: int, tokens: int, reps: int) -> dict[str, dict]:
             "rates": [round(x, 2) for x in r],
             "tokens": counts[name],
             "cpu_ms_per_token": statistics.median(cpu_ms[name]),
+            "ttft_s": statistics.median(ttfts[name]),
         }
         for name, r in rates.items()
     }
@@ -116,7 +144,7 @@ def served_model(base_url: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", default="1,2,4,8")
-    parser.add_argument("--tokens", type=int, default=64, help="max_tokens per stream")
+    parser.add_argument("--tokens", type=int, default=128, help="max_tokens per stream")
     parser.add_argument("--reps", type=int, default=3, help="bursts per server and stream count (median)")
     parser.add_argument("--prefill-step", type=int, default=256)
     parser.add_argument("--mlx-folder", type=Path, default=Path("/tmp/smol-mlx"))
@@ -142,15 +170,22 @@ def main() -> None:
         result = measure({"omlx": (ours_server, None), "mlx_lm": (theirs_server, "default_model")}, n, args.tokens, args.reps)
         ours, theirs = result["omlx"], result["mlx_lm"]
         print(
-            f"{n} streams: omlx {ours['rate']:.1f} tok/s {ours['rates']} ({ours['cpu_ms_per_token']:.0f} CPU ms/token), "
-            f"mlx_lm.server {theirs['rate']:.1f} tok/s {theirs['rates']} ({theirs['cpu_ms_per_token']:.0f} CPU ms/token); "
+            f"{n} streams: omlx {ours['rate']:.1f} tok/s {ours['rates']} ({ours['cpu_ms_per_token']:.0f} CPU ms/token, TTFT {ours['ttft_s']:.2f} s), "
+            f"mlx_lm.server {theirs['rate']:.1f} tok/s {theirs['rates']} ({theirs['cpu_ms_per_token']:.0f} CPU ms/token, TTFT {theirs['ttft_s']:.2f} s); "
             f"tokens {ours['tokens']} vs {theirs['tokens']}",
             flush=True,
         )
-        rows.append([n, f"{ours['rate']:.1f}", f"{theirs['rate']:.1f}", fmt_ratio(ours["rate"], theirs["rate"])])
-        out.append({"streams": n, "omlx": ours, "mlx_lm_server": theirs})
+        paired = statistics.median(a / b for a, b in zip(ours["rates"], theirs["rates"], strict=True))
+        rows.append([
+            n, f"{ours['rate']:.1f}", f"{theirs['rate']:.1f}", fmt_ratio(ours["rate"], theirs["rate"]), f"{paired:.2f}x",
+            f"{ours['ttft_s']:.2f} / {theirs['ttft_s']:.2f}",
+        ])
+        out.append({"streams": n, "omlx": ours, "mlx_lm_server": theirs, "paired_ratio": paired})
     print()
-    print(table(["streams", "omlx tok/s", "mlx_lm.server tok/s", "omlx / mlx_lm"], rows))
+    print(table(
+        ["streams", "omlx tok/s", "mlx_lm.server tok/s", "ratio of medians", "median paired ratio", "TTFT s (omlx / mlx_lm)"],
+        rows,
+    ))
     if args.json:
         args.json.write_text(json.dumps({"machine": machine_note(), "results": out}, indent=2))
     print(f"logs in {work} (run from {ROOT})")

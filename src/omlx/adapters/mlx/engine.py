@@ -253,7 +253,8 @@ class MLXEngine:
             if job.hit is None:  # pin its own prefix first: the shrink must not evict it
                 job.hit = self.prefix_cache.lookup(job.request.prompt_tokens)
             freed = hot.shrink(room)
-            log.info("memory guard: hot tier gave back %s for request %d", format_bytes(freed), job.id)
+            if freed:
+                log.info("memory guard: the hot tier gave back %s for request %d", format_bytes(freed), job.id)
             if hot.stats().bytes > room and self._running:
                 return self._wait(job, need, "the running requests and pinned cache blocks")
         return _ADMIT
