@@ -167,8 +167,8 @@ def test_streamed_tool_use_and_stop_sequence(scripted_server):
         stop_sequences=["sunny"],
     )
     assert stopped.content[0].text == "It is "
-    # "stop_sequence" once the engine reports which stop string matched; until then "end_turn"
-    assert stopped.stop_reason in ("stop_sequence", "end_turn")
+    assert stopped.stop_reason == "stop_sequence"
+    assert stopped.stop_sequence == "sunny"
 
 
 async def _async_turn(server) -> tuple[anthropic.types.Message, anthropic.types.Message]:

@@ -46,6 +46,7 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,7 @@ class StopStringMatcher:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string found, once stopped
 
     def feed(self, text: str) -> str:
         """Text that is safe to emit now; after a stop string nothing more is emitted."""
@@ -71,8 +73,9 @@ class StopStringMatcher:
         if not self._stops:
             return text
         buffer = self._held + text
-        cut = min((i for s in self._stops if (i := buffer.find(s)) >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self._stops if (i := buffer.find(s)) >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda hit: hit[0])
             self.stopped = True
             self._held = ""
             return buffer[:cut]

@@ -370,7 +370,13 @@ class MLXEngine:
         if not self._running:
             mx.clear_cache()  # idle: hand the freed KV buffers back, not just to MLX's pool
         job.emit(
-            Finished(reason, len(job.request.prompt_tokens), job.completion_tokens, job.cached_tokens)
+            Finished(
+                reason,
+                len(job.request.prompt_tokens),
+                job.completion_tokens,
+                job.cached_tokens,
+                job.stops.matched if job.stops is not None else None,
+            )
         )
 
     def _cancel(self, job: _Job) -> None:
