@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,7 +20,7 @@ def run(chunks: list[str], stops: tuple[str, ...]) -> tuple[str, StopStringMatch
 def test_output_is_the_text_up_to_the_first_stop_whatever_the_chunking(text, cuts):
     stops = ("ab", "cc")
     bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
-    chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunks = [text[a:b] for a, b in itertools.pairwise(bounds)]
     out, matcher = run(chunks, stops)
     hits = [(i, s) for s in stops if (i := text.find(s)) >= 0]
     if hits:
