@@ -10,7 +10,6 @@ from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.kv_codec import MLXKVCodec
 from omlx.adapters.mlx.loader import load_model
 from omlx.adapters.mlx.memory import CACHE_STEP, KVBudget
-from omlx.domain.blocks import NamespaceInfo
 from omlx.domain.generation import (
     Failed,
     Finished,
@@ -20,7 +19,6 @@ from omlx.domain.generation import (
     TextDelta,
 )
 from omlx.domain.hot_tier import HotTier
-from omlx.domain.keys import namespace_digest
 from omlx.domain.prefix_cache import PrefixCache
 from tests.engine_helpers import Run, generate, greedy
 
@@ -31,14 +29,7 @@ def tiny(tiny_model_dir):
 
 
 def make_prefix_cache(model, block_size: int, hot_bytes: int = 1 << 30) -> PrefixCache:
-    namespace = NamespaceInfo(
-        digest=namespace_digest(model.identity(block_size)),
-        model_name=model.model_id,
-        model_path=str(model.path),
-        block_size=block_size,
-        kv_dtype=model.kv_dtype,
-        layer_count=model.layer_count,
-    )
+    namespace = model.namespace(block_size)
     return PrefixCache(namespace=namespace, codec=MLXKVCodec(), hot=HotTier(hot_bytes))
 
 

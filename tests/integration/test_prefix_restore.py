@@ -11,9 +11,7 @@ import pytest
 from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.kv_codec import MLXKVCodec
 from omlx.adapters.mlx.loader import load_model
-from omlx.domain.blocks import NamespaceInfo
 from omlx.domain.hot_tier import HotTier
-from omlx.domain.keys import namespace_digest
 from omlx.domain.partial_match import common_prefix
 from omlx.domain.prefix_cache import PrefixCache
 from tests.engine_helpers import generate, greedy
@@ -34,14 +32,7 @@ class RecordingPrefixCache(PrefixCache):
 
 
 def make_prefix_cache(model, block_size: int, hot_bytes: int = 1 << 30) -> RecordingPrefixCache:
-    namespace = NamespaceInfo(
-        digest=namespace_digest(model.identity(block_size)),
-        model_name=model.model_id,
-        model_path=str(model.path),
-        block_size=block_size,
-        kv_dtype=model.kv_dtype,
-        layer_count=model.layer_count,
-    )
+    namespace = model.namespace(block_size)
     return RecordingPrefixCache(namespace=namespace, codec=MLXKVCodec(), hot=HotTier(hot_bytes))
 
 

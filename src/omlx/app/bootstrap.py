@@ -129,19 +129,10 @@ def _digest_cache(index: Any):
 
 def _build_cache(settings: Settings, model: Any, ssd: dict[str, Any] | None, closers: list):
     from omlx.adapters.mlx.kv_codec import MLXKVCodec
-    from omlx.domain.blocks import NamespaceInfo
     from omlx.domain.hot_tier import HotTier
-    from omlx.domain.keys import namespace_digest
     from omlx.domain.prefix_cache import PrefixCache
 
-    namespace = NamespaceInfo(
-        digest=namespace_digest(model.identity(settings.block_size)),
-        model_name=model.model_id,
-        model_path=str(model.path),
-        block_size=settings.block_size,
-        kv_dtype=model.kv_dtype,
-        layer_count=model.layer_count,
-    )
+    namespace = model.namespace(settings.block_size)
     codec = MLXKVCodec()
     hot = HotTier(settings.hot_cache_bytes)
     cold = _build_cold_tier(settings, namespace, hot, codec, ssd, closers) if ssd else None

@@ -23,6 +23,8 @@ from mlx_lm.utils import load as mlx_lm_load
 from omlx.adapters.mlx.errors import UnsupportedModelError
 from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, default_model_path, load_gguf
 from omlx.adapters.mlx.kv_codec import cache_is_plain_kv
+from omlx.domain.blocks import NamespaceInfo
+from omlx.domain.keys import namespace_digest
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,17 @@ class LoadedModel:
     tokenizer_digest: str
     cache_unsupported_reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def namespace(self, block_size: int) -> NamespaceInfo:
+        """The cache namespace of this model at ``block_size`` (DESIGN §4)."""
+        return NamespaceInfo(
+            digest=namespace_digest(self.identity(block_size)),
+            model_name=self.model_id,
+            model_path=str(self.path),
+            block_size=block_size,
+            kv_dtype=self.kv_dtype,
+            layer_count=self.layer_count,
+        )
 
     def identity(self, block_size: int) -> dict[str, Any]:
         """What makes this model's KV reusable (DESIGN §4), for ``namespace_digest``."""
