@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 from omlx.domain.generation import Failed, Finished, GenerationRequest, SamplingParams, TextDelta
@@ -12,6 +13,7 @@ from omlx.domain.generation import Failed, Finished, GenerationRequest, Sampling
 class Run:
     events: list = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
+    job_id: int | None = None
 
     def emit(self, event) -> None:
         self.events.append(event)
@@ -35,11 +37,16 @@ def greedy(tokens, max_tokens: int = 16, stop: tuple[str, ...] = ()) -> Generati
 
 def submit(engine, request: GenerationRequest) -> Run:
     run = Run()
-    engine.submit(request, run.emit)
+    run.job_id = engine.submit(request, run.emit)
     return run
 
 
 def generate(engine, request: GenerationRequest, timeout: float = 120.0) -> Run:
+    """Run to the end, including the engine storing the request's blocks after it."""
     run = submit(engine, request)
     assert run.done.wait(timeout), "generation timed out"
+    deadline = time.monotonic() + timeout
+    while not engine.settled(run.job_id):
+        assert time.monotonic() < deadline, "the engine did not settle the request"
+        time.sleep(0.002)
     return run

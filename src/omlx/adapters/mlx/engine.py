@@ -160,6 +160,10 @@ class MLXEngine:
         self._inbox.put(("submit", _Job(job_id, request, emit, time.monotonic())))
         return job_id
 
+    def settled(self, job_id: int) -> bool:
+        """Whether the engine is wholly done with a job, its blocks stored (for tests and tools)."""
+        return job_id not in self._jobs
+
     def cancel(self, job_id: int) -> None:
         self._inbox.put(("cancel", job_id))
 
@@ -203,7 +207,7 @@ class MLXEngine:
                 self._waiting.append(arg)
             elif kind == "cancel":
                 job = self._jobs.get(arg)
-                if job is not None:
+                if job is not None and not job.done:
                     self._cancel(job)
             try:
                 command = self._inbox.get_nowait()
@@ -355,20 +359,17 @@ class MLXEngine:
             self._finish(job, reason, r.prompt_cache, r.all_tokens)
 
     def _finish(self, job: _Job, reason: str, cache: Any, tokens: list[int] | None) -> None:
-        """Store its blocks, unpin its prefix and drop its KV now; then tell the client."""
+        """Unpin its prefix and drop its KV, tell the client, then store its new blocks.
+
+        The client hears first: cutting blocks waits for the batch's in-flight decode
+        step, time no response should wait for. The job stays listed (``settled`` is
+        False) until its blocks are stored, and the next command is read only after.
+        """
         job.done = True
-        if cache is not None and tokens and self.prefix_cache is not None:
-            try:
-                self.prefix_cache.store(tokens, cache)
-            except Exception:
-                log.exception("could not store the blocks of request %d", job.id)
         self._release(job)
         if job.uid is not None and self._running.pop(job.uid, None) is not None:
             self._epoch += 1
-        self._jobs.pop(job.id, None)
         self.active = len(self._running)
-        if not self._running:
-            mx.clear_cache()  # idle: hand the freed KV buffers back, not just to MLX's pool
         job.emit(
             Finished(
                 reason,
@@ -378,6 +379,14 @@ class MLXEngine:
                 job.stops.matched if job.stops is not None else None,
             )
         )
+        if cache is not None and tokens and self.prefix_cache is not None:
+            try:
+                self.prefix_cache.store(tokens, cache)
+            except Exception:
+                log.exception("could not store the blocks of request %d", job.id)
+        self._jobs.pop(job.id, None)
+        if not self._running:
+            mx.clear_cache()  # idle: hand the freed KV buffers back, not just to MLX's pool
 
     def _cancel(self, job: _Job) -> None:
         if job.uid is None:
