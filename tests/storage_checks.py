@@ -15,7 +15,7 @@ from omlx.adapters.blockfiles.format import RawTensor, pack_block, unpack_block
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.sqlindex.engine import index_path, make_engine
 from omlx.adapters.sqlindex.repository import SqlBlockIndex
-from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo
+from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, StoredBlock
 from omlx.domain.keys import block_key, namespace_digest
 
 
@@ -47,6 +47,34 @@ def make_chain(
         chain.append((meta, tokens, pack_block(meta, tokens, layers)))
         parent = key
     return chain
+
+
+def record_block(
+    store: FileBlockStore,
+    index: SqlBlockIndex,
+    ns: NamespaceInfo,
+    meta: BlockMeta,
+    data: bytes,
+    at: float = 1.0,
+    hit_count: int = 0,
+) -> StoredBlock:
+    """File first, row second: a block recorded the way the writer records it."""
+    rel = store.relpath(ns, meta.key)
+    store.write(rel, data)
+    block = StoredBlock(
+        meta.key,
+        ns.digest,
+        meta.parent_key,
+        meta.token_count,
+        len(data),
+        hashlib.sha256(data).hexdigest(),
+        rel,
+        at,
+        at,
+        hit_count=hit_count,
+    )
+    index.add_block(block)
+    return block
 
 
 def fake_decode(data: bytes) -> DecodedBlock:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -19,7 +18,7 @@ from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.sqlindex import current_revision, head_revision, index_path, open_index
 from omlx.app.admin import admin_group, db_group
 from omlx.domain.blocks import NamespaceInfo, StoredBlock
-from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace
+from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace, record_block
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 OLD = time.time() - 3600
@@ -37,21 +36,7 @@ def _populate(
     index.upsert_namespace(ns)
     blocks = []
     for i, (meta, _, data) in enumerate(make_chain(ns, n, seed=seed)):
-        rel = store.relpath(ns, meta.key)
-        store.write(rel, data)
-        block = StoredBlock(
-            meta.key,
-            ns.digest,
-            meta.parent_key,
-            meta.token_count,
-            len(data),
-            hashlib.sha256(data).hexdigest(),
-            rel,
-            at + i,
-            at + i,
-        )
-        index.add_block(block)
-        blocks.append(block)
+        blocks.append(record_block(store, index, ns, meta, data, at + i))
     index.close()
     return blocks
 

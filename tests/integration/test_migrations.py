@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import sqlite3
@@ -25,8 +24,7 @@ from omlx.adapters.sqlindex import (
 )
 from omlx.adapters.sqlindex.migrate import migrations_dir
 from omlx.adapters.sqlindex.models import Base
-from omlx.domain.blocks import StoredBlock
-from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace
+from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace, record_block
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -87,22 +85,7 @@ def test_upgrade_keeps_data_written_by_the_previous_revision(tmp_path: Path) -> 
     store = FileBlockStore(tmp_path)
     blocks = []
     for i, (meta, _, data) in enumerate(make_chain(ns, 4)):
-        rel = store.relpath(ns, meta.key)
-        store.write(rel, data)
-        block = StoredBlock(
-            meta.key,
-            ns.digest,
-            meta.parent_key,
-            meta.token_count,
-            len(data),
-            hashlib.sha256(data).hexdigest(),
-            rel,
-            float(i),
-            float(i),
-            hit_count=i,
-        )
-        index.add_block(block)
-        blocks.append(block)
+        blocks.append(record_block(store, index, ns, meta, data, float(i), hit_count=i))
     index.close()
 
     upgrade(db)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from omlx.domain.blocks import BlockMeta, NamespaceInfo, StoredBlock
 from omlx.domain.cold_tier import RecencyBuffer
 from omlx.domain.keys import block_key
 from tests.fakes import FakeClock
-from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace
+from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace, record_block
 
 
 def _put(
@@ -29,23 +28,7 @@ def _put(
     at: float = 1.0,
 ) -> StoredBlock:
     """File first, row second: the way the writer records a block."""
-    store = FileBlockStore(tmp_path)
-    rel = store.relpath(ns, meta.key)
-    store.write(rel, data)
-    block = StoredBlock(
-        meta.key,
-        ns.digest,
-        meta.parent_key,
-        meta.token_count,
-        len(data),
-        hashlib.sha256(data).hexdigest(),
-        rel,
-        at,
-        at,
-    )
-    index.add_block(block)
-    return block
-
+    return record_block(FileBlockStore(tmp_path), index, ns, meta, data, at)
 
 def test_pragmas_on_every_connection(tmp_path: Path) -> None:
     engine = make_engine(index_path(tmp_path))
