@@ -211,4 +211,7 @@ def test_raw_stream_names_each_event_and_pings(scripted_server):
     datas = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
     assert names == [d["type"] for d in datas]
     blocks = ["content_block_start", "content_block_delta", "content_block_stop"]
-    assert names == ["message_start", "ping", *blocks, *blocks, "message_delta", "message_stop"]
+    # a thinking block ends with its signature, as Anthropic's own stream does
+    thinking = ["content_block_start", "content_block_delta", "content_block_delta", "content_block_stop"]
+    assert names == ["message_start", "ping", *thinking, *blocks, "message_delta", "message_stop"]
+    assert datas[4]["delta"]["type"] == "signature_delta" and datas[4]["delta"]["signature"]

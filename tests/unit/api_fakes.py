@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from omlx.app.bootstrap import wire_services
 from omlx.app.container import Container
-from omlx.app.generation import GenerationService
 from omlx.app.settings import Settings
 from omlx.domain.generation import (
     Failed,
@@ -124,13 +124,6 @@ class FakeEngine:
 
 
 def fake_container(engine: FakeEngine | None = None, **settings: Any) -> Container:
-    model = FakeModel()
-    engine = engine or FakeEngine()
-    return Container(
-        settings=Settings(**settings),
-        model=model,
-        engine=engine,
-        generation=GenerationService(engine, model, max_queued=4, default_max_tokens=16),
-        model_ids=frozenset({MODEL}),
-        started_at=1_700_000_000,
-    )
+    settings.setdefault("max_queued_requests", 4)
+    settings.setdefault("default_max_tokens", 16)
+    return wire_services(Settings(**settings), FakeModel(), engine or FakeEngine())

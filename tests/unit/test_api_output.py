@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omlx.app.api.output import (
+from omlx.app.output import (
     Content,
     OutputFormat,
     OutputSplitter,

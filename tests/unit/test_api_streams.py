@@ -154,7 +154,8 @@ def test_anthropic_blocks_become_template_messages():
         "<tools>f",
         "<system>be brief",
         "<user>weather?",
-        '<assistant>checking<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>',
+        # thinking sent back renders as the model wrote it (this template has no reasoning_content)
+        '<assistant><think>t</think>checking<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>',
         "<tool>sunny",
         "<user>and tomorrow?",
         "<assistant>",
@@ -228,9 +229,19 @@ def test_openai_tool_history_reaches_the_template_as_dicts():
                 "model": MODEL,
                 "messages": HI,
                 "max_tokens": 5,
-                "tools": [{"name": "web", "type": "web_search_20250305"}],
+                "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
             },
-            "server tool",
+            "clear_tool_uses_20250919",
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": MODEL,
+                "messages": HI,
+                "max_tokens": 5,
+                "output_config": {"format": {"type": "json_schema", "schema": {}}},
+            },
+            "output_config.format",
         ),
         (
             "/v1/messages",
@@ -242,7 +253,7 @@ def test_openai_tool_history_reaches_the_template_as_dicts():
             },
             "needs tools",
         ),
-        ("/v1/messages", {"model": "claude-9", "messages": HI, "max_tokens": 5}, "does not exist"),
+        ("/v1/messages", {"model": "gpt-9", "messages": HI, "max_tokens": 5}, "does not exist"),
     ],
 )
 def test_client_mistakes_are_4xx_in_the_route_envelope(path, body, fragment):

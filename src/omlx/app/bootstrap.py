@@ -9,9 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas
+from omlx.app.chat import ChatPipeline
 from omlx.app.container import Container
-from omlx.app.generation import GenerationService
+from omlx.app.model_names import ModelNames
+from omlx.app.normalize import PromptNormalizer
+from omlx.app.sealing import ReasoningSeal
+from omlx.app.service import GenerationService
 from omlx.app.settings import Settings
+from omlx.app.templates import ChatRenderer
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +64,25 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
         )
     engine.start()
     closers.append(engine.stop)  # closed first: no block is stored after the writer drains
+    try:
+        seal = ReasoningSeal.for_folder(settings.cache_dir if ssd is not None else None)
+        return wire_services(
+            settings,
+            model,
+            engine,
+            seal=seal,
+            prefix_cache=prefix_cache,
+            cold_tier=cold_tier,
+            blas=describe_blas(),
+            closers=closers,
+        )
+    except BaseException:
+        _close_all(closers)
+        raise
+
+
+def wire_services(settings: Settings, model: Any, engine: Any, *, seal: ReasoningSeal | None = None, **parts: Any) -> Container:
+    """The app's services over a loaded model and a started engine (tests pass fakes of both)."""
     generation = GenerationService(
         engine,
         model,
@@ -70,12 +94,12 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
         model=model,
         engine=engine,
         generation=generation,
-        model_ids=frozenset({model.model_id}),
+        chat=ChatPipeline(generation, ChatRenderer(model.tokenizer, model.model_id)),
+        names=ModelNames([model.model_id], settings.model_aliases, settings.answer_any_model),
+        normalizer=PromptNormalizer(settings.prompt_normalizations),
+        seal=seal or ReasoningSeal.for_folder(None),
         started_at=int(time.time()),
-        prefix_cache=prefix_cache,
-        cold_tier=cold_tier,
-        blas=describe_blas(),
-        closers=closers,
+        **parts,
     )
 
 

@@ -35,6 +35,9 @@ def _serve_options(fn):
         click.option("--prefill-step-size", type=int, default=None, help="Tokens prefilled per engine step (default 256)."),
         click.option("--kv-memory-limit", default=None, help='RAM for KV (running requests + hot tier): a size, "auto" (half of RAM) or "off".'),
         click.option("--api-key", default=None, envvar="OMLX_API_KEY", help="Require this key (Bearer or x-api-key)."),
+        click.option("--model-alias", "model_aliases", multiple=True, help="NAME=ID: answer NAME (a glob like 'claude-*' allowed) with served model ID; repeatable."),
+        click.option("--any-model", "answer_any_model", is_flag=True, default=None, help="With one served model, answer every model name with it."),
+        click.option("--no-prompt-normalization", is_flag=True, default=False, help="Keep volatile prompt text (e.g. Claude Code's billing header) as sent."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -49,6 +52,9 @@ def _serve(**flags) -> None:
         flags["cache_enabled"] = False
     if flags.pop("no_ssd_cache"):
         flags["ssd_cache_enabled"] = False
+    if flags.pop("no_prompt_normalization"):
+        flags["prompt_normalizations"] = []
+    flags["model_aliases"] = list(flags["model_aliases"]) or None  # none given: the settings' own
     try:
         settings = load_settings(config_file, flags=flags)
     except ValueError as exc:

@@ -6,7 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from omlx.app.generation import GenerationService
+from omlx.app.chat import ChatPipeline
+from omlx.app.model_names import ModelNames
+from omlx.app.normalize import PromptNormalizer
+from omlx.app.sealing import ReasoningSeal
+from omlx.app.service import GenerationService
 from omlx.app.settings import Settings
 
 
@@ -16,7 +20,10 @@ class Container:
     model: Any  # LoadedModel
     engine: Any  # MLXEngine
     generation: GenerationService
-    model_ids: frozenset[str]
+    chat: ChatPipeline
+    names: ModelNames
+    normalizer: PromptNormalizer
+    seal: ReasoningSeal
     started_at: int
     prefix_cache: Any = None  # PrefixCache | None
     cold_tier: Any = None  # ColdTier | None

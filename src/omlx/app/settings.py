@@ -34,6 +34,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     kv_memory_limit: str = "auto"
     default_max_tokens: int = 1024
     max_request_body_bytes: int = 16_000_000
+    model_aliases: tuple[str, ...] = ("claude-*",)
+    answer_any_model: bool = False
+    prompt_normalizations: tuple[str, ...] = ("claude_code_billing_header",)
 
     @property
     def hot_cache_bytes(self) -> int:
@@ -69,6 +72,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         self.ssd_cache_bytes  # noqa: B018
         if self.kv_memory_limit_bytes == 0:
             raise ValueError('kv_memory_limit must be a size above 0, "auto" or "off"')
+        from omlx.app.normalize import PromptNormalizer
+
+        PromptNormalizer(self.prompt_normalizations)  # raises naming an unknown rule
         return self
 
 
@@ -102,6 +108,8 @@ def load_settings(
 
 
 def _from_env(raw: str, kind: type) -> Any:
+    if kind in (list, tuple):  # comma-separated
+        return [item.strip() for item in raw.split(",") if item.strip()]
     if kind is bool:
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if kind is int:

@@ -10,160 +10,43 @@ from litestar import Controller, Request, post
 from omlx.app.api.anthropic_schemas import (
     AnthropicErrorResponse,
     CountTokensRequest,
-    InputBlock,
     Message,
     MessagesRequest,
     OutputBlock,
-    SystemBlock,
     TextBlock,
     ThinkingBlock,
     TokenCount,
-    ToolChoice,
-    ToolParam,
     ToolUseBlock,
 )
 from omlx.app.api.anthropic_stream import MessageStream, stop_reason, tool_id, tool_input, usage
-from omlx.app.api.checks import check_model
-from omlx.app.api.errors import APIError
+from omlx.app.api.anthropic_translate import Translator
+from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openapi import error_responses, streaming_operation
-from omlx.app.api.output import OutputFormat, OutputSplitter, Piece, Reasoning, ToolCallPiece
-from omlx.app.api.sse import EventStream
+from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
+from omlx.app.chat import ChatTurn
 from omlx.app.container import Container
-from omlx.app.generation import Completion, unless_disconnected
+from omlx.app.output import Piece, Reasoning, ToolCallPiece
+from omlx.app.sealing import ReasoningSeal
 
 _ERRORS = error_responses(AnthropicErrorResponse, 400, 401, 404, 413, 429, 500)
-_IGNORED_BLOCKS = {"thinking", "redacted_thinking"}
+CACHE_DIAGNOSIS_BETA = "cache-diagnosis-2026-04-07"
 
 
-def _system_text(system: str | list[SystemBlock] | None) -> str:
-    if isinstance(system, list):
-        return "\n\n".join(b.text for b in system if b.type == "text")
-    return system or ""
+def translator(container: Container) -> Translator:
+    return Translator(
+        container.normalizer,
+        container.seal,
+        effort_kwarg=container.chat.renderer.accepts_reasoning_effort,
+    )
 
 
-def _result_text(block: InputBlock) -> str:
-    content = block.content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if part.type != "text":
-                raise APIError(
-                    400, f"tool_result content of type {part.type!r} is not supported; send text"
-                )
-            parts.append(part.text or "")
-        content = "\n".join(parts)
-    return content or ""
+def blocks_of(
+    pieces: list[Piece], seal: ReasoningSeal, show_thinking: bool = True
+) -> list[OutputBlock]:
+    """Pieces as content blocks: runs of text or thinking merged, one block per tool call.
 
-
-def messages_to_template(
-    system: str | list[SystemBlock] | None, messages: list
-) -> list[dict[str, Any]]:
-    """Anthropic messages as chat-template dicts: tool_use -> tool_calls, tool_result -> role tool."""
-    out: list[dict[str, Any]] = []
-    if text := _system_text(system):
-        out.append({"role": "system", "content": text})
-    for message in messages:
-        if isinstance(message.content, str):
-            out.append({"role": message.role, "content": message.content})
-        elif message.role == "assistant":
-            out.append(_assistant_to_template(message.content))
-        else:
-            out.extend(_user_to_template(message.content))
-    return out
-
-
-def _assistant_to_template(blocks: list[InputBlock]) -> dict[str, Any]:
-    texts, thinking, calls = [], [], []
-    for block in blocks:
-        if block.type == "text":
-            texts.append(block.text or "")
-        elif block.type == "thinking":
-            thinking.append(block.thinking or "")
-        elif block.type == "tool_use":
-            if not block.id or not block.name:
-                raise APIError(400, "a tool_use block needs an id and a name")
-            calls.append(
-                {
-                    "id": block.id,
-                    "type": "function",
-                    "function": {"name": block.name, "arguments": block.input or {}},
-                }
-            )
-        elif block.type not in _IGNORED_BLOCKS:
-            raise APIError(
-                400, f"assistant content blocks of type {block.type!r} are not supported"
-            )
-    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if calls:
-        out["tool_calls"] = calls
-    if thinking:
-        out["reasoning_content"] = "".join(thinking)
-    return out
-
-
-def _user_to_template(blocks: list[InputBlock]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    texts: list[str] = []
-    for block in blocks:
-        if block.type == "text":
-            texts.append(block.text or "")
-        elif block.type == "tool_result":
-            if texts:
-                out.append({"role": "user", "content": "\n".join(texts)})
-                texts = []
-            content = _result_text(block)
-            out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": block.tool_use_id or "",
-                    "content": ("Error: " + content) if block.is_error else content,
-                }
-            )
-        elif block.type not in _IGNORED_BLOCKS:
-            raise APIError(
-                400, f"user content blocks of type {block.type!r} are not supported; send text"
-            )
-    if texts or not out:
-        out.append({"role": "user", "content": "\n".join(texts)})
-    return out
-
-
-def tools_to_template(tools: list[ToolParam] | None) -> list[dict] | None:
-    if not tools:
-        return None
-    out = []
-    for tool in tools:
-        if tool.type not in (None, "custom"):
-            raise APIError(
-                400, f"server tool {tool.type!r} is not supported; define it as a custom tool"
-            )
-        schema = tool.input_schema or {"type": "object", "properties": {}}
-        function = {"name": tool.name, "description": tool.description or "", "parameters": schema}
-        out.append({"type": "function", "function": function})
-    return out
-
-
-def parses_tools(choice: ToolChoice | None, tools: list[dict] | None) -> bool:
-    """Whether tool calls are parsed from the output (not constrained: the model decides)."""
-    if choice is None:
-        return bool(tools)
-    if choice.type == "none":
-        return False
-    if not tools:
-        raise APIError(400, f"tool_choice {choice.type!r} needs tools")
-    if choice.type == "tool" and choice.name not in {t["function"]["name"] for t in tools}:
-        raise APIError(400, f"tool_choice names {choice.name!r}, which is not in tools")
-    return True
-
-
-def template_kwargs(thinking: Any) -> dict[str, Any] | None:
-    if thinking is None or thinking.type not in ("enabled", "disabled"):
-        return None
-    return {"enable_thinking": thinking.type == "enabled"}
-
-
-def blocks_of(pieces: list[Piece]) -> list[OutputBlock]:
-    """Pieces as content blocks: runs of text or thinking merged, one block per tool call."""
+    A thinking block's signature seals its text, so the client can send it back unread.
+    """
     blocks: list[OutputBlock] = []
     for piece in pieces:
         if isinstance(piece, ToolCallPiece):
@@ -177,7 +60,27 @@ def blocks_of(pieces: list[Piece]) -> list[OutputBlock]:
             blocks[-1].text += piece.text
         else:
             blocks.append(TextBlock(piece.text))
+    for block in blocks:
+        if isinstance(block, ThinkingBlock):
+            block.signature = seal.seal(block.thinking)
+            if not show_thinking:
+                block.thinking = ""
     return blocks or [TextBlock("")]
+
+
+def diagnostics(turn: ChatTurn) -> dict[str, Any]:
+    """Anthropic's ``diagnostics`` object for a turn (cache-diagnosis beta)."""
+    if turn.previous_named and turn.previous is None:
+        return {"cache_miss_reason": {"type": "previous_message_not_found"}}
+    d = turn.divergence
+    if d is None:
+        return {"cache_miss_reason": None}
+    return {"cache_miss_reason": {"type": d.reason, "cache_missed_input_tokens": d.missed_tokens}}
+
+
+def wants_diagnostics(request: Request, data: MessagesRequest) -> bool:
+    betas = ",".join(request.headers.getall("anthropic-beta", []))
+    return data.diagnostics is not None or CACHE_DIAGNOSIS_BETA in betas
 
 
 class AnthropicController(Controller):
@@ -196,46 +99,30 @@ class AnthropicController(Controller):
     async def create_message(
         self, data: MessagesRequest, container: Container, request: Request
     ) -> Message:
-        check_model(container, data.model)
-        if not data.messages:
-            raise APIError(400, "messages must not be empty")
-        service = container.generation
-        tools = tools_to_template(data.tools)
-        parse_tools = parses_tools(data.tool_choice, tools)
-        messages = messages_to_template(data.system, data.messages)
-        prompt = await service.render_chat(messages, tools, template_kwargs(data.thinking))
-        gen = service.build_request(
-            prompt.tokens,
-            max_tokens=data.max_tokens,
-            temperature=data.temperature,
-            top_p=data.top_p,
-            top_k=data.top_k,
-            seed=None,
-            stop=data.stop_sequences,
-        )
-        fmt = OutputFormat.of(service.tokenizer)
-        splitter = OutputSplitter(
-            fmt,
-            tools=tools,
-            parse_tools=parse_tools,
-            in_reasoning=fmt.opens_in_reasoning(prompt.text),
-        )
+        model_id = container.names.resolve(data.model)
+        chat = translator(container).chat_request(data, model_id)
         mid = f"msg_{uuid.uuid4().hex[:24]}"
+        previous = data.diagnostics.previous_message_id if data.diagnostics is not None else None
+        turn = await container.chat.prepare(chat, mid, previous)
+        extra = diagnostics(turn) if wants_diagnostics(request, data) else None
+        show_thinking = data.thinking is None or data.thinking.display != "omitted"
         if data.stream:
-            service.check_capacity()
-            return EventStream(MessageStream(mid, data.model).run(container, gen, splitter))  # type: ignore[return-value]
-        result: Completion = await unless_disconnected(request.receive, service.complete(gen))
-        pieces = splitter.feed(result.text) + splitter.finish()
-        return Message(
+            container.generation.check_capacity()  # a 429 is possible only before the 200
+            stream = MessageStream(mid, data.model, container.seal, show_thinking, extra)
+            return EventStream(stream.run(container.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
+        result = await unless_disconnected(request.receive, container.chat.complete(turn))
+        f = result.finished
+        message = Message(
             id=mid,
             model=data.model,
-            content=blocks_of(pieces),
-            stop_reason=stop_reason(
-                result.finish_reason, result.stop_sequence, splitter.tool_calls
-            ),  # type: ignore[arg-type]
-            stop_sequence=result.stop_sequence,
-            usage=usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens),
+            content=blocks_of(result.pieces, container.seal, show_thinking),
+            stop_reason=stop_reason(f.reason, f.stop_sequence, result.tool_calls),  # type: ignore[arg-type]
+            stop_sequence=f.stop_sequence,
+            usage=usage(f.prompt_tokens, f.completion_tokens, f.cached_tokens),
         )
+        if extra is not None:
+            message.diagnostics = extra
+        return message
 
     @post(
         "/count_tokens",
@@ -245,11 +132,16 @@ class AnthropicController(Controller):
         responses=_ERRORS,
     )
     async def count_tokens(self, data: CountTokensRequest, container: Container) -> TokenCount:
-        check_model(container, data.model)
-        tools = tools_to_template(data.tools)
-        parses_tools(data.tool_choice, tools)
-        messages = messages_to_template(data.system, data.messages)
-        prompt = await container.generation.render_chat(
-            messages, tools, template_kwargs(data.thinking)
+        model_id = container.names.resolve(data.model)
+        request = MessagesRequest(
+            model=data.model,
+            messages=data.messages,
+            max_tokens=1,
+            system=data.system,
+            tools=data.tools,
+            tool_choice=data.tool_choice,
+            thinking=data.thinking,
+            context_management=data.context_management,
         )
-        return TokenCount(len(prompt.tokens))
+        chat = translator(container).chat_request(request, model_id)
+        return TokenCount(await container.chat.count_tokens(chat))

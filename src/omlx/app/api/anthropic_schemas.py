@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from msgspec import Struct
+from msgspec import UNSET, Struct, UnsetType
 
 
 class ResultPart(Struct, kw_only=True):
-    """A block inside a ``tool_result``'s content (text; images are refused)."""
+    """A block inside a ``tool_result``'s content (text, tool_reference; images are refused)."""
 
     type: str
     text: str | None = None
+    tool_name: str | None = None  # tool_reference: a deferred tool loaded by tool search
 
 
 class InputBlock(Struct, kw_only=True):
@@ -31,11 +32,13 @@ class InputBlock(Struct, kw_only=True):
     is_error: bool | None = None
     thinking: str | None = None
     signature: str | None = None
+    data: str | None = None  # redacted_thinking
     cache_control: dict[str, Any] | None = None
 
 
 class InputMessage(Struct, kw_only=True):
-    role: Literal["user", "assistant"]
+    # "system" inside messages: Claude Code sends its environment block that way.
+    role: Literal["user", "assistant", "system"]
     content: str | list[InputBlock]
 
 
@@ -46,10 +49,12 @@ class SystemBlock(Struct, kw_only=True):
 
 
 class ToolParam(Struct, kw_only=True):
-    name: str
+    name: str = ""
     description: str | None = None
     input_schema: dict[str, Any] | None = None
-    type: str | None = None  # "custom" or absent; server tools are refused
+    type: str | None = None  # "custom" or absent; server tools are left out of the prompt
+    defer_loading: bool | None = None  # loaded by tool search (a tool_reference) only
+    strict: bool | None = None
     cache_control: dict[str, Any] | None = None
 
 
@@ -60,8 +65,22 @@ class ToolChoice(Struct, kw_only=True):
 
 
 class ThinkingParam(Struct, kw_only=True):
-    type: str  # "enabled" | "disabled" (others: the template's default)
+    type: Literal["enabled", "disabled", "adaptive"]  # adaptive: the template's default
     budget_tokens: int | None = None
+    display: Literal["summarized", "omitted"] | None = None  # omitted: thinking sent sealed only
+
+
+class OutputConfig(Struct, kw_only=True):
+    effort: str | None = None
+    format: dict[str, Any] | None = None
+
+
+class ContextManagement(Struct, kw_only=True):
+    edits: list[dict[str, Any]] | None = None
+
+
+class DiagnosticsParam(Struct, kw_only=True):
+    previous_message_id: str | None = None
 
 
 class MessagesRequest(Struct, kw_only=True):
@@ -78,6 +97,12 @@ class MessagesRequest(Struct, kw_only=True):
     tool_choice: ToolChoice | None = None
     thinking: ThinkingParam | None = None
     metadata: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None
+    diagnostics: DiagnosticsParam | None = None
+    mcp_servers: list[dict[str, Any]] | None = None
+    container: Any = None
+    service_tier: str | None = None
 
 
 class CountTokensRequest(Struct, kw_only=True):
@@ -87,6 +112,7 @@ class CountTokensRequest(Struct, kw_only=True):
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingParam | None = None
+    context_management: ContextManagement | None = None
 
 
 class TokenCount(Struct):
@@ -128,6 +154,8 @@ class Message(Struct, kw_only=True):
     usage: MessageUsage
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
+    # Only with the cache-diagnosis beta: {"cache_miss_reason": {...} | None}
+    diagnostics: dict[str, Any] | UnsetType = UNSET
 
 
 class AnthropicErrorDetail(Struct):

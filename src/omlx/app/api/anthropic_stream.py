@@ -13,15 +13,12 @@ from litestar.response.sse import ServerSentEventMessage
 
 from omlx.app.api.anthropic_schemas import MessageUsage
 from omlx.app.api.errors import anthropic_error_body
-from omlx.app.api.output import Content, OutputSplitter, Piece, Reasoning
 from omlx.app.api.sse import KEEPALIVE
-from omlx.app.container import Container
-from omlx.app.generation import stop_sequence_of
-from omlx.domain.generation import Failed, Finished, GenerationRequest, PrefillStarted, TextDelta
+from omlx.app.chat import ChatEvent, Done, Error, Output, Started
+from omlx.app.output import Content, Piece, Reasoning
+from omlx.app.sealing import ReasoningSeal
 
 log = logging.getLogger(__name__)
-
-KEEPALIVE_SECONDS = 5.0
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
@@ -55,12 +52,25 @@ def _event(name: str, body: dict[str, Any]) -> ServerSentEventMessage:
 
 
 class MessageStream:
-    """Anthropic's event sequence for one message; an error after the start is an ``error`` event."""
+    """Anthropic's event sequence for one message; an error after the start is an ``error`` event.
 
-    def __init__(self, mid: str, model: str) -> None:
+    A thinking block ends with a ``signature_delta`` sealing its text (``sealing``); with
+    ``show_thinking`` off (``display: omitted``) that is all the client gets of it.
+    """
+
+    def __init__(
+        self,
+        mid: str,
+        model: str,
+        seal: ReasoningSeal,
+        show_thinking: bool = True,
+        diagnostics: dict[str, Any] | None = None,
+    ) -> None:
         self.mid, self.model = mid, model
+        self.seal, self.show_thinking, self.diagnostics = seal, show_thinking, diagnostics
         self.index = -1
         self.open: str | None = None  # the kind of the open block: "text" | "thinking"
+        self.thinking: list[str] = []  # the open thinking block's text, sealed at its end
         self.started = False
         self.calls = 0
 
@@ -76,6 +86,8 @@ class MessageStream:
             "stop_sequence": None,
             "usage": msgspec.to_builtins(usage(prompt, 0, cached)),
         }
+        if self.diagnostics is not None:
+            message["diagnostics"] = self.diagnostics
         return [
             _event("message_start", {"type": "message_start", "message": message}),
             _event("ping", {"type": "ping"}),
@@ -84,8 +96,16 @@ class MessageStream:
     def close(self) -> list[ServerSentEventMessage]:
         if self.open is None:
             return []
+        events = []
+        if self.open == "thinking":
+            signature = self.seal.seal("".join(self.thinking))
+            events.append(self.delta({"type": "signature_delta", "signature": signature}))
+            self.thinking = []
         self.open = None
-        return [_event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        events.append(
+            _event("content_block_stop", {"type": "content_block_stop", "index": self.index})
+        )
+        return events
 
     def begin(self, block: dict[str, Any]) -> list[ServerSentEventMessage]:
         events = self.close()
@@ -115,7 +135,10 @@ class MessageStream:
                 if self.open == "thinking"
                 else self.begin({"type": "thinking", "thinking": "", "signature": ""})
             )
-            return [*events, self.delta({"type": "thinking_delta", "thinking": piece.text})]
+            self.thinking.append(piece.text)
+            if self.show_thinking:
+                events.append(self.delta({"type": "thinking_delta", "thinking": piece.text}))
+            return events
         self.calls += 1
         events = self.begin({"type": "tool_use", "id": tool_id(), "name": piece.name, "input": {}})
         events.append(
@@ -131,14 +154,15 @@ class MessageStream:
         )
         return events
 
-    def finish(self, event: Finished, splitter: OutputSplitter) -> list[ServerSentEventMessage]:
+    def finish(self, done: Done) -> list[ServerSentEventMessage]:
+        event = done.finished
         events = [] if self.started else self.start(event.prompt_tokens, event.cached_tokens)
-        for piece in splitter.finish():
+        for piece in done.pieces:
             events += self.piece(piece)
         if self.index < 0:  # clients expect at least one block
             events += self.begin({"type": "text", "text": ""})
         events += self.close()
-        sequence = stop_sequence_of(event)
+        sequence = event.stop_sequence
         delta = {
             "stop_reason": stop_reason(event.reason, sequence, self.calls),
             "stop_sequence": sequence,
@@ -157,24 +181,24 @@ class MessageStream:
         ]
 
     async def run(
-        self, container: Container, gen: GenerationRequest, splitter: OutputSplitter
+        self, events: AsyncIterator[ChatEvent | None]
     ) -> AsyncIterator[ServerSentEventMessage]:
         try:
-            async for event in container.generation.events(gen, KEEPALIVE_SECONDS):
+            async for event in events:
                 if event is None:
                     # Before message_start only a comment may be sent; after it, Anthropic pings.
                     yield _event("ping", {"type": "ping"}) if self.started else KEEPALIVE
-                elif isinstance(event, PrefillStarted):
+                elif isinstance(event, Started):
                     for e in self.start(event.prompt_tokens, event.cached_tokens):
                         yield e
-                elif isinstance(event, TextDelta):
-                    for piece in splitter.feed(event.text):
+                elif isinstance(event, Output):
+                    for piece in event.pieces:
                         for e in self.piece(piece):
                             yield e
-                elif isinstance(event, Finished):
-                    for e in self.finish(event, splitter):
+                elif isinstance(event, Done):
+                    for e in self.finish(event):
                         yield e
-                elif isinstance(event, Failed):
+                elif isinstance(event, Error):
                     yield _event("error", anthropic_error_body(500, event.message))
         except Exception as exc:  # after the 200 went out, an error is the stream's last event
             log.exception("message stream failed")

@@ -20,6 +20,7 @@ def create_app(container: Container) -> Litestar:
     metrics = Metrics(container)
     container.metrics = metrics
     container.generation.observer = metrics
+    container.chat.observer = metrics
     settings = container.settings
 
     def provide_container() -> Container:

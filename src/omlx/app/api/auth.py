@@ -8,7 +8,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 from litestar.types import Guard
 
-from omlx.app.api.errors import APIError
+from omlx.app.errors import Unauthorized
 
 PUBLIC = "public"  # route opt: reachable without a key
 
@@ -32,18 +32,11 @@ def api_key_guard(api_key: str) -> Guard:
             return
         key = presented_key(connection)
         if key is None:
-            raise APIError(
-                401,
+            raise Unauthorized(
                 "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
                 code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
             )
         if not hmac.compare_digest(key.encode(), expected):
-            raise APIError(
-                401,
-                "invalid API key",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+            raise Unauthorized("invalid API key", code="invalid_api_key")
 
     return guard

@@ -13,6 +13,16 @@ from litestar.exceptions import (
 )
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from omlx.app.errors import (
+    AppError,
+    Busy,
+    ClientGone,
+    GenerationFailed,
+    InvalidRequest,
+    NotFound,
+    Unauthorized,
+)
+
 log = logging.getLogger(__name__)
 
 _OPENAI_TYPES = {
@@ -39,24 +49,30 @@ _ANTHROPIC_TYPES = {
 }
 
 
-class APIError(Exception):
-    """A client-facing error; the handler renders it in the route's API envelope."""
+# Each app error's HTTP status (subclasses resolve through their bases).
+_STATUS: dict[type[AppError], int] = {
+    InvalidRequest: 400,
+    Unauthorized: 401,
+    NotFound: 404,
+    Busy: 429,
+    ClientGone: 499,
+    GenerationFailed: 500,
+}
 
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
+
+def status_of(exc: AppError) -> int:
+    for kind in type(exc).__mro__:
+        if kind in _STATUS:
+            return _STATUS[kind]
+    return 500
+
+
+def headers_of(exc: AppError) -> dict[str, str]:
+    if isinstance(exc, Busy):
+        return {"Retry-After": str(exc.retry_after)}
+    if isinstance(exc, Unauthorized):
+        return {"WWW-Authenticate": "Bearer"}
+    return {}
 
 
 def is_anthropic_path(path: str) -> bool:
@@ -94,8 +110,11 @@ def _response(
     )
 
 
-def handle_api_error(request: Request, exc: APIError) -> Response:
-    return _response(request, exc.status, exc.message, exc.param, exc.code, exc.headers)
+def handle_app_error(request: Request, exc: AppError) -> Response:
+    status = status_of(exc)
+    if status >= 500:
+        log.error("%s %s failed: %s", request.method, request.url.path, exc.message)
+    return _response(request, status, exc.message, exc.param, exc.code, headers_of(exc) or None)
 
 
 def handle_validation(request: Request, exc: ValidationException) -> Response:
@@ -142,7 +161,7 @@ def _describe_validation(exc: ValidationException) -> tuple[str, str | None]:
 
 
 EXCEPTION_HANDLERS = {
-    APIError: handle_api_error,
+    AppError: handle_app_error,
     ValidationException: handle_validation,
     HTTPException: handle_http,
     Exception: handle_unexpected,

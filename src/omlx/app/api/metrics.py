@@ -72,6 +72,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.cache_misses = Counter(
+            "omlx_cache_misses",
+            "Turns that restored less than their conversation's previous prompt allowed, by what "
+            "changed: system, tools, messages, model, or not_cached (the blocks were gone)",
+            ["part"],
+            registry=r,
+        )
         r.register(StateCollector(container))
 
     def first_token(self, seconds: float) -> None:
@@ -82,6 +89,9 @@ class Metrics:
         self.cached_tokens.inc(event.cached_tokens)
         self.generated_tokens.inc(event.completion_tokens)
         self.generations.labels(event.reason).inc()
+
+    def cache_miss(self, part: str) -> None:
+        self.cache_misses.labels(part).inc()
 
     def cancelled(self) -> None:
         """A client left before the end; the engine drops the request before its next step."""
@@ -161,6 +171,14 @@ class StateCollector(Collector):
             "Requests waiting for a batch slot",
             value=c.engine.queued,
         )
+        normalized = CounterMetricFamily(
+            "omlx_prompt_normalizations",
+            "System text blocks a prompt normalization rewrote or removed, by rule",
+            labels=["rule"],
+        )
+        for rule, count in c.normalizer.applied().items():
+            normalized.add_metric([rule], count)
+        yield normalized
         if c.prefix_cache is not None:
             yield from _cache_families(c)
 

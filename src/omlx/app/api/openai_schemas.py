@@ -184,6 +184,9 @@ class ModelCard(Struct):
     created: int
     owned_by: str = "omlx"
     object: Literal["model"] = "model"
+    # omlx's extras: the names that answer with this model, or the model an alias answers with
+    aliases: list[str] | UnsetType = UNSET
+    alias_of: str | UnsetType = UNSET
 
 
 class ModelList(Struct):

@@ -22,14 +22,14 @@ from omlx.app.api.openai_schemas import (
     Usage,
     encode,
 )
-from omlx.app.api.output import Content, OutputSplitter, Piece, Reasoning, ToolCallPiece
-from omlx.app.api.sse import KEEPALIVE
-from omlx.app.container import Container
-from omlx.domain.generation import Failed, Finished, GenerationRequest, TextDelta
+from omlx.app.api.sse import KEEPALIVE, KEEPALIVE_SECONDS
+from omlx.app.chat import ChatEvent, Done, Error, Output
+from omlx.app.output import Content, Piece, Reasoning, ToolCallPiece
+from omlx.domain.generation import Failed, Finished, GenerationEvent, TextDelta
 
 log = logging.getLogger(__name__)
 
-KEEPALIVE_SECONDS = 5.0
+__all__ = ["KEEPALIVE_SECONDS", "ChatStream", "text_stream"]
 
 
 def usage_of(prompt: int, completion: int, cached: int) -> Usage:
@@ -84,27 +84,26 @@ class ChatStream:
         return self.chunk(Delta(tool_calls=[call]))
 
     async def run(
-        self, container: Container, gen: GenerationRequest, splitter: OutputSplitter
+        self, events: AsyncIterator[ChatEvent | None]
     ) -> AsyncIterator[str | ServerSentEventMessage]:
         try:
             yield self.chunk(Delta(role="assistant", content=""))
-            async for event in container.generation.events(gen, KEEPALIVE_SECONDS):
+            async for event in events:
                 if event is None:
                     yield KEEPALIVE
-                elif isinstance(event, TextDelta):
-                    for piece in splitter.feed(event.text):
+                elif isinstance(event, Output):
+                    for piece in event.pieces:
                         yield self.piece(piece)
-                elif isinstance(event, Finished):
-                    for piece in splitter.finish():
+                elif isinstance(event, Done):
+                    for piece in event.pieces:
                         yield self.piece(piece)
-                    usage = usage_of(
-                        event.prompt_tokens, event.completion_tokens, event.cached_tokens
-                    )
-                    reason = chat_finish_reason(event.reason, self.calls)
+                    f = event.finished
+                    usage = usage_of(f.prompt_tokens, f.completion_tokens, f.cached_tokens)
+                    reason = chat_finish_reason(f.reason, self.calls)
                     yield self.chunk(Delta(), reason, usage=None if self.include_usage else usage)
                     if self.include_usage:
                         yield self.chunk(Delta(), usage=usage, choices=False)
-                elif isinstance(event, Failed):
+                elif isinstance(event, Error):
                     yield _error_event(event.message)
         except Exception as exc:  # after the 200 went out, an error is the stream's last event
             log.exception("chat stream failed")
@@ -113,8 +112,7 @@ class ChatStream:
 
 
 async def text_stream(
-    container: Container,
-    gen: GenerationRequest,
+    events: AsyncIterator[GenerationEvent | None],
     rid: str,
     created: int,
     model: str,
@@ -132,7 +130,7 @@ async def text_stream(
     try:
         if prefix:
             yield chunk(prefix)
-        async for event in container.generation.events(gen, KEEPALIVE_SECONDS):
+        async for event in events:
             if event is None:
                 yield KEEPALIVE
             elif isinstance(event, TextDelta):

@@ -9,6 +9,7 @@ from litestar.response.base import ASGIResponse
 from litestar.response.sse import ServerSentEventMessage
 
 KEEPALIVE = ServerSentEventMessage(data=None, comment="keepalive")
+KEEPALIVE_SECONDS = 5.0  # quiet seconds (a long prefill) before a keepalive goes out
 
 
 class EventStream(ServerSentEvent):

@@ -10,13 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-import anyio
-
-from omlx.app.api.errors import APIError
+from omlx.app.errors import Busy, GenerationFailed, InvalidRequest
 from omlx.domain.generation import (
     Failed,
     Finished,
@@ -27,8 +25,6 @@ from omlx.domain.generation import (
     TextDelta,
 )
 
-T = TypeVar("T")
-
 
 @dataclass(frozen=True, slots=True)
 class Completion:
@@ -38,14 +34,6 @@ class Completion:
     completion_tokens: int
     cached_tokens: int
     stop_sequence: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RenderedPrompt:
-    """A chat rendered through the model's template: the text and its tokens."""
-
-    text: str
-    tokens: list[int]
 
 
 class GenerationObserver(Protocol):
@@ -73,41 +61,12 @@ class GenerationService:
 
     # ---- prompts ----------------------------------------------------------
 
-    async def render_chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> RenderedPrompt:
-        return await anyio.to_thread.run_sync(
-            self._render_chat, messages, tools, template_kwargs or {}
-        )
-
-    def _render_chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict] | None,
-        template_kwargs: dict[str, Any],
-    ) -> RenderedPrompt:
-        kwargs: dict[str, Any] = {**template_kwargs, "add_generation_prompt": True}
-        if tools:
-            kwargs["tools"] = tools
-        try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
-        except Exception as exc:  # jinja raises on messages a template rejects
-            raise APIError(
-                400, f"the model's chat template rejected the messages: {exc}", param="messages"
-            ) from exc
-        if not isinstance(text, str):
-            raise APIError(400, "the model's chat template did not render text", param="messages")
-        return RenderedPrompt(text, self.encode_text(text))
-
-    def encode_text(self, text: str) -> list[int]:
+    def encode_text(self, text: str, param: str = "messages") -> list[int]:
         # The rendered template already holds its special tokens; don't add a BOS twice.
         try:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         except Exception as exc:  # e.g. lone surrogates from a JSON \ud800 escape
-            raise APIError(400, f"the text cannot be tokenized: {exc}", param="messages") from exc
+            raise InvalidRequest(f"the text cannot be tokenized: {exc}", param=param) from exc
 
     def build_request(
         self,
@@ -123,12 +82,10 @@ class GenerationService:
     ) -> GenerationRequest:
         """Validate limits and sampling values into an engine request (400 on nonsense)."""
         if not prompt_tokens:
-            raise APIError(400, "the prompt is empty", param="messages")
+            raise InvalidRequest("the prompt is empty", param="messages")
         context = self.model.context_length
         if len(prompt_tokens) >= context:
-            raise APIError(
-                400,
-                f"the prompt has {len(prompt_tokens)} tokens; this model's context is {context} tokens",
+            raise InvalidRequest(f"the prompt has {len(prompt_tokens)} tokens; this model's context is {context} tokens",
                 param="messages",
                 code="context_length_exceeded",
             )
@@ -136,24 +93,24 @@ class GenerationService:
         if max_tokens is None:
             max_tokens = self.default_max_tokens
         if max_tokens < 1:
-            raise APIError(400, f"{max_tokens_param} must be at least 1", param=max_tokens_param)
+            raise InvalidRequest(f"{max_tokens_param} must be at least 1", param=max_tokens_param)
         max_tokens = min(max_tokens, context - len(prompt_tokens))
         max_tokens = self._fit_kv_memory(len(prompt_tokens), max_tokens, explicit_max_tokens, max_tokens_param)
         temperature = 1.0 if temperature is None else temperature
         if not 0 <= temperature <= 2:
-            raise APIError(400, "temperature must be between 0 and 2", param="temperature")
+            raise InvalidRequest("temperature must be between 0 and 2", param="temperature")
         top_p = 1.0 if top_p is None else top_p
         if not 0 < top_p <= 1:
-            raise APIError(400, "top_p must be in (0, 1]", param="top_p")
+            raise InvalidRequest("top_p must be in (0, 1]", param="top_p")
         top_k = top_k or 0
         if top_k < 0:
-            raise APIError(400, "top_k must be >= 0", param="top_k")
+            raise InvalidRequest("top_k must be >= 0", param="top_k")
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         if len(stops) > 16:
-            raise APIError(400, "at most 16 stop sequences", param="stop")
+            raise InvalidRequest("at most 16 stop sequences", param="stop")
         vocab = len(self.tokenizer)
         if any(not 0 <= t < vocab for t in prompt_tokens):
-            raise APIError(400, f"token ids must be in [0, {vocab})", param="prompt")
+            raise InvalidRequest(f"token ids must be in [0, {vocab})", param="prompt")
         return GenerationRequest(
             prompt_tokens=tuple(prompt_tokens),
             max_tokens=max_tokens,
@@ -173,9 +130,7 @@ class GenerationService:
         if not isinstance(capacity, int) or prompt + max_tokens <= capacity:
             return max_tokens
         if explicit or prompt >= capacity:
-            raise APIError(
-                400,
-                f"the prompt ({prompt} tokens) plus {param} ({max_tokens}) needs more KV cache than "
+            raise InvalidRequest(f"the prompt ({prompt} tokens) plus {param} ({max_tokens}) needs more KV cache than "
                 f"kv_memory_limit allows: at most {capacity} tokens in all; lower {param} or shorten the prompt",
                 param=param if explicit and prompt < capacity else "messages",
                 code="kv_memory_exceeded",
@@ -186,12 +141,7 @@ class GenerationService:
 
     def check_capacity(self) -> None:
         if self.engine.queued >= self.max_queued:
-            raise APIError(
-                429,
-                f"the server is busy: {self.engine.queued} requests are waiting; retry shortly",
-                code="queue_full",
-                headers={"Retry-After": "1"},
-            )
+            raise Busy(f"the server is busy: {self.engine.queued} requests are waiting; retry shortly")
 
     async def events(
         self, request: GenerationRequest, keepalive: float | None = None
@@ -253,7 +203,7 @@ class GenerationService:
                 if isinstance(event, TextDelta):
                     parts.append(event.text)
                 elif isinstance(event, Failed):
-                    raise APIError(500, event.message)
+                    raise GenerationFailed(event.message)
                 elif isinstance(event, Finished):
                     return Completion(
                         "".join(parts),
@@ -261,12 +211,12 @@ class GenerationService:
                         event.prompt_tokens,
                         event.completion_tokens,
                         event.cached_tokens,
-                        stop_sequence_of(event),
+                        event.stop_sequence,
                     )
         finally:
             with contextlib.suppress(Exception):
                 await events.aclose()
-        raise APIError(500, "generation ended without a result")
+        raise GenerationFailed("generation ended without a result")
 
     def _observe_first(self, seconds: float) -> None:
         if self.observer is not None:
@@ -275,37 +225,3 @@ class GenerationService:
     def _observe_finished(self, event: Finished) -> None:
         if self.observer is not None:
             self.observer.finished(event)
-
-
-def stop_sequence_of(event: Finished) -> str | None:
-    """The stop string that ended generation, where the engine reports it."""
-    return getattr(event, "stop_sequence", None)
-
-
-async def unless_disconnected(receive: Callable[[], Awaitable[dict]], work: Awaitable[T]) -> T:
-    """Await ``work``; if the client disconnects first, cancel it (which cancels its generation).
-
-    ``receive`` is the request's ASGI receive: once the body is read, its next message
-    is ``http.disconnect``, and only when the client goes away.
-    """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(receive))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        raise APIError(499, "the client closed the connection")
-    return task.result()
-
-
-async def _wait_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
-    try:
-        while (await receive()).get("type") != "http.disconnect":
-            pass
-    except Exception:  # a receive that cannot tell: never report a disconnect
-        await asyncio.Event().wait()

@@ -1,0 +1,312 @@
+"""Anthropic Messages requests as API-neutral ``ChatRequest``s.
+
+Takes everything current Claude Code sends: ``system`` messages inside ``messages``,
+thinking of every type (its blocks sent back are rendered as the model wrote them, from
+the sealed text in their ``signature`` when the client shows none), deferred tools,
+``context_management`` thinking edits, ``output_config``. Server tools omlx cannot run
+are left out of the prompt and named in a log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from omlx.app.api.anthropic_schemas import (
+    InputBlock,
+    InputMessage,
+    MessagesRequest,
+    ResultPart,
+    SystemBlock,
+    ToolParam,
+)
+from omlx.app.api.anthropic_schemas import (
+    ToolChoice as AnthropicToolChoice,
+)
+from omlx.app.chat import ChatRequest, Sampling, ToolChoice, check_tool_choice
+from omlx.app.errors import InvalidRequest
+from omlx.app.normalize import PromptNormalizer
+from omlx.app.sealing import ReasoningSeal
+
+log = logging.getLogger(__name__)
+
+_REASONING_EFFORT = {
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "high",
+    "max": "high",
+}
+
+
+class Translator:
+    """One request's translation: the normalizer, the seal and the renderer's abilities."""
+
+    def __init__(
+        self, normalizer: PromptNormalizer, seal: ReasoningSeal, *, effort_kwarg: bool = False
+    ) -> None:
+        self.normalizer = normalizer
+        self.seal = seal
+        self.effort_kwarg = effort_kwarg
+
+    def chat_request(self, data: MessagesRequest, model_id: str) -> ChatRequest:
+        if not data.messages:
+            raise InvalidRequest("messages must not be empty", param="messages")
+        _refuse_unsupported(data)
+        tools, deferred = tools_to_template(data.tools)
+        messages, labels = self.messages_to_template(data, deferred)
+        choice = tool_choice_of(data.tool_choice)
+        check_tool_choice(choice, tools)
+        kwargs: dict[str, Any] = {}
+        thinking = data.thinking.type if data.thinking is not None else None
+        if thinking in ("enabled", "disabled"):
+            kwargs["enable_thinking"] = thinking == "enabled"
+        effort = data.output_config.effort if data.output_config is not None else None
+        if effort is not None:
+            if effort not in _REASONING_EFFORT:
+                raise InvalidRequest(
+                    f"output_config.effort {effort!r} is not one of {', '.join(_REASONING_EFFORT)}",
+                    param="output_config.effort",
+                )
+            if self.effort_kwarg:
+                kwargs["reasoning_effort"] = _REASONING_EFFORT[effort]
+        parallel = not (data.tool_choice is not None and data.tool_choice.disable_parallel_tool_use)
+        return ChatRequest(
+            model=model_id,
+            messages=messages,
+            labels=labels,
+            tools=tools,
+            tool_choice=choice,
+            sampling=Sampling(
+                max_tokens=data.max_tokens,
+                temperature=data.temperature,
+                top_p=data.top_p,
+                top_k=data.top_k,
+                stop=data.stop_sequences,
+            ),
+            template_kwargs=kwargs,
+            parallel_tool_calls=parallel,
+        )
+
+    def messages_to_template(
+        self, data: Any, deferred: dict[str, dict[str, Any]] | None = None
+    ) -> tuple[list[dict[str, Any]], list[str]]:
+        """Template messages and the request part each came from ("system", "messages[k]")."""
+        out: list[dict[str, Any]] = []
+        labels: list[str] = []
+        if text := self.system_text(data.system):
+            out.append({"role": "system", "content": text})
+            labels.append("system")
+        keep_thinking = thinking_turns_kept(data)
+        assistants = [i for i, m in enumerate(data.messages) if m.role == "assistant"]
+        cleared = (
+            set(assistants[: max(len(assistants) - keep_thinking, 0)])
+            if keep_thinking is not None
+            else set()
+        )
+        for k, message in enumerate(data.messages):
+            for item in self._message(message, k in cleared, deferred or {}):
+                out.append(item)
+                labels.append(f"messages[{k}]")
+        return out, labels
+
+    def system_text(self, system: str | list[SystemBlock] | None) -> str:
+        if isinstance(system, list):
+            blocks = [b.text for b in system if b.type == "text"]
+        else:
+            blocks = [system] if system else []
+        return "\n\n".join(self.normalizer.system_blocks(blocks))
+
+    def _message(
+        self, message: InputMessage, clear_thinking: bool, deferred: dict[str, dict]
+    ) -> list[dict[str, Any]]:
+        if message.role == "system":
+            content = message.content
+            blocks = (
+                [content]
+                if isinstance(content, str)
+                else [b.text or "" for b in content if b.type == "text"]
+            )
+            text = "\n\n".join(self.normalizer.system_blocks(blocks))
+            return [{"role": "system", "content": text}] if text else []
+        if isinstance(message.content, str):
+            return [{"role": message.role, "content": message.content}]
+        if message.role == "assistant":
+            return [self._assistant(message.content, clear_thinking)]
+        return _user_to_template(message.content, deferred)
+
+    def _assistant(self, blocks: list[InputBlock], clear_thinking: bool) -> dict[str, Any]:
+        texts, thinking, calls = [], [], []
+        for block in blocks:
+            if block.type == "text":
+                texts.append(block.text or "")
+            elif block.type in ("thinking", "redacted_thinking"):
+                if not clear_thinking:
+                    thinking.append(self.thinking_text(block))
+            elif block.type in ("tool_use", "server_tool_use"):
+                if not block.id or not block.name:
+                    raise InvalidRequest(
+                        "a tool_use block needs an id and a name", param="messages"
+                    )
+                calls.append(
+                    {
+                        "id": block.id,
+                        "type": "function",
+                        "function": {"name": block.name, "arguments": block.input or {}},
+                    }
+                )
+            else:
+                raise InvalidRequest(
+                    f"assistant content blocks of type {block.type!r} are not supported",
+                    param="messages",
+                )
+        out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        if calls:
+            out["tool_calls"] = calls
+        if reasoning := "".join(thinking):
+            out["reasoning_content"] = reasoning
+        return out
+
+    def thinking_text(self, block: InputBlock) -> str:
+        """The thinking as the model produced it: sealed in the signature, else as sent."""
+        sealed = (
+            self.seal.open(block.signature)
+            if block.type == "thinking"
+            else self.seal.open(block.data)
+        )
+        if sealed is not None:
+            return sealed
+        return block.thinking or ""
+
+
+def _user_to_template(blocks: list[InputBlock], deferred: dict[str, dict]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for block in blocks:
+        if block.type == "text":
+            texts.append(block.text or "")
+        elif block.type == "tool_result":
+            if texts:
+                out.append({"role": "user", "content": "\n".join(texts)})
+                texts = []
+            content = _result_text(block.content, deferred)
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": block.tool_use_id or "",
+                    "content": ("Error: " + content) if block.is_error else content,
+                }
+            )
+        elif block.type in ("thinking", "redacted_thinking"):
+            continue  # thinking belongs to assistant turns; a client echoing it here adds nothing
+        else:
+            raise InvalidRequest(
+                f"user content blocks of type {block.type!r} are not supported; send text",
+                param="messages",
+            )
+    if texts or not out:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _result_text(content: str | list[ResultPart] | None, deferred: dict[str, dict]) -> str:
+    if not isinstance(content, list):
+        return content or ""
+    parts = []
+    for part in content:
+        if part.type == "text":
+            parts.append(part.text or "")
+        elif part.type == "tool_reference":
+            # A deferred tool loaded by tool search: its definition joins the prompt here,
+            # where the reference is, so the prefix before it stays as it was.
+            tool = deferred.get(part.tool_name or "")
+            if tool is None:
+                raise InvalidRequest(
+                    f"tool_reference names {part.tool_name!r}, which is not a deferred tool",
+                    param="messages",
+                )
+            parts.append(json.dumps(tool, ensure_ascii=False))
+        else:
+            raise InvalidRequest(
+                f"tool_result content of type {part.type!r} is not supported; send text",
+                param="messages",
+            )
+    return "\n".join(parts)
+
+
+def tools_to_template(tools: list[ToolParam] | None) -> tuple[list[dict] | None, dict[str, dict]]:
+    """Custom tools as template tools, and the deferred ones (``defer_loading``) by name.
+
+    Deferred tools stay out of the prompt until a tool_reference loads them; server tools
+    (web search, code execution...) omlx cannot run and leaves out, saying so.
+    """
+    if not tools:
+        return None, {}
+    out, deferred, skipped = [], {}, []
+    for tool in tools:
+        if tool.type not in (None, "custom"):
+            skipped.append(f"{tool.name or '?'} ({tool.type})")
+            continue
+        schema = tool.input_schema or {"type": "object", "properties": {}}
+        function = {"name": tool.name, "description": tool.description or "", "parameters": schema}
+        if tool.defer_loading:
+            deferred[tool.name] = {"type": "function", "function": function}
+        else:
+            out.append({"type": "function", "function": function})
+    if skipped:
+        log.info(
+            "left out of the prompt, as omlx cannot run them: server tools %s", ", ".join(skipped)
+        )
+    return out or None, deferred
+
+
+def tool_choice_of(choice: AnthropicToolChoice | None) -> ToolChoice:
+    if choice is None or choice.type == "auto":
+        return ToolChoice("auto")
+    if choice.type == "any":
+        return ToolChoice("required")
+    if choice.type == "tool":
+        return ToolChoice("function", choice.name)
+    return ToolChoice("none")
+
+
+def thinking_turns_kept(data: Any) -> int | None:
+    """How many recent assistant turns keep their thinking (context_management); None: all."""
+    edits = data.context_management.edits if getattr(data, "context_management", None) else None
+    for edit in edits or []:
+        kind = edit.get("type")
+        if kind != "clear_thinking_20251015":
+            raise InvalidRequest(
+                f"context_management edit {kind!r} is not supported (omlx applies clear_thinking_20251015)",
+                param="context_management",
+            )
+        keep = edit.get("keep", {"type": "thinking_turns", "value": 1})
+        if keep == "all":
+            return None
+        if (
+            isinstance(keep, dict)
+            and keep.get("type") == "thinking_turns"
+            and isinstance(keep.get("value"), int)
+        ):
+            return max(keep["value"], 0)
+        raise InvalidRequest(
+            f"clear_thinking keep {keep!r} is not 'all' or {{type: thinking_turns, value: N}}",
+            param="context_management",
+        )
+    return None
+
+
+def _refuse_unsupported(data: MessagesRequest) -> None:
+    """Parameters that would change the output and that omlx does not honour: 400, named."""
+    if data.output_config is not None and data.output_config.format is not None:
+        raise InvalidRequest(
+            "output_config.format (structured outputs) is not supported yet",
+            param="output_config.format",
+        )
+    if data.mcp_servers:
+        raise InvalidRequest(
+            "mcp_servers are not supported: omlx runs no MCP client", param="mcp_servers"
+        )
+    if data.container is not None:
+        raise InvalidRequest("container (code execution) is not supported", param="container")

@@ -1,0 +1,133 @@
+"""OpenAI chat requests as API-neutral ``ChatRequest``s (messages, tools, tool choice)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+
+from omlx.app.api.openai_schemas import ChatCompletionRequest, ChatMessage
+from omlx.app.chat import ChatRequest, Sampling, ToolChoice, check_tool_choice
+from omlx.app.errors import InvalidRequest
+from omlx.app.normalize import PromptNormalizer
+
+
+def text_of(content: str | list | None, param: str) -> str:
+    if not isinstance(content, list):
+        return content or ""
+    texts = []
+    for part in content:
+        if part.type not in ("text", "input_text", "output_text") or part.text is None:
+            raise InvalidRequest(
+                f"content part type {part.type!r} is not supported; send text", param=param
+            )
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def template_arguments(arguments: str) -> Any:
+    """Tool-call arguments as chat templates expect them: a dict where the JSON is an object."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
+def message_to_template(
+    message: ChatMessage, normalizer: PromptNormalizer
+) -> dict[str, Any] | None:
+    """A chat message in the dict form chat templates expect; text parts joined.
+
+    System text goes through the prompt normalizations (block by block); a system message
+    they empty is left out (None).
+    """
+    role = "system" if message.role == "developer" else message.role
+    if role == "system":
+        if isinstance(message.content, list):
+            blocks = [text_of([p], "messages") for p in message.content]
+        else:
+            blocks = [message.content or ""]
+        kept = normalizer.system_blocks(blocks)
+        if blocks and not kept:
+            return None
+        content = "".join(kept)
+    else:
+        content = text_of(message.content, "messages")
+    out: dict[str, Any] = {"role": role, "content": content}
+    if message.name:
+        out["name"] = message.name
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {
+                    "name": c.function.name,
+                    "arguments": template_arguments(c.function.arguments),
+                },
+            }
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.reasoning_content:
+        out["reasoning_content"] = message.reasoning_content
+    return out
+
+
+def tool_choice_of(choice: str | dict[str, Any] | None) -> ToolChoice:
+    if choice is None or choice == "auto":
+        return ToolChoice("auto")
+    if choice in ("none", "required"):
+        return ToolChoice(choice)
+    if isinstance(choice, dict):
+        function = choice.get("function") if choice.get("type") == "function" else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(name, str):
+            return ToolChoice("function", name)
+        raise InvalidRequest(
+            "tool_choice must be none, auto, required or {type: function, function: {name}}",
+            param="tool_choice",
+        )
+    raise InvalidRequest(
+        f"tool_choice {choice!r} is not one of none, auto, required", param="tool_choice"
+    )
+
+
+def chat_request(
+    data: ChatCompletionRequest, model_id: str, normalizer: PromptNormalizer
+) -> ChatRequest:
+    if not data.messages:
+        raise InvalidRequest("messages must not be empty", param="messages")
+    messages, labels = [], []
+    for i, message in enumerate(data.messages):
+        out = message_to_template(message, normalizer)
+        if out is None:
+            continue
+        leading = all(m["role"] == "system" for m in messages) and out["role"] == "system"
+        messages.append(out)
+        labels.append("system" if leading else f"messages[{i}]")
+    tools = [msgspec.to_builtins(t) for t in data.tools] if data.tools else None
+    choice = tool_choice_of(data.tool_choice)
+    check_tool_choice(choice, tools)
+    explicit_new = data.max_completion_tokens is not None
+    return ChatRequest(
+        model=model_id,
+        messages=messages,
+        labels=labels,
+        tools=tools,
+        tool_choice=choice,
+        sampling=Sampling(
+            max_tokens=data.max_completion_tokens if explicit_new else data.max_tokens,
+            temperature=data.temperature,
+            top_p=data.top_p,
+            top_k=data.top_k,
+            seed=data.seed,
+            stop=data.stop,
+            max_tokens_param="max_completion_tokens" if explicit_new else "max_tokens",
+        ),
+        template_kwargs=dict(data.chat_template_kwargs or {}),
+        parallel_tool_calls=data.parallel_tool_calls is not False,
+    )

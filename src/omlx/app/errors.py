@@ -1,0 +1,44 @@
+"""What the app's services raise when a request cannot be served; ``api/errors.py`` maps each
+to an HTTP status in the route's own envelope (OpenAI, Anthropic), so no service knows HTTP."""
+
+from __future__ import annotations
+
+
+class AppError(Exception):
+    """A request the app refuses or could not finish; ``message`` is shown to the client."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param  # the request field at fault, where one is
+        self.code = code  # a stable machine-readable reason
+
+
+class InvalidRequest(AppError):
+    """The client's mistake: a bad field, a prompt too long, a parameter omlx cannot honour."""
+
+
+class Unauthorized(AppError):
+    """No API key, or the wrong one."""
+
+
+class NotFound(AppError):
+    """A model, a stored response or another named thing that does not exist."""
+
+
+class Busy(AppError):
+    """Too many requests wait already; retry after ``retry_after`` seconds."""
+
+    def __init__(
+        self, message: str, *, retry_after: int = 1, code: str | None = "queue_full"
+    ) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+
+class ClientGone(AppError):
+    """The client closed the connection before the answer was ready."""
+
+
+class GenerationFailed(AppError):
+    """The engine could not produce an answer (not the client's fault)."""
