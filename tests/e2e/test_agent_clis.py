@@ -82,7 +82,7 @@ def test_claude_code_sessions_reuse_their_prefix(agent_clis, agent_server, tmp_p
     first = claude.ask("What does this project do?")
     assert first["result"] == REPLY
     prompt, cached = prompt_and_cached(first)
-    assert cached == 0 and prompt > 10_000  # a real agent prompt: system prompt, tools, environment
+    assert cached < 64 and prompt > 10_000  # a real agent prompt: system prompt, tools, environment
 
     # A new session shares the system prompt and tools (its billing header is normalized).
     second = claude.ask("Where are the tests?")
