@@ -4,7 +4,7 @@ before rendering so the prefix cache can match it across sessions (DESIGN §6).
 Each rule is named, says which client it serves and why, and rewrites one system text
 block (a block, or a system message's text) to what the model should see: the block
 without its volatile part, or nothing. The list is closed and documented
-(``docs/clients.md``); ``prompt_normalizations`` in the settings picks which run.
+(``docs/api.md``, "Prompt normalizations"); ``prompt_normalizations`` in the settings picks which run.
 """
 
 from __future__ import annotations
