@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -131,7 +132,7 @@ def _mess(tmp_path: Path, ns: NamespaceInfo) -> dict[str, Path]:
     for name, (meta, _, data) in zip(
         ("old_orphan", "young_orphan"), make_chain(ns, 2, seed=7), strict=True
     ):
-        rel = store.relpath(ns, meta.key)
+        rel = store.relpath(ns, meta.key, hashlib.sha256(data).hexdigest())
         store.write(rel, data)  # a file without a row
         paths[name] = store.path(rel)
     _age(paths["old_orphan"])
