@@ -298,6 +298,8 @@ def test_first_writer_wins(tmp_path: Path, index_url: str) -> None:
     index.upsert_namespace(ns)
     (meta, _, data), (_, _, other_data) = make_chain(ns, 2)
     first = _put(tmp_path, index, ns, meta, data, at=1.0)
+    assert index.add_block(replace(first, key="ab" * 32, parent_key=first.key)) is True
+    index.remove_blocks(["ab" * 32])
     # A second writer's row for the same key (its own file, other bytes) changes nothing.
     rival = replace(first, nbytes=len(other_data), checksum="0" * 64, relpath="x/y/z", last_access=9.0)
     assert index.add_block(rival) is False

@@ -98,3 +98,31 @@ def session_lock(engine: Engine, name: str, *, wait: bool) -> Iterator[Connectio
             yield None
     finally:
         conn.close()
+
+
+class ServerIdentityInUse(RuntimeError):
+    """Another live process serves under this server identity on this index."""
+
+
+def hold_identity(engine: Engine, server_id: str) -> Connection:
+    """Claim ``server_id`` on the shared index for as long as the returned connection lives.
+
+    Two live servers under one identity would take each other's temporary files for
+    leftovers; the second fails fast instead, as a second server on one folder does.
+    """
+    conn = engine.connect()
+    try:
+        got = conn.execute(
+            text("SELECT pg_try_advisory_lock(:k)"), {"k": lock_key(f"omlx:server:{server_id}")}
+        ).scalar()
+        conn.commit()
+    except BaseException:
+        conn.close()
+        raise
+    if not got:
+        conn.close()
+        raise ServerIdentityInUse(
+            f"another server is running as {server_id!r} on this index; "
+            "give each server its own --server-id"
+        )
+    return conn

@@ -29,7 +29,8 @@ from omlx.adapters.sqlindex.urls import SQLITE, display, sqlite_path, sqlite_url
 from omlx.domain.blocks import NamespaceInfo, NamespaceUsage, StoredBlock
 from omlx.domain.ports import EvictionPlan
 
-_B = BlockRow.metadata.tables["blocks"].c
+_BLOCKS = BlockRow.metadata.tables["blocks"]
+_B = _BLOCKS.c
 _PAGE = 256  # eviction candidates per page, read as the plan asks for more
 
 
@@ -93,9 +94,14 @@ class SqlBlockIndex:
     def add_block(self, block: StoredBlock) -> bool:
         values = {f: getattr(block, f) for f in _fields(StoredBlock)}
         # First writer wins: a row describes the file its writer made, and is never rewritten.
-        stmt = self._sql.insert(BlockRow).values(**values).on_conflict_do_nothing(index_elements=["key"])
+        stmt = (
+            self._sql.insert(_BLOCKS)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=["key"])
+            .returning(_B.key)
+        )
         with self._available.guard(), self._write() as session, session.begin():
-            return session.execute(stmt).rowcount == 1
+            return session.connection().execute(stmt).first() is not None
 
     def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]:
         unique = list(dict.fromkeys(keys))
