@@ -308,3 +308,16 @@ def _row(meta: BlockMeta, relpath: str, data: bytes) -> StoredBlock:
         1.0,
         1.0,
     )
+
+
+def test_shared_locks_coexist_and_exclude_an_owner(tmp_path: Path) -> None:
+    a, b = CacheDirLock(tmp_path, shared=True), CacheDirLock(tmp_path, shared=True)
+    a.acquire()
+    b.acquire()  # two servers on one shared index
+    assert a.held and b.held and is_locked(tmp_path)
+    with pytest.raises(CacheDirLocked):
+        CacheDirLock(tmp_path).acquire()  # an embedded-index server would reconcile their files
+    a.release()
+    b.release()
+    with CacheDirLock(tmp_path), pytest.raises(CacheDirLocked):
+        CacheDirLock(tmp_path, shared=True).acquire()

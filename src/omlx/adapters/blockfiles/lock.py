@@ -95,17 +95,19 @@ class CacheDirLock:
 
 
 def lock_holder(cache_dir: str | os.PathLike[str]) -> int | None:
-    """The pid of the process holding the lock (0 if unknown), or None when nobody holds it."""
+    """The pid of the process holding the lock (0 if unknown or shared), or None when nobody holds it."""
     path = Path(cache_dir).expanduser() / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        try:  # exclusive: a shared holder (a server on a shared index) counts too
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return _read_pid(fd) or 0
+        except OSError:  # no flock on this filesystem: nobody can hold it
+            return None
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
