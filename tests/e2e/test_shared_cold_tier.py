@@ -129,10 +129,11 @@ def test_both_writing_one_prefix_at_once_leave_one_row_and_one_file(
         for round_ in range(3):
             system = f"Round {round_}. " + SYSTEM
             replies: dict[str, object] = {}
-            threads = [
-                threading.Thread(target=lambda s=s: replies.__setitem__(s.base_url, chat(s, "Go.", system)))
-                for s in (a, b)
-            ]
+
+            def ask(server: ServerProcess, system: str, replies: dict[str, object]) -> None:
+                replies[server.base_url] = chat(server, "Go.", system)
+
+            threads = [threading.Thread(target=ask, args=(s, system, replies)) for s in (a, b)]
             for t in threads:
                 t.start()
             for t in threads:
