@@ -68,10 +68,36 @@ def settle(url: str, at_least: int = 1, quiet: float = 1.5, timeout: float = 60)
     raise AssertionError(f"the index did not settle: {last} rows")
 
 
+def _metric(server: ServerProcess, name: str) -> float:
+    import httpx
+
+    for line in httpx.get(server.base_url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def admin(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "omlx", "admin", *args], capture_output=True, text=True, timeout=120
     )
+
+
+def _leftovers(cache: Path, url: str) -> tuple[int, int, int]:
+    """(temporary files, block files without rows, rows) in the shared folder and index."""
+    from omlx.adapters.blockfiles.store import FileBlockStore
+
+    store = FileBlockStore(cache)
+    index = connect_index(url, migrate=False)
+    try:
+        indexed = index.all_relpaths()
+        return (
+            len(list(store.iter_temp_files())),
+            len(set(store.iter_relpaths()) - indexed),
+            len(indexed),
+        )
+    finally:
+        index.close()
 
 
 def clean_logs(*servers: ServerProcess) -> None:
@@ -178,13 +204,20 @@ def test_kill_9_of_a_mid_write_leaves_b_serving_and_nothing_orphaned(
         assert after.choices[0].message.content
         restored = chat(b, "task 0 " * 3, SYSTEM * 2)  # what A got onto disk, B serves
         assert restored.usage.prompt_tokens_details.cached_tokens > 0
+        left = _leftovers(cache, pg_url)
         time.sleep(2.5)  # past the grace: what A left is now stale to any reconcile
         a = serve("a", tiny_model_dir, cache, pg_url, tmp_path, env=short_grace).start()
         deadline = time.monotonic() + 30
-        while "cache folder reconciled" not in a.read_log().split("omlx serve")[-1] and time.monotonic() < deadline:
+        while a.read_log().count("cache folder reconciled") < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert a.read_log().count("cache folder reconciled") >= 2
-        assert not list(cache.rglob("*.tmp"))
+        report = [line for line in a.read_log().splitlines() if "cache folder reconciled" in line]
+        assert len(report) >= 2, a.read_log()[-2000:]
+        assert _leftovers(cache, pg_url) == (0, 0, 0)
+        print(
+            f"\nkill -9 of A: {left[2]} rows at the kill, {left[0]} temp files and {left[1]} files "
+            f"without rows left; B then served {restored.usage.prompt_tokens_details.cached_tokens} "
+            f"cached tokens; A's restart: {report[-1].split('reconciled: ')[-1]}"
+        )
     finally:
         a.stop()
         b.stop()
@@ -212,12 +245,18 @@ def test_a_tiny_shared_budget_holds_across_both(tiny_model_dir: Path, tmp_path: 
             peak = max(peak, index.total_bytes())
             index.close()
         settle(pg_url)
+        evicted = [_metric(s, 'omlx_cache_blocks_evicted_total{tier="ssd"}') for s in (a, b)]
         clean_logs(a, b)
     index = connect_index(pg_url, migrate=False)
     total, count = index.total_bytes(), index.block_count()
     index.close()
     assert 0 < total <= budget and count >= 5
     assert peak <= budget + 2 * 10 * 1024  # at most a block in flight per server beyond it
+    assert sum(evicted) > 0
+    print(
+        f"\ntiny shared budget {budget} B: peak {peak} B sampled, final {total} B in {count} "
+        f"blocks; evicted by A/B: {evicted[0]}/{evicted[1]} blocks"
+    )
     assert_cache_invariants(cache, budget, index_url=pg_url)
 
 

@@ -202,10 +202,11 @@ class ColdSource(Protocol):
     ) -> Generator[tuple[tuple[int, ...], Any], None, None]:
         """``get`` of each ``(key, parent_key)`` of ``chain`` in order, up to the first ``None``.
 
-        For a prefix's remaining blocks: one index query, and the files read and
-        checksummed ahead on other threads while the caller's thread decodes them in
-        order (the payload is made there). Stops at the first missing, unreadable or
-        corrupt block (dropped, as ``get`` does); ``close()`` it to stop early.
+        For a prefix's remaining blocks: one index query, and the store's batched read
+        (``BlockStore.read_many``: read ahead and checksummed as its medium suits) while
+        the caller's thread decodes them in order (the payload is made there). Stops at
+        the first missing, unreadable, late or corrupt block (corrupt ones are dropped,
+        as ``get`` does); ``close()`` it to stop early.
         """
         ...
 
