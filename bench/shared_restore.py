@@ -68,7 +68,9 @@ def settle(url: str, quiet: float = 2.0, timeout: float = 300.0) -> int:
         index.close()
 
 
-def measure(label: str, base_url: str, messages: list[dict[str, str]], max_tokens: int) -> ChatResult:
+def measure(
+    label: str, base_url: str, messages: list[dict[str, str]], max_tokens: int
+) -> ChatResult:
     result = stream_chat(base_url, MODEL, messages, max_tokens)
     print(
         f"  {label}: TTFT {result.ttft:.3f} s, prompt {result.prompt_tokens}, "
@@ -105,12 +107,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"  index: {rows} blocks after A's writes", flush=True)
             hot = measure("A again (A's RAM)", a.base_url, messages, args.max_tokens)
             dropped = drop_page_cache()
-            shared = measure("B (A's files via the shared index)", b.base_url, messages, args.max_tokens)
+            shared = measure(
+                "B (A's files via the shared index)", b.base_url, messages, args.max_tokens
+            )
             a.stop()
             a = server("a").start()
             stream_chat(a.base_url, MODEL, [{"role": "user", "content": "Hi"}], 4)
             drop_page_cache()
-            local = measure("A restarted (its own disk restore)", a.base_url, messages, args.max_tokens)
+            local = measure(
+                "A restarted (its own disk restore)", a.base_url, messages, args.max_tokens
+            )
         finally:
             a.stop()
             b.stop()

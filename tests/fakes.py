@@ -282,8 +282,15 @@ class FakeBlockSink:
             self.store.write(rel, data)
             now = self.clock.now()
             row = StoredBlock(
-                meta.key, meta.namespace, meta.parent_key, meta.token_count, len(data),
-                checksum, rel, now, now,
+                meta.key,
+                meta.namespace,
+                meta.parent_key,
+                meta.token_count,
+                len(data),
+                checksum,
+                rel,
+                now,
+                now,
             )
             self.index.upsert_namespace(namespace)
             if not self.index.add_block(row) and self.index.blocks[meta.key].relpath != rel:

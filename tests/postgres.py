@@ -27,9 +27,15 @@ def find_bindir() -> tuple[Path | None, str]:
     """The folder holding ``initdb`` and ``pg_ctl``, or None and the reason."""
     if explicit := os.environ.get("OMLX_PG_BINDIR"):
         return Path(explicit), ""
-    candidates = sorted(
-        Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True
-    ) if Path("/usr/lib/postgresql").is_dir() else []
+    candidates = (
+        sorted(
+            Path("/usr/lib/postgresql").glob("*/bin"),
+            key=lambda p: int(p.parent.name),
+            reverse=True,
+        )
+        if Path("/usr/lib/postgresql").is_dir()
+        else []
+    )
     if on_path := shutil.which("initdb"):  # Homebrew, Postgres.app
         candidates.append(Path(on_path).parent)
     for folder in candidates:
@@ -73,14 +79,25 @@ class PostgresServer:
             shutil.chown(self.root, user)
         self.running = False
         self._pg(
-            "initdb", "-D", str(self.data), "-U", USER, "--auth=trust", "-E", "UTF8",
-            "--locale=C", "--no-sync",
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            USER,
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
         )
 
     def _pg(self, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [*self._as, str(self.bindir / tool), *args],
-            capture_output=True, text=True, timeout=120, cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=self.root,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"{tool} failed ({proc.returncode}): {proc.stderr or proc.stdout}")
@@ -91,8 +108,19 @@ class PostgresServer:
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
             "-c fsync=off -c full_page_writes=off -c max_connections=200"
         )
-        self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
-                 "-o", options, "start")
+        self._pg(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            options,
+            "start",
+        )
         self.running = True
         return self
 

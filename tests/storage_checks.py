@@ -119,7 +119,9 @@ def assert_cache_invariants(
         assert len(data) == block.nbytes, f"{rel}: {len(data)} bytes, row says {block.nbytes}"
         assert hashlib.sha256(data).hexdigest() == block.checksum, f"{rel}: checksum differs"
         # Content-addressed layout: model folder, key prefix, key and checksum in the name.
-        assert rel == store.relpath(_namespace_stub(rel, block.namespace), block.key, block.checksum)
+        assert rel == store.relpath(
+            _namespace_stub(rel, block.namespace), block.key, block.checksum
+        )
     files = set(store.iter_relpaths())
     assert files == set(rows), f"files without rows: {sorted(files - set(rows))[:5]}"
     temps = {rel for rel, _ in store.iter_temp_files()} - set(allow_temp)

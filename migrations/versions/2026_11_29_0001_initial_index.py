@@ -23,7 +23,6 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-
 def utc_text(seconds: str) -> str:
     """SQL for epoch ``seconds`` as UTC text, in this connection's dialect."""
     if op.get_bind().dialect.name == "postgresql":

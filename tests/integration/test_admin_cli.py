@@ -257,7 +257,9 @@ def test_admin_never_imports_litestar_or_mlx(tmp_path: Path) -> None:
 # --- a shared PostgreSQL index (--index-url) -----------------------------------------------
 
 
-def _populate_shared(cache_dir: Path, url: str, ns: NamespaceInfo, n: int, seed: int = 0) -> list[StoredBlock]:
+def _populate_shared(
+    cache_dir: Path, url: str, ns: NamespaceInfo, n: int, seed: int = 0
+) -> list[StoredBlock]:
     index, store = connect_index(url), FileBlockStore(cache_dir)
     index.upsert_namespace(ns)
     blocks = [
@@ -306,21 +308,27 @@ def test_shared_vacuum_spares_young_rows_and_files(tmp_path: Path, pg_url: str) 
     assert "removed 0 rows without files" in result.output
     assert "removed 0 files without rows" in result.output
     assert store.file_info(young_file) is not None
-    result = _run("cache", "vacuum", "--grace", "0", "--cache-dir", str(tmp_path), "--index-url", pg_url)
+    result = _run(
+        "cache", "vacuum", "--grace", "0", "--cache-dir", str(tmp_path), "--index-url", pg_url
+    )
     assert "removed 1 rows without files" in result.output and store.file_info(young_file) is None
     assert_cache_invariants(tmp_path, index_url=pg_url)
 
 
 def test_unreachable_index_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     url = "postgresql+psycopg://omlx@127.0.0.1:1/omlx"
-    result = CliRunner().invoke(admin_group, ["cache", "stats", "--cache-dir", str(tmp_path), "--index-url", url])
+    result = CliRunner().invoke(
+        admin_group, ["cache", "stats", "--cache-dir", str(tmp_path), "--index-url", url]
+    )
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "cannot reach the index" in result.output or "unreachable" in result.output
     result = CliRunner().invoke(db_group, ["upgrade", "--index-url", "mysql://x/y"])
     assert result.exit_code == 1 and "only sqlite" in result.output
 
 
-def test_sqlite_index_on_a_network_filesystem_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sqlite_index_on_a_network_filesystem_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("omlx.adapters.sqlindex.netfs.filesystem_type", lambda path: "nfs4")
     result = CliRunner().invoke(db_group, ["upgrade", "--cache-dir", str(tmp_path)])
     assert result.exit_code == 1 and "network filesystem (nfs4)" in result.output

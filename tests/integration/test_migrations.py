@@ -66,9 +66,13 @@ def test_upgrade_from_empty(tmp_path: Path, index_url: str) -> None:
     upgrade(index_url)
     assert current_revision(index_url) == head_revision()
     schema = _schema(index_url)
-    assert {"namespaces", "namespace_hosts", "blocks", "weight_digests", "alembic_version"} <= schema[
-        "table"
-    ]
+    assert {
+        "namespaces",
+        "namespace_hosts",
+        "blocks",
+        "weight_digests",
+        "alembic_version",
+    } <= schema["table"]
     assert {"ix_blocks_last_access", "ix_blocks_namespace_last_access", "ix_blocks_parent_key"} <= (
         schema["index"]
     )
@@ -109,16 +113,30 @@ def _write_as(url: str, revision: str, store: FileBlockStore) -> tuple[list[Stor
                 + ("" if host_rows else ":p, ")
                 + ":b, :k, :l, 1.0, 2.0)"
             ),
-            {"d": ns.digest, "n": ns.model_name, "p": ns.model_path, "b": ns.block_size,
-             "k": ns.kv_dtype, "l": ns.layer_count},
+            {
+                "d": ns.digest,
+                "n": ns.model_name,
+                "p": ns.model_path,
+                "b": ns.block_size,
+                "k": ns.kv_dtype,
+                "l": ns.layer_count,
+            },
         )
         for i, (meta, _, data) in enumerate(make_chain(ns, 4)):
             checksum = hashlib.sha256(data).hexdigest()
             rel = store.relpath(ns, meta.key, checksum)
             store.write(rel, data)
             block = StoredBlock(
-                meta.key, ns.digest, meta.parent_key, meta.token_count, len(data), checksum,
-                rel, float(i), float(i), hit_count=i,
+                meta.key,
+                ns.digest,
+                meta.parent_key,
+                meta.token_count,
+                len(data),
+                checksum,
+                rel,
+                float(i),
+                float(i),
+                hit_count=i,
             )
             conn.execute(
                 text(
@@ -166,7 +184,9 @@ def test_upgrade_keeps_data_written_by_an_earlier_revision(
     assert index.weight_digest_lookup("/w2", 1, 1.0) == "d2"
     engine = _engine(index_url)
     with engine.connect() as conn:
-        usage = conn.execute(text("SELECT model_name, blocks, newest_access_utc FROM cache_usage")).all()
+        usage = conn.execute(
+            text("SELECT model_name, blocks, newest_access_utc FROM cache_usage")
+        ).all()
     engine.dispose()
     assert [tuple(r) for r in usage] == [(make_namespace().model_name, 4, "1970-01-01 00:00:03")]
     index.close()
@@ -193,6 +213,7 @@ def test_downgrade_to_the_first_revision_and_back(tmp_path: Path, index_url: str
     index = connect_index(index_url)
     assert [r.info for r in index.namespace_records()] == [ns]
     index.close()
+    assert_cache_invariants(tmp_path, index_url=index_url)
 
 
 def test_concurrent_upgrades_from_two_processes(tmp_path: Path, index_url: str) -> None:

@@ -99,7 +99,10 @@ def test_a_tiny_shared_budget_holds_across_two_writers(tmp_path: Path, pg_url: s
             writer.submit(meta, ns, data)
             _wait(writer)
 
-    threads = [threading.Thread(target=feed, args=(w, c)) for (w, _), c in zip(writers, chains, strict=True)]
+    threads = [
+        threading.Thread(target=feed, args=(w, c))
+        for (w, _), c in zip(writers, chains, strict=True)
+    ]
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
@@ -117,7 +120,9 @@ def test_a_tiny_shared_budget_holds_across_two_writers(tmp_path: Path, pg_url: s
     assert_cache_invariants(tmp_path, budget, index_url=pg_url)
 
 
-def test_the_lease_keeps_young_blocks_and_drops_the_write_instead(tmp_path: Path, pg_url: str) -> None:
+def test_the_lease_keeps_young_blocks_and_drops_the_write_instead(
+    tmp_path: Path, pg_url: str
+) -> None:
     ns = make_namespace()
     chain = make_chain(ns, 10, kv_bytes=4096)
     size = len(chain[0][2])
@@ -141,9 +146,7 @@ def test_an_unreachable_index_drops_writes_and_leaves_no_file(tmp_path: Path) ->
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     index = connect_index(f"postgresql+psycopg://omlx@127.0.0.1:{port}/omlx", migrate=False)
-    writer = BlockWriter(
-        FileBlockStore(tmp_path), index, DiskBudget(tmp_path, BIG, 0), shared=True
-    )
+    writer = BlockWriter(FileBlockStore(tmp_path), index, DiskBudget(tmp_path, BIG, 0), shared=True)
     ns = make_namespace()
     for meta, _, data in make_chain(ns, 3):
         assert writer.submit(meta, ns, data)

@@ -44,7 +44,9 @@ def _namespace(name: str = "tiny") -> NamespaceInfo:
     return NamespaceInfo(namespace_digest({"m": name}), name, f"/m/{name}", BLOCK, "f32", 2)
 
 
-def _chain(ns: NamespaceInfo, n: int, start: int = 0) -> list[tuple[BlockMeta, tuple[int, ...], bytes]]:
+def _chain(
+    ns: NamespaceInfo, n: int, start: int = 0
+) -> list[tuple[BlockMeta, tuple[int, ...], bytes]]:
     codec = FakeCodec()
     parent, out = ns.digest, []
     for i in range(n):
@@ -60,7 +62,13 @@ def _rig(n: int = 6, *, drop_missing_rows: bool = True) -> Rig:
     store, index = FakeBlockStore(), FakeBlockIndex()
     sink = FakeBlockSink(store, index, clock)
     tier = ColdTier(
-        ns, store, index, sink, FakeCodec().decode, clock, RecencyBuffer(index, clock),
+        ns,
+        store,
+        index,
+        sink,
+        FakeCodec().decode,
+        clock,
+        RecencyBuffer(index, clock),
         drop_missing_rows=drop_missing_rows,
     )
     chain = _chain(ns, n)
@@ -89,7 +97,7 @@ def test_put_queues_then_get_many_serves_the_chain_and_records_hits(rig: Rig) ->
 
 
 def test_a_queued_block_is_contained_before_it_is_on_disk(rig: Rig) -> None:
-    (meta, tokens, data), = _chain(rig.tier.namespace, 1, start=900)
+    ((meta, tokens, data),) = _chain(rig.tier.namespace, 1, start=900)
     rig.tier.put(meta, tokens, data)
     assert rig.tier.contains(meta.key) and meta.key not in rig.index.blocks
     assert rig.tier.get(meta.key, meta.parent_key) is None  # not served before it is written
@@ -119,7 +127,9 @@ def test_tokens_that_do_not_rehash_are_dropped(rig: Rig) -> None:
     # A consistent row and file whose tokens belong to another block.
     row, other = rig.row(1), rig.chain[3][2]
     rig.store.files[row.relpath] = other
-    rig.index.blocks[row.key] = replace(row, nbytes=len(other), checksum=hashlib.sha256(other).hexdigest())
+    rig.index.blocks[row.key] = replace(
+        row, nbytes=len(other), checksum=hashlib.sha256(other).hexdigest()
+    )
     assert rig.tier.get(row.key, row.parent_key) is None
     assert rig.tier.stats.corrupt_blocks == 1 and row.key not in rig.index.blocks
 
@@ -128,7 +138,9 @@ def test_undecodable_bytes_are_dropped_not_raised(rig: Rig) -> None:
     row = rig.row(0)
     junk = json.dumps({"tokens": "nope"}).encode()
     rig.store.files[row.relpath] = junk
-    rig.index.blocks[row.key] = replace(row, nbytes=len(junk), checksum=hashlib.sha256(junk).hexdigest())
+    rig.index.blocks[row.key] = replace(
+        row, nbytes=len(junk), checksum=hashlib.sha256(junk).hexdigest()
+    )
     assert rig.tier.get(row.key, row.parent_key) is None
     assert rig.tier.stats.corrupt_blocks == 1
 
@@ -141,7 +153,9 @@ def test_missing_file_owned_folder_drops_the_row() -> None:
     assert rig.tier.stats.missing_files == 1
 
 
-def test_missing_file_shared_folder_is_a_miss_and_keeps_the_row(caplog: pytest.LogCaptureFixture) -> None:
+def test_missing_file_shared_folder_is_a_miss_and_keeps_the_row(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     rig = _rig(3, drop_missing_rows=False)
     row = rig.row(1)
     file = rig.store.files.pop(row.relpath)  # not visible to this host yet (NFS lookup cache)

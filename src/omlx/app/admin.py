@@ -85,7 +85,9 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
     if report["index"]["shared"]:
         click.echo("server:       shared index (servers on other hosts hold no lock here)")
     else:
-        running = f"running, pid {server}" if server else "running" if server == 0 else "not running"
+        running = (
+            f"running, pid {server}" if server else "running" if server == 0 else "not running"
+        )
         click.echo(f"server:       {running}")
     click.echo(
         f"index:        {report['index']['path']} (revision {report['index']['revision']}, "
@@ -245,7 +247,12 @@ def vacuum_command(
                         "another server or admin is reconciling this shared cache; try again later"
                     )
                 freed = _vacuum(
-                    index, store, spare, max_bytes, unused_namespaces, unused_days,
+                    index,
+                    store,
+                    spare,
+                    max_bytes,
+                    unused_namespaces,
+                    unused_days,
                     lease if target.shared else None,
                 )
             _compact(target, index, owned=spare is None)

@@ -88,7 +88,9 @@ def owned_or_shared(target: Target, grace: float = LIVE_GRACE_S) -> Iterator[flo
     A shared index is never owned: servers on other hosts hold no lock here.
     """
     if target.shared:
-        click.echo(f"shared index: files and rows younger than {grace:.0f} s are left alone", err=True)
+        click.echo(
+            f"shared index: files and rows younger than {grace:.0f} s are left alone", err=True
+        )
         yield grace
         return
     lock = CacheDirLock(target.cache_dir)

@@ -246,7 +246,9 @@ class ColdTier:
             if self.drop_missing_rows:
                 self._drop(row, read.failure.value, "missing_files")
             else:
-                log.info("cold block %s: %s here; a miss, its row is left", row.key, read.failure.value)
+                log.info(
+                    "cold block %s: %s here; a miss, its row is left", row.key, read.failure.value
+                )
                 self._count("missing_files")
                 self._count("misses")
             return None

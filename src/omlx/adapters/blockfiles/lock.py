@@ -63,7 +63,9 @@ class CacheDirLock:
             os.close(fd)
             if not self.shared or exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 raise
-            log.warning("no flock on %s (%s); sharing it without a folder lock", self.cache_dir, exc)
+            log.warning(
+                "no flock on %s (%s); sharing it without a folder lock", self.cache_dir, exc
+            )
             return
         if not self.shared:  # one pid for the message; shared holders are many
             os.ftruncate(fd, 0)

@@ -43,7 +43,9 @@ def verified_read(read: Callable[[str], bytes], block: StoredBlock) -> BlockRead
     except (OSError, ValueError) as exc:  # ValueError: a relpath that escapes the folder
         return BlockRead(block, None, ReadFailure.UNREADABLE, str(exc))
     if len(data) != block.nbytes:
-        return BlockRead(block, None, ReadFailure.MISMATCH, f"{len(data)} bytes, row says {block.nbytes}")
+        return BlockRead(
+            block, None, ReadFailure.MISMATCH, f"{len(data)} bytes, row says {block.nbytes}"
+        )
     if hashlib.sha256(data).hexdigest() != block.checksum:
         return BlockRead(block, None, ReadFailure.MISMATCH, "checksum differs")
     return BlockRead(block, data)

@@ -284,7 +284,9 @@ class BlockWriter:
         self._used, self._used_at = used, time.monotonic()
         if used <= limit:
             return True
-        log.warning("the shared cache budget is full of recently used blocks; block %s undone", block.key)
+        log.warning(
+            "the shared cache budget is full of recently used blocks; block %s undone", block.key
+        )
         self._index.remove_blocks([block.key])  # row first, file second
         self._store.delete(block.relpath)
         self._used = None
@@ -310,7 +312,11 @@ class BlockWriter:
         while True:
             accessed_before = self._clock() - self._lease if self._shared else None
             victims = evict(
-                self._index, self._store, max_bytes, self._is_pinned, accessed_before=accessed_before
+                self._index,
+                self._store,
+                max_bytes,
+                self._is_pinned,
+                accessed_before=accessed_before,
             )
             if victims is not None or time.monotonic() >= deadline:
                 break

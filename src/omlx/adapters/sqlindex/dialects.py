@@ -59,7 +59,9 @@ class SqliteSql:
         stmt = (
             update(_BLOCKS)
             .where(_B.key == bindparam("k"))
-            .values(last_access=func.max(_B.last_access, bindparam("t")), hit_count=_B.hit_count + 1)
+            .values(
+                last_access=func.max(_B.last_access, bindparam("t")), hit_count=_B.hit_count + 1
+            )
         )
         conn.execute(stmt, [{"k": k, "t": t} for k, t in hits.items()])
 

@@ -14,8 +14,24 @@ import sys
 from pathlib import Path
 
 NETWORK_FILESYSTEMS = frozenset(
-    {"nfs", "nfs4", "cifs", "smbfs", "smb3", "afpfs", "webdav", "9p", "ceph", "glusterfs",
-     "fuse.sshfs", "fuse.glusterfs", "fuse.cephfs", "fuse.weed", "fuse.s3fs", "lustre"}
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smbfs",
+        "smb3",
+        "afpfs",
+        "webdav",
+        "9p",
+        "ceph",
+        "glusterfs",
+        "fuse.sshfs",
+        "fuse.glusterfs",
+        "fuse.cephfs",
+        "fuse.weed",
+        "fuse.s3fs",
+        "lustre",
+    }
 )
 
 _OCTAL = re.compile(r"\\([0-7]{3})")  # /proc/self/mounts writes a space as \040

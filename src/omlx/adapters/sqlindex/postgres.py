@@ -68,7 +68,9 @@ def lock_key(name: str) -> int:
 
 def try_xact_lock(conn: Connection, name: str) -> bool:
     """Take a lock held until this transaction ends, or return False at once if it is taken."""
-    return bool(conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": lock_key(name)}).scalar())
+    return bool(
+        conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": lock_key(name)}).scalar()
+    )
 
 
 @contextlib.contextmanager

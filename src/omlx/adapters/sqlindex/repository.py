@@ -81,11 +81,17 @@ class SqlBlockIndex:
             set_={"model_name": ns.excluded.model_name, "last_used_at": ns.excluded.last_used_at},
         )
         where = insert(NamespaceHostRow).values(
-            namespace=namespace.digest, host=self.host, model_path=namespace.model_path, last_used_at=now
+            namespace=namespace.digest,
+            host=self.host,
+            model_path=namespace.model_path,
+            last_used_at=now,
         )
         where = where.on_conflict_do_update(
             index_elements=["namespace", "host"],
-            set_={"model_path": where.excluded.model_path, "last_used_at": where.excluded.last_used_at},
+            set_={
+                "model_path": where.excluded.model_path,
+                "last_used_at": where.excluded.last_used_at,
+            },
         )
         with self._available.guard(), self._write() as session, session.begin():
             session.execute(ns)
