@@ -420,3 +420,19 @@ def test_unreachable_postgres_is_unavailable_fast() -> None:
             call()
     assert time.monotonic() - started < 0.5  # failing fast, not one connect timeout each
     index.close()
+
+
+def test_postgres_lock_timeout_is_a_miss_not_an_outage(tmp_path: Path, pg_url: str) -> None:
+    index = connect_index(pg_url)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    (block,) = [_put(tmp_path, index, ns, m, d) for m, _, d in make_chain(ns, 1)]
+    other = index.engine.connect()  # a peer's eviction holds the row
+    other.execute(text("SELECT key FROM blocks WHERE key = :k FOR UPDATE"), {"k": block.key})
+    with pytest.raises(IndexUnavailable, match="lock timeout"):
+        index.remove_blocks([block.key])  # waits lock_timeout (2 s), then gives up
+    assert index.get_blocks([block.key]) == {block.key: block}  # no fail-fast window opened
+    other.rollback()
+    other.close()
+    index.close()
+    assert_cache_invariants(tmp_path, index_url=pg_url)

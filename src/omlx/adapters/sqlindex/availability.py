@@ -53,7 +53,10 @@ class Availability:
         try:
             yield
         except self._errors as exc:
-            reason = f"index {self._label} unreachable: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            if _timed_out(exc):  # the server answers, a statement waited too long: no outage
+                log.warning("index %s: %s", self._label, _first_line(exc))
+                raise IndexUnavailable(f"index {self._label}: {_first_line(exc)}") from exc
+            reason = f"index {self._label} unreachable: {_first_line(exc)}"
             with self._lock:
                 first = not self._reason
                 self._reason = reason
@@ -65,6 +68,17 @@ class Availability:
             recovered, self._reason = bool(self._reason), ""
         if recovered:
             log.warning("index %s answers again", self._label)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """A statement or lock timeout (SQLSTATE 57014, 55P03), not a lost connection."""
+    orig = getattr(exc, "orig", None) or exc
+    return getattr(orig, "sqlstate", None) in ("57014", "55P03")
 
 
 class AlwaysAvailable:
