@@ -1,6 +1,7 @@
 """TTFT of a ~2,000-token prefix across two omlx servers sharing one cold tier (docs/multi-machine.md).
 
     .venv/bin/python bench/shared_restore.py [--context-tokens 2000] [--max-tokens 8] [--json OUT]
+                                             [--keep]
 
 Starts a throw-away PostgreSQL server (tests/postgres.py) and two ``omlx serve``
 processes, A and B (default SmolLM2 model), on one cache folder and one PostgreSQL
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -120,6 +122,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             a.stop()
             b.stop()
+            if not args.keep:  # the servers' logs stay; the block files go
+                shutil.rmtree(cache, ignore_errors=True)
     results = {"recompute": recompute, "a_hot": hot, "b_shared": shared, "a_restart": local}
     rows_out = [
         [name, f"{r.ttft:.3f}", r.prompt_tokens, r.cached_tokens, f"{recompute.ttft / r.ttft:.1f}x"]
@@ -140,6 +144,7 @@ def main() -> None:
     parser.add_argument("--context-tokens", type=int, default=2000)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep", action="store_true", help="keep the shared cache folder")
     args = parser.parse_args()
     report = run(args)
     if args.json:
