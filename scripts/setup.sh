@@ -21,6 +21,13 @@ if [ "$(uname -s)" = Linux ]; then
   fi
 fi
 
+# The tests start a throw-away PostgreSQL server of their own (tests/postgres.py) for the
+# shared index; they skip, saying why, where none can be installed.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
+  apt_install postgresql \
+    || echo "note: could not install postgresql; the shared-index tests will be skipped" >&2
+fi
+
 if [ ! -x .venv/bin/python ]; then
   if ! "$PYTHON" -m venv .venv 2>/dev/null; then
     rm -rf .venv

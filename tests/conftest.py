@@ -1,12 +1,16 @@
-"""Shared fixtures: the optimized BLAS before mlx, and the tiny test model."""
+"""Shared fixtures: the optimized BLAS before mlx, the tiny test model, PostgreSQL."""
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from omlx.adapters.mlx.blas import load_optimized_blas
+from omlx.adapters.sqlindex.urls import sqlite_url
+from tests.postgres import PostgresServer, find_bindir
 
 # Must run before any test module imports mlx (DESIGN §5).
 load_optimized_blas()
@@ -17,3 +21,38 @@ from tests.tiny_model import build_tiny_model  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "tiny-llama")
+
+
+# --- PostgreSQL: one throw-away server per session, a fresh database per test ----------
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server (tests/postgres.py); skips, saying why, where none can run."""
+    bindir, why = find_bindir()
+    if bindir is None:
+        pytest.skip(why)
+    server = PostgresServer(bindir)
+    try:
+        server.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        server.close()
+        pytest.skip(f"PostgreSQL could not start here: {exc}")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def pg_url(postgres: PostgresServer) -> Iterator[str]:
+    """The URL of a new, empty database on the session's server, dropped afterwards."""
+    url = postgres.create_database()
+    yield url
+    postgres.drop_database(url)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def index_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The index's URL on each backend: a SQLite file in ``tmp_path``, a PostgreSQL database."""
+    if request.param == "sqlite":
+        return sqlite_url(tmp_path / "index.db")
+    return request.getfixturevalue("pg_url")

@@ -6,13 +6,23 @@ The fake engine cache is a plain list of ints, one per token position.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, NamespaceUsage, StoredBlock
+from omlx.domain.blocks import (
+    BlockMeta,
+    BlockRead,
+    DecodedBlock,
+    NamespaceInfo,
+    NamespaceUsage,
+    ReadFailure,
+    StoredBlock,
+)
 from omlx.domain.keys import block_key
+from omlx.domain.ports import EvictionPlan, IndexUnavailable
 
 # --- Clock -------------------------------------------------------------------------
 
@@ -76,16 +86,24 @@ class FakeCodec:
 
 
 class FakeBlockStore:
-    """Block files in a dict; set ``fail_writes`` to an ``OSError`` to simulate a full disk."""
+    """Block files in a dict; set ``fail_writes`` to an ``OSError`` to simulate a full disk.
+
+    ``read_many`` verifies size and checksum as the real store does; ``unreadable`` holds
+    relpaths whose reads fail with an I/O error, ``slow`` those whose reads time out.
+    """
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
         self.temp_files: dict[str, float] = {}  # relpath -> age in seconds
         self.fail_writes: OSError | None = None
+        self.unreadable: set[str] = set()
+        self.slow: set[str] = set()
+        self.reads: list[str] = []
+        self.closed = 0
 
-    def relpath(self, namespace: NamespaceInfo, key: str) -> str:
+    def relpath(self, namespace: NamespaceInfo, key: str, checksum: str) -> str:
         model = namespace.model_name.replace("/", "_")
-        return f"{model}-{namespace.digest[:12]}/{key[:2]}/{key}.safetensors"
+        return f"{model}-{namespace.digest[:12]}/{key[:2]}/{key}.{checksum[:12]}.safetensors"
 
     def write(self, relpath: str, data: bytes) -> None:
         if self.fail_writes is not None:
@@ -97,6 +115,24 @@ class FakeBlockStore:
             return self.files[relpath]
         except KeyError:
             raise FileNotFoundError(errno.ENOENT, "no such block file", relpath) from None
+
+    def read_many(self, blocks: Sequence[StoredBlock]) -> Generator[BlockRead, None, None]:
+        """Lazily, one file per block as the caller asks for it (no read-ahead)."""
+        for block in blocks:
+            self.reads.append(block.relpath)
+            if block.relpath in self.slow:
+                yield BlockRead(block, None, ReadFailure.TIMED_OUT, "fake budget")
+                return
+            if block.relpath in self.unreadable:
+                yield BlockRead(block, None, ReadFailure.UNREADABLE, "EIO")
+                continue
+            data = self.files.get(block.relpath)
+            if data is None:
+                yield BlockRead(block, None, ReadFailure.MISSING)
+            elif len(data) != block.nbytes or hashlib.sha256(data).hexdigest() != block.checksum:
+                yield BlockRead(block, None, ReadFailure.MISMATCH, "fake mismatch")
+            else:
+                yield BlockRead(block, data)
 
     def delete(self, relpath: str) -> None:
         self.files.pop(relpath, None)
@@ -110,32 +146,55 @@ class FakeBlockStore:
             del self.temp_files[p]
         return len(doomed)
 
+    def close(self) -> None:
+        self.closed += 1
+
 
 # --- BlockIndex --------------------------------------------------------------------
 
 
 class FakeBlockIndex:
-    """The block index in dicts, with the same ordering rules as the SQLite one."""
+    """The block index in dicts, with the same ordering rules as the SQL one.
+
+    Set ``down`` to make every call raise ``IndexUnavailable`` (a database outage);
+    set ``evicting_elsewhere`` to make ``evict`` report another server evicting.
+    """
 
     def __init__(self) -> None:
         self.namespaces: dict[str, NamespaceInfo] = {}
         self.blocks: dict[str, StoredBlock] = {}
+        self.down = False
+        self.evicting_elsewhere = False
+        self.lookups = 0
+
+    def _check(self) -> None:
+        if self.down:
+            raise IndexUnavailable("fake index down")
 
     def upsert_namespace(self, namespace: NamespaceInfo) -> None:
+        self._check()
         self.namespaces[namespace.digest] = namespace
 
-    def add_block(self, block: StoredBlock) -> None:
-        self.blocks.setdefault(block.key, block)
+    def add_block(self, block: StoredBlock) -> bool:
+        self._check()
+        if block.key in self.blocks:
+            return False
+        self.blocks[block.key] = block
+        return True
 
     def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]:
+        self._check()
+        self.lookups += 1
         return {k: self.blocks[k] for k in keys if k in self.blocks}
 
     def children(self, parent_key: str, limit: int) -> list[StoredBlock]:
+        self._check()
         mine = [b for b in self.blocks.values() if b.parent_key == parent_key]
         mine.sort(key=lambda b: (-b.last_access, -b.created_at, b.key))
         return mine[:limit]
 
     def touch(self, hits: Mapping[str, float]) -> None:
+        self._check()
         for key, at in hits.items():
             block = self.blocks.get(key)
             if block is not None:
@@ -144,15 +203,30 @@ class FakeBlockIndex:
                 )
 
     def remove_blocks(self, keys: Sequence[str]) -> None:
+        self._check()
         for key in keys:
             self.blocks.pop(key, None)
 
     def total_bytes(self) -> int:
+        self._check()
         return sum(b.nbytes for b in self.blocks.values())
 
     def lru_blocks(self, limit: int) -> list[StoredBlock]:
         ordered = sorted(self.blocks.values(), key=lambda b: (b.last_access, b.created_at, b.key))
         return ordered[:limit]
+
+    def evict(self, plan: EvictionPlan, accessed_before: float | None) -> list[StoredBlock] | None:
+        self._check()
+        if self.evicting_elsewhere:
+            return None
+        candidates = (
+            b
+            for b in self.lru_blocks(len(self.blocks))
+            if accessed_before is None or b.last_access < accessed_before
+        )
+        victims = plan(self.total_bytes(), candidates)
+        self.remove_blocks([v.key for v in victims])
+        return victims
 
     def usage(self) -> list[NamespaceUsage]:
         rows = []
@@ -174,6 +248,56 @@ class FakeBlockIndex:
 
     def all_relpaths(self) -> set[str]:
         return {b.relpath for b in self.blocks.values()}
+
+
+# --- BlockSink ---------------------------------------------------------------------
+
+
+class FakeBlockSink:
+    """The write queue over a fake store and index: ``submit`` queues, ``drain`` writes.
+
+    Writes the way the real writer does: content-addressed file first, row second.
+    ``accept=False`` makes it drop every block (a full queue).
+    """
+
+    def __init__(self, store: FakeBlockStore, index: FakeBlockIndex, clock: FakeClock) -> None:
+        self.store, self.index, self.clock = store, index, clock
+        self.queue: dict[str, tuple[BlockMeta, NamespaceInfo, bytes]] = {}
+        self.accept = True
+
+    def submit(self, meta: BlockMeta, namespace: NamespaceInfo, data: bytes) -> bool:
+        if not self.accept:
+            return False
+        self.queue.setdefault(meta.key, (meta, namespace, bytes(data)))
+        return True
+
+    def pending(self, key: str) -> bool:
+        return key in self.queue
+
+    def drain(self) -> int:
+        written = 0
+        for meta, namespace, data in list(self.queue.values()):
+            checksum = hashlib.sha256(data).hexdigest()
+            rel = self.store.relpath(namespace, meta.key, checksum)
+            self.store.write(rel, data)
+            now = self.clock.now()
+            row = StoredBlock(
+                meta.key,
+                meta.namespace,
+                meta.parent_key,
+                meta.token_count,
+                len(data),
+                checksum,
+                rel,
+                now,
+                now,
+            )
+            self.index.upsert_namespace(namespace)
+            if not self.index.add_block(row) and self.index.blocks[meta.key].relpath != rel:
+                self.store.delete(rel)
+            written += 1
+        self.queue.clear()
+        return written
 
 
 # --- ColdSource --------------------------------------------------------------------

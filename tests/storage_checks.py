@@ -14,7 +14,7 @@ from pathlib import Path
 from omlx.adapters.blockfiles.format import RawTensor, pack_block, unpack_block
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.sqlindex.engine import index_path, make_engine
-from omlx.adapters.sqlindex.repository import SqlBlockIndex
+from omlx.adapters.sqlindex.repository import SqlBlockIndex, connect_index
 from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, StoredBlock
 from omlx.domain.keys import block_key, namespace_digest
 
@@ -59,7 +59,8 @@ def record_block(
     hit_count: int = 0,
 ) -> StoredBlock:
     """File first, row second: a block recorded the way the writer records it."""
-    rel = store.relpath(ns, meta.key)
+    checksum = hashlib.sha256(data).hexdigest()
+    rel = store.relpath(ns, meta.key, checksum)
     store.write(rel, data)
     block = StoredBlock(
         meta.key,
@@ -67,7 +68,7 @@ def record_block(
         meta.parent_key,
         meta.token_count,
         len(data),
-        hashlib.sha256(data).hexdigest(),
+        checksum,
         rel,
         at,
         at,
@@ -89,12 +90,21 @@ def block_files_bytes(cache_dir: Path) -> int:
 
 
 def assert_cache_invariants(
-    cache_dir: Path, max_bytes: int | None = None, *, allow_temp: Sequence[str] = ()
+    cache_dir: Path,
+    max_bytes: int | None = None,
+    *,
+    allow_temp: Sequence[str] = (),
+    index_url: str | None = None,
 ) -> None:
-    """Rows <=> complete files, no leftover temp files, usage within ``max_bytes``."""
+    """Rows <=> complete files, no leftover temp files, usage within ``max_bytes``.
+
+    ``index_url``: the index when it is not ``<cache_dir>/index.db`` (PostgreSQL).
+    """
     store = FileBlockStore(cache_dir)
-    engine = make_engine(index_path(cache_dir))
-    index = SqlBlockIndex(engine)
+    if index_url is None:
+        index = SqlBlockIndex(make_engine(index_path(cache_dir)))
+    else:
+        index = connect_index(index_url, migrate=False)
     try:
         blocks = list(index.iter_blocks())
         total = index.total_bytes()
@@ -108,7 +118,10 @@ def assert_cache_invariants(
         data = path.read_bytes()
         assert len(data) == block.nbytes, f"{rel}: {len(data)} bytes, row says {block.nbytes}"
         assert hashlib.sha256(data).hexdigest() == block.checksum, f"{rel}: checksum differs"
-        assert rel == store.relpath(_namespace_stub(rel, block.namespace), block.key)
+        # Content-addressed layout: model folder, key prefix, key and checksum in the name.
+        assert rel == store.relpath(
+            _namespace_stub(rel, block.namespace), block.key, block.checksum
+        )
     files = set(store.iter_relpaths())
     assert files == set(rows), f"files without rows: {sorted(files - set(rows))[:5]}"
     temps = {rel for rel, _ in store.iter_temp_files()} - set(allow_temp)

@@ -5,7 +5,9 @@ Revises:
 Create Date: 2026-11-29
 
 A later batch alteration of ``blocks`` or ``namespaces`` must drop and recreate the
-views around it: SQLite views name the tables they read.
+views around it: SQLite views name the tables they read. The views' UTC columns are
+spelled per dialect (SQLite ``datetime(x, 'unixepoch')``, PostgreSQL ``to_timestamp``),
+with the same text: ``YYYY-MM-DD HH:MM:SS``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,14 @@ down_revision: str | Sequence[str] | None = None
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+
+def utc_text(seconds: str) -> str:
+    """SQL for epoch ``seconds`` as UTC text, in this connection's dialect."""
+    if op.get_bind().dialect.name == "postgresql":
+        return f"to_char(to_timestamp({seconds}) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')"
+    return f"datetime({seconds}, 'unixepoch')"
+
+
 CACHE_USAGE = """
 CREATE VIEW cache_usage AS
 SELECT n.digest AS namespace,
@@ -30,8 +40,8 @@ SELECT n.digest AS namespace,
        COALESCE(SUM(b.token_count), 0) AS tokens,
        MIN(b.last_access) AS oldest_access,
        MAX(b.last_access) AS newest_access,
-       datetime(MIN(b.last_access), 'unixepoch') AS oldest_access_utc,
-       datetime(MAX(b.last_access), 'unixepoch') AS newest_access_utc
+       {oldest} AS oldest_access_utc,
+       {newest} AS newest_access_utc
 FROM namespaces AS n
 LEFT JOIN blocks AS b ON b.namespace = n.digest
 GROUP BY n.digest
@@ -46,7 +56,7 @@ SELECT b.key AS key,
        b.nbytes AS nbytes,
        b.hit_count AS hit_count,
        b.last_access AS last_access,
-       datetime(b.last_access, 'unixepoch') AS last_access_utc,
+       {last} AS last_access_utc,
        b.relpath AS relpath
 FROM blocks AS b
 JOIN namespaces AS n ON n.digest = b.namespace
@@ -86,8 +96,12 @@ def upgrade() -> None:
     )
     op.create_index("ix_blocks_last_access", "blocks", ["last_access"])
     op.create_index("ix_blocks_namespace_last_access", "blocks", ["namespace", "last_access"])
-    op.execute(CACHE_USAGE)
-    op.execute(LRU_BLOCKS)
+    op.execute(
+        CACHE_USAGE.format(
+            oldest=utc_text("MIN(b.last_access)"), newest=utc_text("MAX(b.last_access)")
+        )
+    )
+    op.execute(LRU_BLOCKS.format(last=utc_text("b.last_access")))
 
 
 def downgrade() -> None:

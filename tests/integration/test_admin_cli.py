@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -15,7 +16,13 @@ from click.testing import CliRunner, Result
 
 from omlx.adapters.blockfiles.lock import CacheDirLock
 from omlx.adapters.blockfiles.store import FileBlockStore
-from omlx.adapters.sqlindex import current_revision, head_revision, index_path, open_index
+from omlx.adapters.sqlindex import (
+    connect_index,
+    current_revision,
+    head_revision,
+    index_path,
+    open_index,
+)
 from omlx.app.admin import admin_group, db_group
 from omlx.domain.blocks import NamespaceInfo, StoredBlock
 from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace, record_block
@@ -131,7 +138,7 @@ def _mess(tmp_path: Path, ns: NamespaceInfo) -> dict[str, Path]:
     for name, (meta, _, data) in zip(
         ("old_orphan", "young_orphan"), make_chain(ns, 2, seed=7), strict=True
     ):
-        rel = store.relpath(ns, meta.key)
+        rel = store.relpath(ns, meta.key, hashlib.sha256(data).hexdigest())
         store.write(rel, data)  # a file without a row
         paths[name] = store.path(rel)
     _age(paths["old_orphan"])
@@ -245,3 +252,85 @@ def test_admin_never_imports_litestar_or_mlx(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert_cache_invariants(tmp_path)
+
+
+# --- a shared PostgreSQL index (--index-url) -----------------------------------------------
+
+
+def _populate_shared(
+    cache_dir: Path, url: str, ns: NamespaceInfo, n: int, seed: int = 0
+) -> list[StoredBlock]:
+    index, store = connect_index(url), FileBlockStore(cache_dir)
+    index.upsert_namespace(ns)
+    blocks = [
+        record_block(store, index, ns, meta, data, 1.0 + i)
+        for i, (meta, _, data) in enumerate(make_chain(ns, n, seed=seed))
+    ]
+    index.close()
+    return blocks
+
+
+def test_shared_index_commands(tmp_path: Path, pg_url: str) -> None:
+    url = ("--index-url", pg_url)
+    result = _run("cache", "stats", "--cache-dir", str(tmp_path), *url)
+    assert result.exit_code == 0 and "revision None" in result.output
+    assert current_revision(pg_url) is None  # read-only commands create nothing
+    assert _run("upgrade", "--cache-dir", str(tmp_path), *url, group=db_group).exit_code == 0
+    assert current_revision(pg_url) == head_revision()
+    blocks = _populate_shared(tmp_path, pg_url, make_namespace("alpha"), 4)
+    report = json.loads(_run("cache", "stats", "--json", "--cache-dir", str(tmp_path), *url).stdout)
+    assert report["index"]["shared"] and "@127.0.0.1" in report["index"]["path"]
+    assert report["total"]["blocks"] == 4 and report["index"]["nbytes"] > 0
+    assert _run("cache", "verify", "--cache-dir", str(tmp_path), *url).exit_code == 0
+
+    store = FileBlockStore(tmp_path)
+    store.delete(blocks[0].relpath)  # a row without a file, old
+    result = _run("cache", "vacuum", "--cache-dir", str(tmp_path), *url)
+    assert result.exit_code == 0, result.output
+    assert "shared index" in result.stderr and "removed 1 rows without files" in result.output
+    assert "VACUUM ANALYZE" in result.output
+    result = _run("cache", "clear", "--yes", "--cache-dir", str(tmp_path), *url)
+    assert result.exit_code == 0 and "cleared 3 blocks" in result.output
+    assert_cache_invariants(tmp_path, index_url=pg_url)
+
+
+def test_shared_vacuum_spares_young_rows_and_files(tmp_path: Path, pg_url: str) -> None:
+    ns = make_namespace()
+    index, store = connect_index(pg_url), FileBlockStore(tmp_path)
+    index.upsert_namespace(ns)
+    (m0, _, d0), (m1, _, d1) = make_chain(ns, 2)
+    young_row = record_block(store, index, ns, m0, d0, time.time())
+    store.delete(young_row.relpath)  # a peer's new file this host cannot see yet
+    young_file = store.relpath(ns, m1.key, hashlib.sha256(d1).hexdigest())
+    store.write(young_file, d1)  # a peer's file about to get its row
+    index.close()
+    result = _run("cache", "vacuum", "--cache-dir", str(tmp_path), "--index-url", pg_url)
+    assert "removed 0 rows without files" in result.output
+    assert "removed 0 files without rows" in result.output
+    assert store.file_info(young_file) is not None
+    result = _run(
+        "cache", "vacuum", "--grace", "0", "--cache-dir", str(tmp_path), "--index-url", pg_url
+    )
+    assert "removed 1 rows without files" in result.output and store.file_info(young_file) is None
+    assert_cache_invariants(tmp_path, index_url=pg_url)
+
+
+def test_unreachable_index_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    url = "postgresql+psycopg://omlx@127.0.0.1:1/omlx"
+    result = CliRunner().invoke(
+        admin_group, ["cache", "stats", "--cache-dir", str(tmp_path), "--index-url", url]
+    )
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "cannot reach the index" in result.output or "unreachable" in result.output
+    result = CliRunner().invoke(db_group, ["upgrade", "--index-url", "mysql://x/y"])
+    assert result.exit_code == 1 and "only sqlite" in result.output
+
+
+def test_sqlite_index_on_a_network_filesystem_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("omlx.adapters.sqlindex.netfs.filesystem_type", lambda path: "nfs4")
+    result = CliRunner().invoke(db_group, ["upgrade", "--cache-dir", str(tmp_path)])
+    assert result.exit_code == 1 and "network filesystem (nfs4)" in result.output
+    assert "--index-url postgresql" in result.output
+    assert not (tmp_path / "index.db").exists()

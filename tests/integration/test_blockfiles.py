@@ -31,7 +31,7 @@ from omlx.adapters.blockfiles.format import (
     unpack_block,
 )
 from omlx.adapters.blockfiles.lock import CacheDirLock, CacheDirLocked, is_locked, lock_holder
-from omlx.adapters.blockfiles.store import FileBlockStore, safe_folder_name
+from omlx.adapters.blockfiles.store import FileBlockStore, key_of, safe_folder_name
 from omlx.adapters.sqlindex import open_index
 from omlx.domain.blocks import BlockMeta, StoredBlock
 from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace
@@ -172,17 +172,27 @@ def test_layout_and_folder_names(tmp_path: Path) -> None:
     ns = make_namespace("HuggingFaceTB/SmolLM2 135M:q8")
     store = FileBlockStore(tmp_path)
     key = "ab" + "c" * 62
+    checksum = hashlib.sha256(b"one").hexdigest()
     assert (
-        store.relpath(ns, key)
-        == f"HuggingFaceTB-SmolLM2-135M-q8-{ns.digest[:12]}/ab/{key}.safetensors"
+        store.relpath(ns, key, checksum)
+        == f"HuggingFaceTB-SmolLM2-135M-q8-{ns.digest[:12]}/ab/{key}.{checksum[:12]}.safetensors"
     )
     assert safe_folder_name("../..") == "model"
     assert safe_folder_name("x" * 200) == "x" * 64
     other = make_namespace("HuggingFaceTB/SmolLM2 135M:q8", quant="q4")
-    assert store.relpath(other, key) != store.relpath(ns, key)  # two quantizations never share
+    # Two quantizations never share; two versions of one key's bytes never share either.
+    assert store.relpath(other, key, checksum) != store.relpath(ns, key, checksum)
+    assert store.relpath(ns, key, hashlib.sha256(b"two").hexdigest()) != store.relpath(
+        ns, key, checksum
+    )
+    assert key_of(store.relpath(ns, key, checksum)) == key
+    assert key_of(f"m-{ns.digest[:12]}/ab/{key}.safetensors") == key  # the layout before
     for bad in ("../x.safetensors", "/etc/passwd", ""):
         with pytest.raises(ValueError):
             store.path(bad)
+    for bad_checksum in ("", "xyz" * 20, checksum[:8]):
+        with pytest.raises(ValueError):
+            store.relpath(ns, key, bad_checksum)
 
 
 def test_durable_write_read_delete(tmp_path: Path) -> None:
@@ -190,12 +200,12 @@ def test_durable_write_read_delete(tmp_path: Path) -> None:
     store, index = FileBlockStore(tmp_path), open_index(tmp_path)
     index.upsert_namespace(ns)
     for meta, _, data in make_chain(ns, 5):
-        rel = store.relpath(ns, meta.key)
+        rel = store.relpath(ns, meta.key, hashlib.sha256(data).hexdigest())
         store.write(rel, data)
         assert store.read(rel) == data
         index.add_block(_row(meta, rel, data))
     extra = make_chain(ns, 1, seed=9)[0]
-    rel = store.relpath(ns, extra[0].key)
+    rel = store.relpath(ns, extra[0].key, hashlib.sha256(extra[2]).hexdigest())
     store.write(rel, extra[2])
     store.delete(rel)
     store.delete(rel)  # a missing file is not an error
@@ -217,7 +227,7 @@ def test_failed_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr("omlx.adapters.blockfiles.store.os.fsync", full_disk)
     with pytest.raises(OSError) as info:
-        store.write(store.relpath(ns, meta.key), data)
+        store.write(store.relpath(ns, meta.key, hashlib.sha256(data).hexdigest()), data)
     assert info.value.errno == errno.ENOSPC
     monkeypatch.undo()
     assert list(store.iter_temp_files()) == []
@@ -230,7 +240,7 @@ def test_remove_temp_files_spares_young_ones(tmp_path: Path) -> None:
     ns = make_namespace()
     store = FileBlockStore(tmp_path)
     meta = make_chain(ns, 1)[0][0]
-    folder = store.path(store.relpath(ns, meta.key)).parent
+    folder = store.path(store.relpath(ns, meta.key, "0" * 64)).parent
     folder.mkdir(parents=True)
     old, young = folder / f".{meta.key}.0000.tmp", folder / f".{meta.key}.1111.tmp"
     old.write_bytes(b"x")
@@ -298,3 +308,16 @@ def _row(meta: BlockMeta, relpath: str, data: bytes) -> StoredBlock:
         1.0,
         1.0,
     )
+
+
+def test_shared_locks_coexist_and_exclude_an_owner(tmp_path: Path) -> None:
+    a, b = CacheDirLock(tmp_path, shared=True), CacheDirLock(tmp_path, shared=True)
+    a.acquire()
+    b.acquire()  # two servers on one shared index
+    assert a.held and b.held and is_locked(tmp_path)
+    with pytest.raises(CacheDirLocked):
+        CacheDirLock(tmp_path).acquire()  # an embedded-index server would reconcile their files
+    a.release()
+    b.release()
+    with CacheDirLock(tmp_path), pytest.raises(CacheDirLocked):
+        CacheDirLock(tmp_path, shared=True).acquire()

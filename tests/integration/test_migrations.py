@@ -1,41 +1,56 @@
-"""Alembic migrations: create from nothing, upgrade an index made by the previous revision."""
+"""Alembic migrations on both backends: from nothing, and from every earlier revision with data."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, create_engine, inspect, text
+from sqlalchemy.pool import NullPool
 
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.sqlindex import (
-    SqlBlockIndex,
+    all_revisions,
+    connect_index,
     current_revision,
     head_revision,
-    index_path,
-    make_engine,
-    open_index,
+    to_url,
     upgrade,
 )
 from omlx.adapters.sqlindex.migrate import migrations_dir
 from omlx.adapters.sqlindex.models import Base
-from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace, record_block
+from omlx.adapters.sqlindex.postgres import make_pg_engine
+from omlx.domain.blocks import StoredBlock
+from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-def _schema(db: Path) -> dict[str, set[str]]:
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")
-        kinds: dict[str, set[str]] = {}
-        for kind, name in rows:
-            kinds.setdefault(kind, set()).add(name)
-    return kinds
+def _engine(url: str) -> Engine:
+    parsed = to_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return create_engine(parsed, poolclass=NullPool)
+    return make_pg_engine(parsed, pooled=False)
+
+
+def _schema(url: str) -> dict[str, set[str]]:
+    engine = _engine(url)
+    try:
+        found = inspect(engine)
+        return {
+            "table": set(found.get_table_names()),
+            "view": set(found.get_view_names()),
+            "index": {i["name"] for i in found.get_indexes("blocks")},
+        }
+    finally:
+        engine.dispose()
 
 
 def test_migrations_ship_with_the_package() -> None:
@@ -43,73 +58,172 @@ def test_migrations_ship_with_the_package() -> None:
     assert (folder / "env.py").is_file() and (folder / "script.py.mako").is_file()
     versions = sorted(p.name for p in (folder / "versions").glob("*.py") if p.name != "__init__.py")
     assert versions and all(re.match(r"\d{4}_\d{2}_\d{2}_\d{4}_\w+\.py$", v) for v in versions)
+    assert all_revisions()[-1] == head_revision() and len(all_revisions()) == len(versions)
 
 
-def test_upgrade_on_an_empty_folder(tmp_path: Path) -> None:
-    db = tmp_path / "fresh" / "index.db"
-    assert current_revision(db) is None
-    upgrade(db)
-    assert current_revision(db) == head_revision()
-    schema = _schema(db)
-    assert {"namespaces", "blocks", "weight_digests", "alembic_version"} <= schema["table"]
+def test_upgrade_from_empty(tmp_path: Path, index_url: str) -> None:
+    assert current_revision(index_url) is None
+    upgrade(index_url)
+    assert current_revision(index_url) == head_revision()
+    schema = _schema(index_url)
     assert {
-        "ix_blocks_last_access",
-        "ix_blocks_namespace_last_access",
-        "ix_blocks_parent_key",
-    } <= schema["index"]
+        "namespaces",
+        "namespace_hosts",
+        "blocks",
+        "weight_digests",
+        "alembic_version",
+    } <= schema["table"]
+    assert {"ix_blocks_last_access", "ix_blocks_namespace_last_access", "ix_blocks_parent_key"} <= (
+        schema["index"]
+    )
     assert schema["view"] == {"cache_usage", "lru_blocks"}
-    with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    upgrade(db)  # idempotent
-    assert current_revision(db) == head_revision()
-    assert_cache_invariants(db.parent)
+    if to_url(index_url).get_backend_name() == "sqlite":
+        engine = _engine(index_url)
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        engine.dispose()
+    upgrade(index_url)  # idempotent
+    assert current_revision(index_url) == head_revision()
+    assert_cache_invariants(tmp_path, index_url=index_url)
 
 
-def test_models_match_the_migrations(tmp_path: Path) -> None:
-    upgrade(tmp_path / "index.db")
-    engine = make_engine(tmp_path / "index.db")
+def test_models_match_the_migrations(index_url: str) -> None:
+    upgrade(index_url)
+    engine = _engine(index_url)
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     engine.dispose()
     assert diff == []
 
 
-def test_upgrade_keeps_data_written_by_the_previous_revision(tmp_path: Path) -> None:
-    db = index_path(tmp_path)
-    upgrade(db, "0001")
-    assert current_revision(db) == "0001"
-    assert "weight_digests" not in _schema(db)["table"]
-    index = SqlBlockIndex(make_engine(db))  # the index as revision 0001 wrote it
+def _write_as(url: str, revision: str, store: FileBlockStore) -> tuple[list[StoredBlock], bool]:
+    """Rows in the schema of ``revision``, in plain SQL (today's code writes today's schema)."""
     ns = make_namespace()
-    index.upsert_namespace(ns)
-    store = FileBlockStore(tmp_path)
+    revisions = all_revisions()
+    at = revisions.index(revision)
     blocks = []
-    for i, (meta, _, data) in enumerate(make_chain(ns, 4)):
-        blocks.append(record_block(store, index, ns, meta, data, float(i), hit_count=i))
-    index.close()
+    engine = _engine(url)
+    with engine.begin() as conn:
+        host_rows = at >= revisions.index("0004")
+        conn.execute(
+            text(
+                "INSERT INTO namespaces (digest, model_name, "
+                + ("" if host_rows else "model_path, ")
+                + "block_size, kv_dtype, layer_count, created_at, last_used_at) VALUES (:d, :n, "
+                + ("" if host_rows else ":p, ")
+                + ":b, :k, :l, 1.0, 2.0)"
+            ),
+            {
+                "d": ns.digest,
+                "n": ns.model_name,
+                "p": ns.model_path,
+                "b": ns.block_size,
+                "k": ns.kv_dtype,
+                "l": ns.layer_count,
+            },
+        )
+        for i, (meta, _, data) in enumerate(make_chain(ns, 4)):
+            checksum = hashlib.sha256(data).hexdigest()
+            rel = store.relpath(ns, meta.key, checksum)
+            store.write(rel, data)
+            block = StoredBlock(
+                meta.key,
+                ns.digest,
+                meta.parent_key,
+                meta.token_count,
+                len(data),
+                checksum,
+                rel,
+                float(i),
+                float(i),
+                hit_count=i,
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO blocks (key, namespace, parent_key, token_count, nbytes, checksum,"
+                    " relpath, created_at, last_access, hit_count) VALUES (:key, :namespace,"
+                    " :parent_key, :token_count, :nbytes, :checksum, :relpath, :created_at,"
+                    " :last_access, :hit_count)"
+                ),
+                {f: getattr(block, f) for f in StoredBlock.__slots__},
+            )
+            blocks.append(block)
+        digests = at >= revisions.index("0002")
+        if digests and not host_rows:
+            conn.execute(
+                text(
+                    "INSERT INTO weight_digests (path, size, mtime, digest, computed_at) "
+                    "VALUES ('/w', 1, 1.0, 'd', 1.0)"
+                )
+            )
+    engine.dispose()
+    return blocks, digests
 
-    upgrade(db)
-    assert current_revision(db) == head_revision()
-    index = open_index(tmp_path)  # upgrades again: a no-op
+
+@pytest.mark.parametrize("revision", all_revisions()[:-1])
+def test_upgrade_keeps_data_written_by_an_earlier_revision(
+    tmp_path: Path, index_url: str, revision: str
+) -> None:
+    upgrade(index_url, revision)
+    assert current_revision(index_url) == revision
+    store = FileBlockStore(tmp_path)
+    blocks, digests = _write_as(index_url, revision, store)
+
+    upgrade(index_url)
+    assert current_revision(index_url) == head_revision()
+    index = connect_index(index_url)  # upgrades again: a no-op
     assert index.get_blocks([b.key for b in blocks]) == {b.key: b for b in blocks}
-    assert [r.info for r in index.namespace_records()] == [ns]
+    # The model path moved to this host's row (0004): the one that ran the upgrade.
+    assert [r.info for r in index.namespace_records()] == [make_namespace()]
     assert [b.key for b in index.lru_blocks(10)] == [b.key for b in blocks]
     assert index.children(blocks[0].key, 10) == [blocks[1]]  # 0003 indexed the old rows
-    assert "ix_blocks_parent_key" in _schema(db)["index"]
-    index.weight_digest_store("/w", 1, 1.0, "d")
-    assert index.weight_digest_lookup("/w", 1, 1.0) == "d"
+    assert "ix_blocks_parent_key" in _schema(index_url)["index"]
+    if digests:
+        assert index.weight_digest_lookup("/w", 1, 1.0) == "d"
+    index.weight_digest_store("/w2", 1, 1.0, "d2")
+    assert index.weight_digest_lookup("/w2", 1, 1.0) == "d2"
+    engine = _engine(index_url)
+    with engine.connect() as conn:
+        usage = conn.execute(
+            text("SELECT model_name, blocks, newest_access_utc FROM cache_usage")
+        ).all()
+    engine.dispose()
+    assert [tuple(r) for r in usage] == [(make_namespace().model_name, 4, "1970-01-01 00:00:03")]
     index.close()
-    assert_cache_invariants(tmp_path)
+    assert_cache_invariants(tmp_path, index_url=index_url)
 
 
-def test_concurrent_upgrades_from_two_processes(tmp_path: Path) -> None:
-    db = tmp_path / "index.db"
-    code = f"from omlx.adapters.sqlindex import upgrade; upgrade({str(db)!r})"
+def test_downgrade_to_the_first_revision_and_back(tmp_path: Path, index_url: str) -> None:
+    upgrade(index_url)
+    index = connect_index(index_url)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    index.close()
+    from alembic import command
+
+    from omlx.adapters.sqlindex.migrate import alembic_config
+
+    command.downgrade(alembic_config(index_url), "0001")
+    assert current_revision(index_url) == "0001"
+    engine = _engine(index_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT model_path FROM namespaces")).scalar() == ns.model_path
+    engine.dispose()
+    upgrade(index_url)
+    index = connect_index(index_url)
+    assert [r.info for r in index.namespace_records()] == [ns]
+    index.close()
+    assert_cache_invariants(tmp_path, index_url=index_url)
+
+
+def test_concurrent_upgrades_from_two_processes(tmp_path: Path, index_url: str) -> None:
+    target = index_url if "postgresql" in index_url else str(tmp_path / "index.db")
+    code = f"from omlx.adapters.sqlindex import upgrade; upgrade({target!r})"
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     procs = [
         subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
+        for _ in range(3)
     ]
-    errors = [p.communicate(timeout=60)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], errors
-    assert current_revision(db) == head_revision()
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    assert current_revision(index_url) == head_revision()

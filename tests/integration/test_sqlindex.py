@@ -1,8 +1,16 @@
-"""The SQLite index: pragmas, transactions, CRUD, batched recency across re-open, views."""
+"""The index repository on both backends: CRUD, recency across re-open, views, eviction.
+
+Every test of the repository runs against SQLite and against a real PostgreSQL server
+(the ``index_url`` fixture); the pragma and transaction-mode checks are per dialect.
+"""
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
+from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,10 +19,18 @@ from sqlalchemy.exc import IntegrityError
 
 from omlx.adapters.blockfiles.format import pack_block
 from omlx.adapters.blockfiles.store import FileBlockStore
-from omlx.adapters.sqlindex import SqlBlockIndex, index_path, make_engine, open_index
+from omlx.adapters.sqlindex import (
+    SqlBlockIndex,
+    connect_index,
+    index_path,
+    make_engine,
+    open_index,
+)
+from omlx.adapters.sqlindex.postgres import EVICTION_LOCK, lock_key
 from omlx.domain.blocks import BlockMeta, NamespaceInfo, StoredBlock
 from omlx.domain.cold_tier import RecencyBuffer
 from omlx.domain.keys import block_key
+from omlx.domain.ports import IndexUnavailable
 from tests.fakes import FakeClock
 from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace, record_block
 
@@ -78,9 +94,9 @@ def test_writes_begin_immediate_reads_deferred(tmp_path: Path) -> None:
     index.close()
 
 
-def test_crud(tmp_path: Path) -> None:
+def test_crud(tmp_path: Path, index_url: str) -> None:
     clock = FakeClock(100.0)
-    index = open_index(tmp_path, clock=clock.now)
+    index = connect_index(index_url, clock=clock.now)
     ns, other = make_namespace(), make_namespace("other")
     index.upsert_namespace(ns)
     clock.advance(5)
@@ -110,11 +126,11 @@ def test_crud(tmp_path: Path) -> None:
     index.weight_digest_store("/m/model.safetensors", 11, 2.5, "d2")
     assert index.weight_digest_lookup("/m/model.safetensors", 11, 2.5) == "d2"
     index.close()
-    assert_cache_invariants(tmp_path)
+    assert_cache_invariants(tmp_path, index_url=index_url)
 
 
-def test_children_by_parent_key_most_recent_first(tmp_path: Path) -> None:
-    index = open_index(tmp_path)
+def test_children_by_parent_key_most_recent_first(tmp_path: Path, index_url: str) -> None:
+    index = connect_index(index_url)
     ns = make_namespace()
     index.upsert_namespace(ns)
     chain = make_chain(ns, 2)
@@ -139,16 +155,19 @@ def test_children_by_parent_key_most_recent_first(tmp_path: Path) -> None:
     assert [b.key for b in index.children(ns.digest, 10)] == [root.key]
     assert index.children("ab" * 32, 10) == []
     with index.engine.connect() as conn:
-        plan = conn.exec_driver_sql(
-            "EXPLAIN QUERY PLAN SELECT key FROM blocks WHERE parent_key = 'x'"
-        ).fetchall()
+        if index.shared:  # a table this small is scanned unless the planner must use an index
+            conn.exec_driver_sql("SET enable_seqscan = off")
+            explain = "EXPLAIN SELECT key FROM blocks WHERE parent_key = 'x'"
+        else:
+            explain = "EXPLAIN QUERY PLAN SELECT key FROM blocks WHERE parent_key = 'x'"
+        plan = conn.exec_driver_sql(explain).fetchall()
     assert any("ix_blocks_parent_key" in str(row) for row in plan)
     index.close()
-    assert_cache_invariants(tmp_path)
+    assert_cache_invariants(tmp_path, index_url=index_url)
 
 
-def test_remove_namespace_cascades(tmp_path: Path) -> None:
-    index = open_index(tmp_path)
+def test_remove_namespace_cascades(tmp_path: Path, index_url: str) -> None:
+    index = connect_index(index_url)
     ns, other = make_namespace(), make_namespace("other")
     for n in (ns, other):
         index.upsert_namespace(n)
@@ -160,12 +179,12 @@ def test_remove_namespace_cascades(tmp_path: Path) -> None:
         FileBlockStore(tmp_path).delete(block.relpath)
     assert {u.namespace for u in index.usage()} == {other.digest}
     index.close()
-    assert_cache_invariants(tmp_path)
+    assert_cache_invariants(tmp_path, index_url=index_url)
 
 
-def test_batched_touch_persists_lru_order_across_reopen(tmp_path: Path) -> None:
+def test_batched_touch_persists_lru_order_across_reopen(tmp_path: Path, index_url: str) -> None:
     clock = FakeClock(1000.0)
-    index = open_index(tmp_path)
+    index = connect_index(index_url)
     ns = make_namespace()
     index.upsert_namespace(ns)
     blocks = [
@@ -188,18 +207,18 @@ def test_batched_touch_persists_lru_order_across_reopen(tmp_path: Path) -> None:
     assert sum(s.startswith("UPDATE blocks") for s in statements) == 1  # one batched statement
     index.close()
 
-    reopened = open_index(tmp_path)
+    reopened = connect_index(index_url)
     order = [b.key for b in reopened.lru_blocks(10)]
     assert order == [blocks[1].key, blocks[3].key, blocks[4].key, blocks[2].key, blocks[0].key]
     rows = reopened.get_blocks([blocks[0].key, blocks[2].key])
     assert rows[blocks[0].key].last_access == 1003.0 and rows[blocks[0].key].hit_count == 1
     assert rows[blocks[2].key].last_access == 1002.0
     reopened.close()
-    assert_cache_invariants(tmp_path)
+    assert_cache_invariants(tmp_path, index_url=index_url)
 
 
-def test_recency_buffer_flushes_when_full(tmp_path: Path) -> None:
-    index = open_index(tmp_path)
+def test_recency_buffer_flushes_when_full(tmp_path: Path, index_url: str) -> None:
+    index = connect_index(index_url)
     ns = make_namespace()
     index.upsert_namespace(ns)
     blocks = [_put(tmp_path, index, ns, m, d) for m, _, d in make_chain(ns, 3)]
@@ -210,11 +229,11 @@ def test_recency_buffer_flushes_when_full(tmp_path: Path) -> None:
     assert recency.pending() == 0
     assert all(b.hit_count == 1 for b in index.get_blocks([b.key for b in blocks]).values())
     index.close()
-    assert_cache_invariants(tmp_path)
+    assert_cache_invariants(tmp_path, index_url=index_url)
 
 
-def test_views(tmp_path: Path) -> None:
-    index = open_index(tmp_path)
+def test_views(tmp_path: Path, index_url: str) -> None:
+    index = connect_index(index_url)
     ns, other, empty = make_namespace("alpha"), make_namespace("beta"), make_namespace("gamma")
     for n in (ns, other, empty):
         index.upsert_namespace(n)
@@ -235,11 +254,11 @@ def test_views(tmp_path: Path) -> None:
     port_usage = {u.model_name: u for u in index.usage()}
     assert set(port_usage) == {"alpha", "beta"} and port_usage["beta"].blocks == 2
     index.close()
-    assert_cache_invariants(tmp_path)
+    assert_cache_invariants(tmp_path, index_url=index_url)
 
 
-def test_concurrent_writers_and_readers(tmp_path: Path) -> None:
-    index = open_index(tmp_path)
+def test_concurrent_writers_and_readers(tmp_path: Path, index_url: str) -> None:
+    index = connect_index(index_url)
     ns = make_namespace()
     index.upsert_namespace(ns)
     chains = [make_chain(ns, 40, kv_bytes=32, seed=s) for s in range(3)]
@@ -270,4 +289,150 @@ def test_concurrent_writers_and_readers(tmp_path: Path) -> None:
     assert errors == []
     assert index.block_count() == 120
     index.close()
-    assert_cache_invariants(tmp_path)
+    assert_cache_invariants(tmp_path, index_url=index_url)
+
+
+def test_first_writer_wins(tmp_path: Path, index_url: str) -> None:
+    index = connect_index(index_url)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    (meta, _, data), (_, _, other_data) = make_chain(ns, 2)
+    first = _put(tmp_path, index, ns, meta, data, at=1.0)
+    assert index.add_block(replace(first, key="ab" * 32, parent_key=first.key)) is True
+    index.remove_blocks(["ab" * 32])
+    # A second writer's row for the same key (its own file, other bytes) changes nothing.
+    rival = replace(first, nbytes=len(other_data), checksum="0" * 64, relpath="x/y/z", last_access=9.0)
+    assert index.add_block(rival) is False
+    assert index.get_blocks([meta.key]) == {meta.key: first}
+    assert index.block_count() == 1
+    index.close()
+    assert_cache_invariants(tmp_path, index_url=index_url)
+
+
+def test_evict_plans_on_the_total_and_respects_the_lease(tmp_path: Path, index_url: str) -> None:
+    index = connect_index(index_url)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    blocks = [
+        _put(tmp_path, index, ns, m, d, at=float(i)) for i, (m, _, d) in enumerate(make_chain(ns, 6))
+    ]
+    seen: list[tuple[int, list[str]]] = []
+
+    def plan(total: int, oldest_first: Iterable[StoredBlock]) -> list[StoredBlock]:
+        candidates = list(oldest_first)
+        seen.append((total, [b.key for b in candidates]))
+        return candidates[:2]
+
+    # The lease: blocks used at or after t=4 are not offered.
+    victims = index.evict(plan, accessed_before=4.0)
+    assert seen == [(sum(b.nbytes for b in blocks), [b.key for b in blocks[:4]])]
+    assert victims == blocks[:2]
+    assert set(index.get_blocks([b.key for b in blocks])) == {b.key for b in blocks[2:]}
+    for victim in victims:  # rows first, files after the commit
+        FileBlockStore(tmp_path).delete(victim.relpath)
+    assert index.evict(lambda total, rows: [], None) == []
+    index.close()
+    assert_cache_invariants(tmp_path, index_url=index_url)
+
+
+def test_host_rows_stay_per_host(tmp_path: Path, index_url: str) -> None:
+    a = connect_index(index_url, host="host-a")
+    b = connect_index(index_url, host="host-b", migrate=False)
+    ns = make_namespace()
+    a.upsert_namespace(ns)
+    b.upsert_namespace(replace(ns, model_path="/elsewhere/model"))
+    assert [r.info for r in a.namespace_records()] == [ns]  # b's path did not overwrite a's
+    assert [r.info.model_path for r in b.namespace_records()] == ["/elsewhere/model"]
+    c = connect_index(index_url, host="host-c", migrate=False)
+    assert [r.info.model_path for r in c.namespace_records()] == [""]  # never used it
+    a.weight_digest_store("/m/w.safetensors", 5_000_000_000, 1.5, "digest-a")  # > 2 GiB
+    assert a.weight_digest_lookup("/m/w.safetensors", 5_000_000_000, 1.5) == "digest-a"
+    assert b.weight_digest_lookup("/m/w.safetensors", 5_000_000_000, 1.5) is None
+    assert a.remove_namespaces([ns.digest]) == []
+    assert c.namespace_records() == []  # the host rows went with the namespace (cascade)
+    for index in (a, b, c):
+        index.close()
+    assert_cache_invariants(tmp_path, index_url=index_url)
+
+
+# --- PostgreSQL only: sessions, locks, an unreachable server ----------------------------
+
+
+def test_postgres_sessions_have_bounded_waits(pg_url: str) -> None:
+    index = connect_index(pg_url)
+    with index.engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "5s"
+        assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == "2s"
+    assert index.shared and "@127.0.0.1" in index.label
+    index.close()
+
+
+def test_postgres_eviction_is_one_server_at_a_time(tmp_path: Path, pg_url: str) -> None:
+    index = connect_index(pg_url)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    blocks = [_put(tmp_path, index, ns, m, d) for m, _, d in make_chain(ns, 3)]
+    other = index.engine.connect()  # another server, in the middle of its eviction
+    other.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock_key(EVICTION_LOCK)})
+    assert index.evict(lambda total, rows: list(rows), None) is None
+    assert index.block_count() == 3  # nothing removed
+    other.rollback()
+    # Rows another transaction holds (a peer's eviction) are skipped, not waited on.
+    other.execute(text("SELECT key FROM blocks WHERE key = :k FOR UPDATE"), {"k": blocks[0].key})
+    victims = index.evict(lambda total, rows: list(rows), None)
+    assert sorted(v.key for v in victims or []) == sorted(b.key for b in blocks[1:])
+    other.rollback()
+    other.close()
+    for victim in victims or []:
+        FileBlockStore(tmp_path).delete(victim.relpath)
+    index.close()
+    assert_cache_invariants(tmp_path, index_url=pg_url)
+
+
+def test_postgres_touch_skips_rows_held_elsewhere(tmp_path: Path, pg_url: str) -> None:
+    index = connect_index(pg_url)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    blocks = [_put(tmp_path, index, ns, m, d) for m, _, d in make_chain(ns, 3)]
+    other = index.engine.connect()
+    other.execute(text("SELECT key FROM blocks WHERE key = :k FOR UPDATE"), {"k": blocks[1].key})
+    started = time.monotonic()
+    index.touch({b.key: 50.0 for b in reversed(blocks)})  # recency is advisory: no waiting
+    assert time.monotonic() - started < 1.5
+    other.rollback()
+    other.close()
+    rows = index.get_blocks([b.key for b in blocks])
+    assert [rows[b.key].hit_count for b in blocks] == [1, 0, 1]
+    index.close()
+    assert_cache_invariants(tmp_path, index_url=pg_url)
+
+
+def test_unreachable_postgres_is_unavailable_fast() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here
+    index = connect_index(f"postgresql+psycopg://omlx@127.0.0.1:{port}/omlx", migrate=False)
+    with pytest.raises(IndexUnavailable, match="unreachable"):
+        index.get_blocks(["ab" * 32])
+    started = time.monotonic()
+    for call in (lambda: index.get_blocks(["ab"]), lambda: index.touch({"ab": 1.0}), index.total_bytes):
+        with pytest.raises(IndexUnavailable):
+            call()
+    assert time.monotonic() - started < 0.5  # failing fast, not one connect timeout each
+    index.close()
+
+
+def test_postgres_lock_timeout_is_a_miss_not_an_outage(tmp_path: Path, pg_url: str) -> None:
+    index = connect_index(pg_url)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    (block,) = [_put(tmp_path, index, ns, m, d) for m, _, d in make_chain(ns, 1)]
+    other = index.engine.connect()  # a peer's eviction holds the row
+    other.execute(text("SELECT key FROM blocks WHERE key = :k FOR UPDATE"), {"k": block.key})
+    with pytest.raises(IndexUnavailable, match="lock timeout"):
+        index.remove_blocks([block.key])  # waits lock_timeout (2 s), then gives up
+    assert index.get_blocks([block.key]) == {block.key: block}  # no fail-fast window opened
+    other.rollback()
+    other.close()
+    index.close()
+    assert_cache_invariants(tmp_path, index_url=pg_url)

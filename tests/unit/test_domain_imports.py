@@ -50,6 +50,7 @@ PORT_FAKES = [
     ("BlockStore", "FakeBlockStore"),
     ("BlockIndex", "FakeBlockIndex"),
     ("ColdSource", "FakeColdSource"),
+    ("BlockSink", "FakeBlockSink"),
     ("EvictionPolicy", "LRUPolicy"),
 ]
 

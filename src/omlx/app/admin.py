@@ -1,7 +1,8 @@
 """``omlx admin cache ...`` and ``omlx db upgrade``: look after a cache folder from the shell.
 
-Never imports Litestar or MLX (a test checks), and is safe beside a running server:
-without the folder's lock it leaves alone any file younger than a minute.
+Never imports Litestar or MLX (a test checks), and is safe beside running servers:
+without the folder's lock, or with a shared index, it leaves alone any file or row
+younger than a minute. ``--index-url`` points at a shared PostgreSQL index.
 """
 
 from __future__ import annotations
@@ -10,15 +11,14 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from omlx.adapters.blockfiles.budget import DiskBudget, default_reserve
-from omlx.adapters.blockfiles.lock import CacheDirLock, CacheDirLocked, lock_holder
+from omlx.adapters.blockfiles.lock import lock_holder
 from omlx.adapters.blockfiles.maintenance import (
     LIVE_GRACE_S,
     delete_files,
@@ -27,22 +27,18 @@ from omlx.adapters.blockfiles.maintenance import (
     verify,
 )
 from omlx.adapters.blockfiles.store import FileBlockStore
-from omlx.adapters.sqlindex import SqlBlockIndex, current_revision, index_path, open_index, upgrade
+from omlx.adapters.sqlindex import SqlBlockIndex, current_revision, index_path, upgrade
+from omlx.app.admin_target import (
+    Target,
+    cache_dir_option,
+    friendly_errors,
+    index_url_option,
+    owned_or_shared,
+)
 from omlx.app.sizes import format_size, parse_size
-from omlx.domain.cold_tier import evict
+from omlx.domain.eviction import evict
 
 T = TypeVar("T")
-DEFAULT_CACHE_DIR = "~/.omlx/cache"
-
-cache_dir_option = click.option(
-    "--cache-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_CACHE_DIR,
-    envvar="OMLX_CACHE_DIR",
-    show_default=True,
-    show_envvar=True,
-    help="The cache folder (block files and index.db).",
-)
 
 
 def _progress(items: Iterable[T], length: int | None, label: str) -> Iterable[T]:
@@ -50,34 +46,6 @@ def _progress(items: Iterable[T], length: int | None, label: str) -> Iterable[T]
     bar = click.progressbar(items, length=length, label=label, file=sys.stderr)
     with bar as wrapped:
         yield from wrapped
-
-
-def _existing_index(cache_dir: Path) -> SqlBlockIndex | None:
-    """The index if the folder has one (migrated to head), else None: read-only commands create nothing."""
-    if not index_path(cache_dir).exists():
-        return None
-    return open_index(cache_dir)
-
-
-@contextmanager
-def _owned_or_shared(cache_dir: Path) -> Iterator[float | None]:
-    """Hold the folder's lock if no server does; yields the grace period for young files."""
-    lock = CacheDirLock(cache_dir)
-    try:
-        lock.acquire()
-    except CacheDirLocked as exc:
-        click.echo(
-            f"server running (pid {exc.pid or '?'}): files younger than "
-            f"{LIVE_GRACE_S:.0f} s are left alone",
-            err=True,
-        )
-    if not lock.held:
-        yield LIVE_GRACE_S
-        return
-    try:
-        yield None
-    finally:
-        lock.release()
 
 
 @click.group("admin")
@@ -92,17 +60,20 @@ def cache_group() -> None:
 
 @click.group("db")
 def db_group() -> None:
-    """The SQLite index's schema."""
+    """The index's schema (SQLite or PostgreSQL)."""
 
 
 @cache_group.command("stats")
 @cache_dir_option
+@index_url_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def stats_command(cache_dir: Path, as_json: bool) -> None:
+@friendly_errors
+def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None:
     """Blocks, tokens and bytes per model, the disk's free space and the server's state."""
-    index = _existing_index(cache_dir)
+    target = Target.of(cache_dir, index_url)
+    index = target.existing_index()
     try:
-        report = _stats(cache_dir, index)
+        report = _stats(target, index)
     finally:
         if index is not None:
             index.close()
@@ -111,9 +82,13 @@ def stats_command(cache_dir: Path, as_json: bool) -> None:
         return
     server = report["server_pid"]
     click.echo(f"cache folder: {report['cache_dir']}")
-    click.echo(
-        f"server:       {'running, pid ' + str(server) if server is not None else 'not running'}"
-    )
+    if report["index"]["shared"]:
+        click.echo("server:       shared index (servers on other hosts hold no lock here)")
+    else:
+        running = (
+            f"running, pid {server}" if server else "running" if server == 0 else "not running"
+        )
+        click.echo(f"server:       {running}")
     click.echo(
         f"index:        {report['index']['path']} (revision {report['index']['revision']}, "
         f"{format_size(report['index']['nbytes'])})"
@@ -136,8 +111,8 @@ def stats_command(cache_dir: Path, as_json: bool) -> None:
         )
 
 
-def _stats(cache_dir: Path, index: SqlBlockIndex | None) -> dict[str, Any]:
-    db = index_path(cache_dir)
+def _stats(target: Target, index: SqlBlockIndex | None) -> dict[str, Any]:
+    cache_dir = target.cache_dir
     namespaces: list[dict[str, Any]] = []
     if index is not None:
         usage = {u.namespace: u for u in index.usage()}
@@ -163,13 +138,19 @@ def _stats(cache_dir: Path, index: SqlBlockIndex | None) -> dict[str, Any]:
     if cache_dir.expanduser().is_dir():
         du = shutil.disk_usage(cache_dir.expanduser())
         disk = {"total": du.total, "free": du.free, "reserve": default_reserve(du.total)}
+    if target.shared:
+        nbytes = index.storage_bytes() if index is not None else 0
+    else:
+        db = index_path(cache_dir)
+        nbytes = sum(p.stat().st_size for p in db.parent.glob(db.name + "*"))
     return {
         "cache_dir": str(cache_dir.expanduser()),
         "server_pid": lock_holder(cache_dir),
         "index": {
-            "path": str(db),
-            "revision": current_revision(db),
-            "nbytes": sum(p.stat().st_size for p in db.parent.glob(db.name + "*")),
+            "path": target.label,
+            "shared": target.shared,
+            "revision": current_revision(target.url),
+            "nbytes": nbytes,
         },
         "namespaces": namespaces,
         "total": {k: sum(ns[k] for ns in namespaces) for k in ("blocks", "tokens", "nbytes")},
@@ -179,15 +160,18 @@ def _stats(cache_dir: Path, index: SqlBlockIndex | None) -> dict[str, Any]:
 
 @cache_group.command("verify")
 @cache_dir_option
+@index_url_option
 @click.option("--fix", is_flag=True, help="Remove bad blocks (rows first, then files).")
-def verify_command(cache_dir: Path, fix: bool) -> None:
+@friendly_errors
+def verify_command(cache_dir: Path, index_url: str | None, fix: bool) -> None:
     """Read every indexed block, check its checksum and that its tokens rehash to its key.
 
     Exits 1 when any block is bad (also with --fix, which removes them).
     """
-    index = _existing_index(cache_dir)
+    target = Target.of(cache_dir, index_url)
+    index = target.existing_index()
     if index is None:
-        click.echo(f"no cache index in {cache_dir}; nothing to verify")
+        click.echo(f"no cache index in {target.label}; nothing to verify")
         return
     store = FileBlockStore(cache_dir)
     try:
@@ -219,8 +203,30 @@ def verify_command(cache_dir: Path, fix: bool) -> None:
     help="Drop models whose folder is gone or that went unused for --unused-days.",
 )
 @click.option("--unused-days", type=float, default=30.0, show_default=True)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=LIVE_GRACE_S,
+    show_default=True,
+    help="Beside live servers: spare files and rows younger than this many seconds.",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=0),
+    default=LIVE_GRACE_S,
+    show_default=True,
+    help="With a shared index: never evict blocks any server used within this many seconds.",
+)
+@index_url_option
+@friendly_errors
 def vacuum_command(
-    cache_dir: Path, max_size: str | None, unused_namespaces: bool, unused_days: float
+    cache_dir: Path,
+    max_size: str | None,
+    unused_namespaces: bool,
+    unused_days: float,
+    grace: float,
+    lease: float,
+    index_url: str | None,
 ) -> None:
     """Reconcile files and rows, enforce the budget, drop stale temp files, compact the index."""
     try:
@@ -230,24 +236,46 @@ def vacuum_command(
     if not cache_dir.expanduser().is_dir():
         click.echo(f"no cache folder at {cache_dir}; nothing to do")
         return
+    target = Target.of(cache_dir, index_url)
     store = FileBlockStore(cache_dir)
-    with _owned_or_shared(cache_dir) as grace:
-        index = open_index(cache_dir)
+    with owned_or_shared(target, grace) as spare:
+        index = target.open_index()
         try:
-            freed = _vacuum(index, store, grace, max_bytes, unused_namespaces, unused_days)
-            db = index_path(cache_dir)
-            before = db.stat().st_size
-            if grace is None:
-                index.vacuum()
-                after = db.stat().st_size
-                click.echo(f"index compacted: {format_size(before)} -> {format_size(after)}")
-            else:
-                # VACUUM holds the write lock for as long as it takes: a live server's
-                # writer would time out and drop blocks. Compact once it has stopped.
-                click.echo("index not compacted while a server runs")
+            with index.maintenance_lock() as ours:
+                if not ours:
+                    raise click.ClickException(
+                        "another server or admin is reconciling this shared cache; try again later"
+                    )
+                freed = _vacuum(
+                    index,
+                    store,
+                    spare,
+                    max_bytes,
+                    unused_namespaces,
+                    unused_days,
+                    lease if target.shared else None,
+                )
+            _compact(target, index, owned=spare is None)
         finally:
             index.close()
     click.echo(f"freed {format_size(freed)} of block files")
+
+
+def _compact(target: Target, index: SqlBlockIndex, *, owned: bool) -> None:
+    if target.shared:
+        index.vacuum()  # VACUUM ANALYZE takes no lock that stops the servers
+        click.echo("index vacuumed (VACUUM ANALYZE)")
+        return
+    if not owned:
+        # VACUUM holds the write lock for as long as it takes: a live server's
+        # writer would time out and drop blocks. Compact once it has stopped.
+        click.echo("index not compacted while a server runs")
+        return
+    db = index_path(target.cache_dir)
+    before = db.stat().st_size
+    index.vacuum()
+    after = db.stat().st_size
+    click.echo(f"index compacted: {format_size(before)} -> {format_size(after)}")
 
 
 def _vacuum(
@@ -257,6 +285,7 @@ def _vacuum(
     max_bytes: int | None,
     unused_namespaces: bool,
     unused_days: float,
+    lease: float | None,
 ) -> int:
     report = reconcile(index, store, grace=grace, progress=_progress)
     click.echo(f"removed {report.temp_files} leftover temporary files")
@@ -278,7 +307,13 @@ def _vacuum(
         freed += gone
     budget = DiskBudget(store.root, max_bytes=max_bytes if max_bytes is not None else 2**62)
     used = index.total_bytes()
-    victims = evict(index, store, used - budget.limit(used), lambda key: False, used=used)
+    accessed_before = None if lease is None else time.time() - lease
+    victims = evict(
+        index, store, budget.limit(used), lambda key: False, accessed_before=accessed_before
+    )
+    if victims is None:
+        click.echo("another server is evicting now; the budget is left to it")
+        victims = []
     evicted = sum(v.nbytes for v in victims)
     click.echo(f"evicted {len(victims)} least recently used blocks ({format_size(evicted)})")
     return freed + evicted
@@ -304,13 +339,16 @@ def _unused_namespaces(index: SqlBlockIndex, days: float) -> list[tuple[str, str
     "--model", "model", help="Only this model's blocks (its name as `cache stats` shows)."
 )
 @click.option("--yes", is_flag=True, help="Really delete.")
-def clear_command(cache_dir: Path, model: str | None, yes: bool) -> None:
+@index_url_option
+@friendly_errors
+def clear_command(cache_dir: Path, model: str | None, yes: bool, index_url: str | None) -> None:
     """Delete every cached block, or one model's."""
     if not yes:
         raise click.UsageError("clear deletes cached blocks; pass --yes to confirm")
-    index = _existing_index(cache_dir)
+    target = Target.of(cache_dir, index_url)
+    index = target.existing_index()
     if index is None:
-        click.echo(f"no cache index in {cache_dir}; nothing to clear")
+        click.echo(f"no cache index in {target.label}; nothing to clear")
         return
     store = FileBlockStore(cache_dir)
     try:
@@ -323,20 +361,22 @@ def clear_command(cache_dir: Path, model: str | None, yes: bool) -> None:
         freed = delete_files(store, blocks)
     finally:
         index.close()
-    if lock_holder(cache_dir) is None:
-        store.prune_empty_dirs()
+    if not target.shared and lock_holder(cache_dir) is None:
+        store.prune_empty_dirs()  # with servers running, a new folder may be about to get a file
     click.echo(f"cleared {len(blocks)} blocks of {len(chosen)} namespaces ({format_size(freed)})")
 
 
 @db_group.command("upgrade")
 @cache_dir_option
-def db_upgrade_command(cache_dir: Path) -> None:
-    """Create or migrate ``<cache-dir>/index.db`` to the newest schema."""
-    db = index_path(cache_dir)
-    before = current_revision(db)
-    upgrade(db)
-    after = current_revision(db)
-    click.echo(f"index {db}: revision {before or 'none'} -> {after}")
+@index_url_option
+@friendly_errors
+def db_upgrade_command(cache_dir: Path, index_url: str | None) -> None:
+    """Create or migrate the index (``<cache-dir>/index.db`` or ``--index-url``) to the newest schema."""
+    target = Target.of(cache_dir, index_url)
+    before = current_revision(target.url)
+    upgrade(target.url)
+    after = current_revision(target.url)
+    click.echo(f"index {target.label}: revision {before or 'none'} -> {after}")
 
 
 def _ago(at: float | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
     try:
         ssd = _open_ssd(settings, closers) if settings.cache_enabled and settings.ssd_cache_enabled else None
         model = overrides.get("model") or load_model(
-            settings.model or None, digest_cache=_digest_cache(ssd["index"]) if ssd else None
+            settings.model or None, digest_cache=_digest_cache(ssd.index) if ssd else None
         )
         prefix_cache = cold_tier = None
         if not settings.cache_enabled:
@@ -121,19 +122,55 @@ def _close_all(closers: list) -> None:
             log.exception("error while closing")
 
 
-def _open_ssd(settings: Settings, closers: list) -> dict[str, Any]:
-    """Lock the cache folder (one server per folder) and open its index."""
-    from omlx.adapters.blockfiles import CacheDirLock, FileBlockStore
-    from omlx.adapters.sqlindex import open_index
+@dataclass(frozen=True, slots=True)
+class SsdParts:
+    """The cold tier's outside things: its folder, index and store, and whether others share them."""
+
+    dir: Path
+    index: Any  # SqlBlockIndex
+    store: Any  # FileBlockStore
+    shared: bool
+    server_id: str
+
+
+def _open_ssd(settings: Settings, closers: list) -> SsdParts:
+    """Lock the cache folder (exclusive, or shared with a shared index) and open its index."""
+    from sqlalchemy import exc as sa_exc
+
+    from omlx.adapters.blockfiles import CacheDirLock, CacheDirLocked, FileBlockStore
+    from omlx.adapters.sqlindex import backend, connect_index, display, index_path, sqlite_url
 
     cache_dir = settings.cache_dir
     cache_dir.mkdir(parents=True, exist_ok=True)
-    lock = CacheDirLock(cache_dir)
-    lock.acquire()  # raises CacheDirLocked with the other server's pid
+    url = settings.index_url or sqlite_url(index_path(cache_dir))
+    shared = backend(url) == "postgresql"
+    lock = CacheDirLock(cache_dir, shared=shared)
+    try:
+        lock.acquire()  # raises CacheDirLocked with the other server's pid
+    except CacheDirLocked as exc:
+        if not shared:
+            raise
+        raise RuntimeError(
+            f"cache folder {cache_dir} is owned by a server with an embedded index "
+            f"(pid {exc.pid or '?'}); servers share a folder only through one --index-url"
+        ) from None
     closers.append(lock.release)
-    index = open_index(cache_dir)
-    closers.append(index.close)
-    return {"dir": cache_dir, "lock": lock, "index": index, "store": FileBlockStore(cache_dir)}
+    server_id = settings.server_identity
+    try:
+        index = connect_index(url)
+        closers.append(index.close)
+        if shared:
+            from omlx.adapters.sqlindex.postgres import hold_identity
+
+            closers.append(hold_identity(index.engine, server_id).close)
+    except sa_exc.OperationalError as exc:
+        first = str(exc.orig or exc).strip().splitlines()[0]
+        raise RuntimeError(f"cannot reach the index {display(url)}: {first}") from None
+    if shared:
+        log.info("shared index %s, as server %s", display(url), server_id)
+    store = FileBlockStore(cache_dir, writer_id=server_id)
+    closers.append(store.close)  # its read threads, after the writer and the flush
+    return SsdParts(cache_dir, index, store, shared, server_id)
 
 
 def _digest_cache(index: Any):
@@ -151,7 +188,7 @@ def _digest_cache(index: Any):
     return cached
 
 
-def _build_cache(settings: Settings, model: Any, ssd: dict[str, Any] | None, closers: list):
+def _build_cache(settings: Settings, model: Any, ssd: SsdParts | None, closers: list):
     from omlx.adapters.mlx.kv_codec import MLXKVCodec
     from omlx.domain.hot_tier import HotTier
     from omlx.domain.prefix_cache import PrefixCache
@@ -164,47 +201,72 @@ def _build_cache(settings: Settings, model: Any, ssd: dict[str, Any] | None, clo
     log.info(
         "prefix cache: hot tier %s, SSD tier %s, block size %d, namespace %s",
         settings.hot_cache_max_size,
-        f"{settings.paged_ssd_cache_max_size} in {ssd['dir']}" if ssd else "off",
+        f"{settings.paged_ssd_cache_max_size} in {ssd.dir} ({ssd.index.label})" if ssd else "off",
         settings.block_size,
         namespace.digest[:12],
     )
     return prefix_cache, cold
 
 
-def _build_cold_tier(settings, namespace, hot, codec, ssd, closers):
+def _build_cold_tier(settings, namespace, hot, codec, ssd: SsdParts, closers):
     from omlx.adapters.blockfiles import BlockWriter, DiskBudget
-    from omlx.adapters.blockfiles.maintenance import reconcile
     from omlx.domain.cold_tier import ColdTier, RecencyBuffer
 
-    index, store = ssd["index"], ssd["store"]
+    index, store = ssd.index, ssd.store
     index.upsert_namespace(namespace)
     recency = RecencyBuffer(index)
     writer = BlockWriter(
         store,
         index,
-        DiskBudget(ssd["dir"], settings.ssd_cache_bytes),
+        DiskBudget(ssd.dir, settings.ssd_cache_bytes),
         is_pinned=hot.is_pinned,
         tick=recency.maybe_flush,
+        shared=ssd.shared,
+        lease=settings.eviction_lease_seconds,
     )
-    cold = ColdTier(namespace, store, index, writer, codec.decode, recency=recency)
+    cold = ColdTier(
+        namespace, store, index, writer, codec.decode, recency=recency,
+        drop_missing_rows=not ssd.shared,
+    )
     # Closed in reverse: drain the writer, then flush recency so LRU order survives.
-    closers.append(cold.close)  # its read threads, after the flush below
     closers.append(cold.flush)
     closers.append(lambda: writer.close(30))
     # Start-up reads the index, not the folder; the reconcile of what a crash left
-    # runs beside serving. We hold the lock, so every file older than this start is
-    # stale; files written since (by our own writer) are kept.
+    # runs beside serving.
     started = time.time()
     threading.Thread(
-        target=_reconcile_quietly, args=(reconcile, index, store, started), name="omlx-reconcile", daemon=True
+        target=_reconcile_quietly, args=(settings, ssd, started), name="omlx-reconcile", daemon=True
     ).start()
     cold.writer = writer
     return cold
 
 
-def _reconcile_quietly(reconcile, index, store, started: float) -> None:
+def _reconcile_quietly(settings: Settings, ssd: SsdParts, started: float) -> None:
+    """Own folder: every file older than this start is stale (our writer's are younger).
+
+    Shared folder: one server at a time, sparing what is younger than the grace period
+    (a peer's write in flight, a file the share does not show us yet), except our own
+    temporary files from before this start: no one else writes under our identity.
+    """
+    from omlx.adapters.blockfiles.maintenance import reconcile
+
     try:
-        report = reconcile(index, store, grace=max(time.time() - started, 0.0))
+        since_start = max(time.time() - started, 0.0)
+        if not ssd.shared:
+            report = reconcile(ssd.index, ssd.store, grace=since_start)
+        else:
+            with ssd.index.maintenance_lock() as ours:
+                if not ours:
+                    log.info("another server is reconciling the shared cache folder; skipped")
+                    return
+                report = reconcile(
+                    ssd.index, ssd.store, grace=settings.reconcile_grace_seconds, own_grace=since_start
+                )
         log.info("cache folder reconciled: %s", report)
-    except Exception:
-        log.exception("start-up reconcile of the cache folder failed")
+    except Exception as exc:
+        from omlx.domain.ports import IndexUnavailable
+
+        if isinstance(exc, IndexUnavailable):
+            log.warning("start-up reconcile skipped: %s", exc)
+        else:
+            log.exception("start-up reconcile of the cache folder failed")

@@ -30,6 +30,8 @@ def _serve_options(fn):
         click.option("--paged-ssd-cache-dir", default=None, help="Folder of the SSD tier (default ~/.omlx/cache)."),
         click.option("--paged-ssd-cache-max-size", default=None, help="Disk budget of the SSD tier, e.g. 200GB (default 100GB)."),
         click.option("--no-ssd-cache", is_flag=True, default=False, help="Keep the RAM tier, turn the SSD tier off."),
+        click.option("--index-url", default=None, help="The SSD tier's index: empty for SQLite in the cache folder, or postgresql+psycopg://… shared by several servers."),
+        click.option("--server-id", default=None, help="This server's name among those sharing an index (default HOSTNAME-PORT)."),
         click.option("--max-concurrent-requests", type=int, default=None, help="Requests decoded together (default 8)."),
         click.option("--max-queued-requests", type=int, default=None, help="Waiting requests before 429 (default 64)."),
         click.option("--prefill-step-size", type=int, default=None, help="Tokens prefilled per engine step (default 256)."),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from importlib import resources
@@ -12,6 +14,8 @@ from typing import Any
 import msgspec
 
 from omlx.app.sizes import parse_size
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -28,6 +32,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     paged_ssd_cache_dir: str = "~/.omlx/cache"
     paged_ssd_cache_max_size: str = "100GB"
     ssd_cache_enabled: bool = True
+    index_url: str = ""
+    server_id: str = ""
+    eviction_lease_seconds: float = 60.0
+    reconcile_grace_seconds: float = 60.0
     max_concurrent_requests: int = 8
     max_queued_requests: int = 64
     prefill_step_size: int = 256
@@ -60,6 +68,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def cache_dir(self) -> Path:
         return Path(self.paged_ssd_cache_dir).expanduser()
 
+    @property
+    def server_identity(self) -> str:
+        """This server's name among those sharing an index: ``server_id``, or host and port."""
+        return self.server_id or f"{socket.gethostname()}-{self.port}"
+
     def validate(self) -> Settings:
         """Raise ValueError with a readable message for impossible values."""
         if not 1 <= self.block_size <= 4096:
@@ -75,6 +88,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         from omlx.app.normalize import PromptNormalizer
 
         PromptNormalizer(self.prompt_normalizations)  # raises naming an unknown rule
+        if self.eviction_lease_seconds < 0 or self.reconcile_grace_seconds < 0:
+            raise ValueError("eviction_lease_seconds and reconcile_grace_seconds must be >= 0")
+        if self.index_url and not _URL.match(self.index_url):
+            raise ValueError(
+                f"index_url {self.index_url!r} is not a URL: sqlite:///PATH or postgresql+psycopg://…"
+            )
         return self
 
 
@@ -114,4 +133,6 @@ def _from_env(raw: str, kind: type) -> Any:
         return raw.strip().lower() in ("1", "true", "yes", "on")
     if kind is int:
         return int(raw)
+    if kind is float:
+        return float(raw)
     return raw

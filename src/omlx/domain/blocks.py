@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,3 +64,22 @@ class DecodedBlock:
     tokens: tuple[int, ...]
     payload: object
     metadata: dict[str, str]
+
+
+class ReadFailure(Enum):
+    """Why a block store could not hand back a block file's verified bytes."""
+
+    MISSING = "its file is missing"
+    MISMATCH = "its size or checksum does not match the index"
+    UNREADABLE = "its file could not be read"
+    TIMED_OUT = "reading it took longer than the batch's time budget"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRead:
+    """One block file as the store read it for ``block``: ``data`` only when it matched the row."""
+
+    block: StoredBlock
+    data: bytes | None
+    failure: ReadFailure | None = None
+    detail: str = ""  # the OS error or the sizes, for the log line

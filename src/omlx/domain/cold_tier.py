@@ -1,41 +1,39 @@
-"""The cold tier (DESIGN §4): verified reads of block files, write-through puts, batched recency.
+"""The cold tier (DESIGN §4): verified blocks from the store, write-through puts, batched recency.
 
-A block is served only when its file matches the checksum in the index and its tokens
-rehash to its key; anything else is logged, counted, removed (row, then file) and
-recomputed by the caller. A prefix's blocks are read in one batch (``get_many``): one
-index query, files read and hashed on a few threads (both release the GIL) while the
-caller's thread decodes them in order. Standard library only.
+A block is served only when the store found its file matching the index row's size
+and checksum and its tokens rehash to its key; anything else is logged, counted,
+removed (row, then file) and recomputed by the caller. A prefix's blocks are asked
+for in one batch (``get_many``): one index query, then the store's ``read_many``, which
+reads ahead as its medium suits while this thread decodes in order. Pure: how files
+are read, hashed and timed out is the store adapter's business. Standard library only.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, StoredBlock
-from omlx.domain.eviction import plan_eviction
+from omlx.domain.blocks import (
+    BlockMeta,
+    BlockRead,
+    DecodedBlock,
+    NamespaceInfo,
+    ReadFailure,
+    StoredBlock,
+)
 from omlx.domain.keys import block_key
-from omlx.domain.ports import BlockIndex, BlockSink, BlockStore, Clock
+from omlx.domain.ports import BlockIndex, BlockSink, BlockStore, Clock, IndexUnavailable
 
 log = logging.getLogger(__name__)
 
 # Candidates for token-granular matching asked of the index per lookup: the prefix cache
 # reads at most a few of them, most recently used first.
 CHILDREN_LIMIT = 16
-
-# Threads reading and hashing block files for ``get_many``, up to READ_AHEAD_PER_THREAD
-# files each ahead of the decoding thread. Parallel reads keep the disk's queue full:
-# on the bench machine (2 cores, virtio disk, busy) 32 files took 0.41 s on 1 thread,
-# 0.33 s on 2, 0.20 s on 4 and 0.13-0.18 s on 6-12 (bench/restore.py, docs/benchmarks.md).
-READ_THREADS = 8
-READ_AHEAD_PER_THREAD = 2
 
 
 class _SystemClock:
@@ -94,45 +92,17 @@ class RecencyBuffer:
             return 0
         try:
             self._index.touch(batch)
-        except Exception:
+        except Exception as exc:
+            if isinstance(exc, IndexUnavailable):
+                log.debug("recency flush of %d keys deferred: %s", len(batch), exc)
+            else:
+                log.exception("recency flush of %d keys failed; will retry", len(batch))
             # Recency is advisory: keep the hits for the next flush rather than fail a caller.
-            log.exception("recency flush of %d keys failed; will retry", len(batch))
             with self._lock:
                 for key, at in batch.items():
                     self._hits[key] = max(at, self._hits.get(key, at))
             return 0
         return len(batch)
-
-
-def evict(
-    index: BlockIndex,
-    store: BlockStore,
-    bytes_to_free: int,
-    is_pinned: Callable[[str], bool],
-    *,
-    used: int | None = None,
-) -> list[StoredBlock]:
-    """Remove least recently used unpinned blocks until ``bytes_to_free`` bytes are gone.
-
-    Rows go first (one transaction), files after the commit (DESIGN §4): a crash in
-    between leaves files without rows, which reconcile removes, never rows without files.
-    """
-    if bytes_to_free <= 0:
-        return []
-    used = index.total_bytes() if used is None else used
-    page = 256
-    while True:
-        # lru_blocks has no offset: widen the page until it holds enough unpinned bytes.
-        candidates = index.lru_blocks(page)
-        victims = plan_eviction(candidates, used, used - bytes_to_free, is_pinned)
-        if sum(v.nbytes for v in victims) >= bytes_to_free or len(candidates) < page:
-            break
-        page *= 4
-    if victims:
-        index.remove_blocks([v.key for v in victims])
-        for victim in victims:
-            store.delete(victim.relpath)
-    return victims
 
 
 @dataclass(slots=True)
@@ -146,7 +116,13 @@ class ColdTierStats:
 
 
 class ColdTier:
-    """Implements ``ColdSource`` for one namespace over a block store, an index and a writer."""
+    """Implements ``ColdSource`` for one namespace over a block store, an index and a writer.
+
+    ``drop_missing_rows``: the one server that owns its folder knows a missing file is
+    gone, and drops the row. With a folder shared by several servers a file may be
+    missing only to this host for a while (NFS caches negative lookups), so the row is
+    left for reconcile and the read is just a miss.
+    """
 
     def __init__(
         self,
@@ -158,7 +134,7 @@ class ColdTier:
         clock: Clock | None = None,
         recency: RecencyBuffer | None = None,
         *,
-        read_threads: int = READ_THREADS,
+        drop_missing_rows: bool = True,
     ) -> None:
         self.namespace = namespace
         self._store = store
@@ -167,36 +143,27 @@ class ColdTier:
         self._decode = decode
         self._clock: Clock = clock if clock is not None else _SystemClock()
         self.recency = recency if recency is not None else RecencyBuffer(index, self._clock)
+        self.drop_missing_rows = drop_missing_rows
         self.stats = ColdTierStats()
-        self._lock = threading.Lock()  # counters and the pool
-        self._read_threads = max(read_threads, 1)
-        self._pool: ThreadPoolExecutor | None = None  # made on the first batch read
+        self._lock = threading.Lock()  # the counters
 
     def get(self, key: str, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
-        try:
-            row = self._index.get_blocks([key]).get(key)
-        except Exception:
-            log.exception("index lookup of %s failed; treated as a miss", key)
-            row = None
+        rows = self._lookup([key])
+        row = None if rows is None else rows.get(key)
         if row is None or row.namespace != self.namespace.digest:
             self._count("misses")
             return None
-        try:
-            checked = self._read_checked(row)
-        except Exception as exc:
-            self._read_failed(row, exc)
-            return None
-        return self._serve(row, parent_key, checked)
+        with closing(self._store.read_many([row])) as reads:
+            read = next(reads, None)
+        return None if read is None else self._serve(read, parent_key)
 
     def get_many(
         self, chain: Sequence[tuple[str, str]]
     ) -> Generator[tuple[tuple[int, ...], Any], None, None]:
         if not chain:
             return
-        try:
-            rows = self._index.get_blocks([key for key, _ in chain])
-        except Exception:
-            log.exception("index lookup of %d blocks failed; treated as a miss", len(chain))
+        rows = self._lookup([key for key, _ in chain])
+        if rows is None:
             self._count("misses")
             return
         found: list[tuple[StoredBlock, str]] = []
@@ -208,40 +175,19 @@ class ColdTier:
         if not found:
             self._count("misses")
             return
-        pool = self._reader_pool()
-        ahead: deque[Future[tuple[bytes, bool]]] = deque()
-        todo = iter(found)
-        try:
-            for row, _ in todo:
-                ahead.append(pool.submit(self._read_checked, row))
-                if len(ahead) >= self._read_threads * READ_AHEAD_PER_THREAD:
-                    break
-            for row, parent_key in found:
-                future = ahead.popleft()
-                following = next(todo, None)
-                if following is not None:
-                    ahead.append(pool.submit(self._read_checked, following[0]))
-                try:
-                    checked = future.result()
-                except Exception as exc:
-                    self._read_failed(row, exc)
-                    return
-                served = self._serve(row, parent_key, checked)
+        # Closing this generator closes the store's: files not yet read are not read.
+        with closing(self._store.read_many([row for row, _ in found])) as reads:
+            for (_, parent_key), read in zip(found, reads, strict=False):
+                served = self._serve(read, parent_key)
                 if served is None:
                     return
                 yield served
-            if len(found) < len(chain):
-                self._count("misses")
-        finally:
-            for future in ahead:  # stopped early: files not yet read are not read
-                future.cancel()
+        if len(found) < len(chain):
+            self._count("misses")
 
     def close(self) -> None:
-        """Stop the read threads (shutdown); a later batch read starts them again."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the store's background reads (shutdown); a later batch read starts them again."""
+        self._store.close()
 
     def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> None:
         if meta.namespace != self.namespace.digest or len(tokens) != meta.token_count:
@@ -258,15 +204,15 @@ class ColdTier:
     def contains(self, key: str) -> bool:
         if self._writer.pending(key):
             return True
-        try:
-            return key in self._index.get_blocks([key])
-        except Exception:
-            log.exception("index lookup of %s failed", key)
-            return False
+        rows = self._lookup([key])
+        return rows is not None and key in rows
 
     def children(self, parent_key: str) -> list[BlockMeta]:
         try:
             rows = self._index.children(parent_key, CHILDREN_LIMIT)
+        except IndexUnavailable as exc:
+            log.debug("children of %s: index unavailable (%s)", parent_key, exc)
+            return []
         except Exception:
             log.exception("index lookup of the children of %s failed", parent_key)
             return []
@@ -283,38 +229,34 @@ class ColdTier:
         """Write buffered recency now (shutdown, tests)."""
         return self.recency.flush()
 
-    def _reader_pool(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    self._read_threads, thread_name_prefix="omlx-cold-read"
+    def _lookup(self, keys: list[str]) -> dict[str, StoredBlock] | None:
+        """The index rows of ``keys``; None when the index failed (a miss, never an error)."""
+        try:
+            return self._index.get_blocks(keys)
+        except IndexUnavailable as exc:
+            log.debug("index lookup of %d keys: unavailable (%s); a miss", len(keys), exc)
+        except Exception:
+            log.exception("index lookup of %d keys failed; treated as a miss", len(keys))
+        return None
+
+    def _serve(self, read: BlockRead, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
+        """Decode a verified read and serve it, or count and handle why it cannot be."""
+        row = read.block
+        if read.failure is ReadFailure.MISSING:
+            if self.drop_missing_rows:
+                self._drop(row, read.failure.value, "missing_files")
+            else:
+                log.info(
+                    "cold block %s: %s here; a miss, its row is left", row.key, read.failure.value
                 )
-            return self._pool
-
-    def _read_checked(self, row: StoredBlock) -> tuple[bytes, bool]:
-        """The file's bytes and whether they match the index's size and checksum.
-
-        Bytes only, so it may run on a read thread: reading and hashing large
-        buffers release the GIL; decoding stays on the caller's thread.
-        """
-        data = self._store.read(row.relpath)
-        ok = len(data) == row.nbytes and hashlib.sha256(data).hexdigest() == row.checksum
-        return data, ok
-
-    def _read_failed(self, row: StoredBlock, exc: BaseException) -> None:
-        if isinstance(exc, FileNotFoundError):
-            self._drop(row, "its file is missing", "missing_files")
-        elif isinstance(exc, OSError):
-            log.error("reading block %s failed (%s); treated as a miss", row.key, exc)
+                self._count("missing_files")
+                self._count("misses")
+            return None
+        if read.failure in (ReadFailure.UNREADABLE, ReadFailure.TIMED_OUT):
+            log.error("cold block %s: %s (%s); a miss", row.key, read.failure.value, read.detail)
             self._count("misses")
-        else:
-            raise exc
-
-    def _serve(
-        self, row: StoredBlock, parent_key: str, checked: tuple[bytes, bool]
-    ) -> tuple[tuple[int, ...], Any] | None:
-        """Decode checked bytes and serve them, or drop the block; on the caller's thread."""
-        decoded, problem = self._verify(row, parent_key, *checked)
+            return None
+        decoded, problem = self._verify(read, parent_key)
         if decoded is None:
             self._drop(row, problem, "corrupt_blocks")
             return None
@@ -322,13 +264,13 @@ class ColdTier:
         self._count("hits")
         return decoded.tokens, decoded.payload
 
-    def _verify(
-        self, row: StoredBlock, parent_key: str, data: bytes, checksum_ok: bool
-    ) -> tuple[DecodedBlock | None, str]:
-        if not checksum_ok:
-            return None, "its checksum does not match the index"
+    def _verify(self, read: BlockRead, parent_key: str) -> tuple[DecodedBlock | None, str]:
+        row = read.block
+        if read.failure is not None or read.data is None:
+            failure = read.failure or ReadFailure.MISMATCH
+            return None, failure.value + (f" ({read.detail})" if read.detail else "")
         try:
-            decoded = self._decode(data)
+            decoded = self._decode(read.data)
         except Exception as exc:  # a codec bug on a bad file must not fail the request
             return None, f"it cannot be decoded ({exc})"
         if block_key(parent_key, decoded.tokens) != row.key:
@@ -346,8 +288,8 @@ class ColdTier:
         try:
             self._index.remove_blocks([row.key])  # row first, file second
             self._store.delete(row.relpath)
-        except Exception:
-            log.exception("removing bad block %s failed", row.key)
+        except Exception as exc:
+            log.warning("removing bad block %s failed (%s); reconcile will", row.key, exc)
 
     def _count(self, name: str) -> None:
         with self._lock:

@@ -1,14 +1,18 @@
-"""Eviction: the hot tier's LRU policy and the cold tier's pure victim planner.
+"""Eviction: the hot tier's LRU policy, the cold tier's pure victim planner and its use case.
 
-Both skip pinned blocks: a block in use by a running request is never evicted (DESIGN §4).
+All skip pinned blocks: a block in use by a running request is never evicted (DESIGN §4).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from omlx.domain.blocks import StoredBlock
+from omlx.domain.ports import BlockIndex, BlockStore
+
+log = logging.getLogger(__name__)
 
 
 class LRUPolicy:
@@ -64,4 +68,33 @@ def plan_eviction(
             continue
         victims.append(block)
         excess -= block.nbytes
+    return victims
+
+
+def evict(
+    index: BlockIndex,
+    store: BlockStore,
+    max_bytes: int,
+    is_pinned: Callable[[str], bool],
+    *,
+    accessed_before: float | None = None,
+) -> list[StoredBlock] | None:
+    """Remove least recently used unpinned blocks until the index holds at most ``max_bytes``.
+
+    The index picks and deletes the rows in one transaction, reading its byte total
+    inside it, so servers sharing it never free one block twice; files go after the
+    commit (DESIGN §4): a crash in between leaves files without rows, which reconcile
+    removes, never rows without files. ``accessed_before`` is the lease: blocks used since
+    (by any server) stay. None while another server is evicting.
+    """
+
+    def plan(total_bytes: int, oldest_first: Iterable[StoredBlock]) -> list[StoredBlock]:
+        return plan_eviction(oldest_first, total_bytes, max_bytes, is_pinned)
+
+    victims = index.evict(plan, accessed_before)
+    for victim in victims or ():
+        try:
+            store.delete(victim.relpath)
+        except OSError as exc:  # its row is gone: an orphan file, which reconcile removes
+            log.warning("deleting evicted block file %s failed: %s", victim.relpath, exc)
     return victims

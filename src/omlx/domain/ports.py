@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, NamespaceUsage, StoredBlock
+from omlx.domain.blocks import (
+    BlockMeta,
+    BlockRead,
+    DecodedBlock,
+    NamespaceInfo,
+    NamespaceUsage,
+    StoredBlock,
+)
+
+# Chooses eviction victims: (bytes indexed now, candidates oldest first) -> the victims.
+EvictionPlan = Callable[[int, Iterable[StoredBlock]], list[StoredBlock]]
+
+
+class IndexUnavailable(Exception):
+    """The index cannot be reached right now (its database is down or too slow).
+
+    Callers treat it as a miss or a dropped write and log one line, no traceback:
+    the adapter has already said why, once.
+    """
 
 
 class Clock(Protocol):
@@ -40,7 +58,7 @@ class KVCodec(Protocol):
         ...
 
     def encode(self, payload: Any, tokens: Sequence[int], meta: BlockMeta) -> bytes:
-        """The block file's bytes (safetensors), ready for the writer thread."""
+        """The block file's bytes (the store's format is the codec's business), ready for the writer thread."""
         ...
 
     def decode(self, data: bytes) -> DecodedBlock:
@@ -49,9 +67,13 @@ class KVCodec(Protocol):
 
 
 class BlockStore(Protocol):
-    """Block files under one cache folder, addressed by '/'-separated relative paths."""
+    """Block files addressed by '/'-separated relative paths; may be shared by several servers."""
 
-    def relpath(self, namespace: NamespaceInfo, key: str) -> str:
+    def relpath(self, namespace: NamespaceInfo, key: str, checksum: str) -> str:
+        """Where the block file with these bytes (hex SHA-256 ``checksum``) lives.
+
+        Content-addressed: two writers' different bytes for one key never share a file.
+        """
         ...
 
     def write(self, relpath: str, data: bytes) -> None:
@@ -60,6 +82,19 @@ class BlockStore(Protocol):
 
     def read(self, relpath: str) -> bytes:
         """Raises ``FileNotFoundError`` when the file is gone."""
+        ...
+
+    def read_many(self, blocks: Sequence[StoredBlock]) -> Generator[BlockRead, None, None]:
+        """Each block's file, in order, checked against its row's size and checksum; never raises.
+
+        Files are read ahead of the caller as the medium suits (threads for a disk), within
+        a time budget, so a hung share turns into misses. ``close()`` the generator to stop
+        early: files not yet read are then not read.
+        """
+        ...
+
+    def close(self) -> None:
+        """Stop background reads (shutdown); a later ``read_many`` starts them again."""
         ...
 
     def delete(self, relpath: str) -> None:
@@ -76,13 +111,20 @@ class BlockStore(Protocol):
 
 
 class BlockIndex(Protocol):
-    """The transactional index of cold blocks (SQLite in production)."""
+    """The transactional index of cold blocks (SQLite embedded, or PostgreSQL shared by servers).
+
+    Any method may raise ``IndexUnavailable`` when the database cannot be reached.
+    """
 
     def upsert_namespace(self, namespace: NamespaceInfo) -> None:
         ...
 
-    def add_block(self, block: StoredBlock) -> None:
-        """Record a block whose file is complete; idempotent for an existing key."""
+    def add_block(self, block: StoredBlock) -> bool:
+        """Record a block whose file is complete; True if recorded.
+
+        False, and nothing changed, when the key has a row already: the first writer wins,
+        and a later one deletes its own file unless the row names that very file.
+        """
         ...
 
     def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]:
@@ -104,6 +146,18 @@ class BlockIndex(Protocol):
 
     def lru_blocks(self, limit: int) -> list[StoredBlock]:
         """Up to ``limit`` blocks, least recently used first."""
+        ...
+
+    def evict(
+        self, plan: EvictionPlan, accessed_before: float | None
+    ) -> list[StoredBlock] | None:
+        """One transaction: ``plan`` picks victims, their rows go, and they are returned.
+
+        ``plan`` sees the bytes indexed now and the blocks last used before
+        ``accessed_before`` (None: all), oldest first, lazily, skipping rows another
+        transaction holds. None, removing nothing, while another server is evicting.
+        The caller deletes the files after this returns: rows first, files second.
+        """
         ...
 
     def usage(self) -> list[NamespaceUsage]:
@@ -148,10 +202,11 @@ class ColdSource(Protocol):
     ) -> Generator[tuple[tuple[int, ...], Any], None, None]:
         """``get`` of each ``(key, parent_key)`` of ``chain`` in order, up to the first ``None``.
 
-        For a prefix's remaining blocks: one index query, and the files read and
-        checksummed ahead on other threads while the caller's thread decodes them in
-        order (the payload is made there). Stops at the first missing, unreadable or
-        corrupt block (dropped, as ``get`` does); ``close()`` it to stop early.
+        For a prefix's remaining blocks: one index query, and the store's batched read
+        (``BlockStore.read_many``: read ahead and checksummed as its medium suits) while
+        the caller's thread decodes them in order (the payload is made there). Stops at
+        the first missing, unreadable, late or corrupt block (corrupt ones are dropped,
+        as ``get`` does); ``close()`` it to stop early.
         """
         ...
 

@@ -1,18 +1,25 @@
 """One server per cache folder (DESIGN §4 Ownership): ``flock`` on ``<cache_dir>/omlx.lock``.
 
 The kernel drops the lock when the process dies, so a crashed server never leaves a
-stale lock; the pid inside is only for the error message.
+stale lock; the pid inside is only for the error message. Servers that share the folder
+through one PostgreSQL index take the lock *shared*: they coexist, while a server with
+an embedded index (which would reconcile their files away) cannot start beside them,
+nor they beside it. Where the filesystem has no working ``flock`` (some network
+mounts), a shared lock is skipped: the shared index is the coordination there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import logging
 import os
 from pathlib import Path
 from types import TracebackType
 
 LOCK_NAME = "omlx.lock"
+log = logging.getLogger(__name__)
 
 
 class CacheDirLocked(RuntimeError):
@@ -29,10 +36,11 @@ class CacheDirLocked(RuntimeError):
 
 
 class CacheDirLock:
-    """An exclusive, non-blocking lock on a cache folder; a context manager."""
+    """A non-blocking lock on a cache folder, exclusive unless ``shared``; a context manager."""
 
-    def __init__(self, cache_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, cache_dir: str | os.PathLike[str], *, shared: bool = False) -> None:
         self.cache_dir = Path(cache_dir).expanduser()
+        self.shared = shared
         self._fd: int | None = None
 
     @property
@@ -46,13 +54,22 @@ class CacheDirLock:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.cache_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             pid = _read_pid(fd)
             os.close(fd)
             raise CacheDirLocked(self.cache_dir, pid) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            os.close(fd)
+            if not self.shared or exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            log.warning(
+                "no flock on %s (%s); sharing it without a folder lock", self.cache_dir, exc
+            )
+            return
+        if not self.shared:  # one pid for the message; shared holders are many
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:
@@ -60,8 +77,9 @@ class CacheDirLock:
             return
         fd, self._fd = self._fd, None
         # The file stays: unlinking it would let two processes lock two different inodes.
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
+        if not self.shared:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
@@ -79,17 +97,19 @@ class CacheDirLock:
 
 
 def lock_holder(cache_dir: str | os.PathLike[str]) -> int | None:
-    """The pid of the process holding the lock (0 if unknown), or None when nobody holds it."""
+    """The pid of the process holding the lock (0 if unknown or shared), or None when nobody holds it."""
     path = Path(cache_dir).expanduser() / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        try:  # exclusive: a shared holder (a server on a shared index) counts too
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return _read_pid(fd) or 0
+        except OSError:  # no flock on this filesystem: nobody can hold it
+            return None
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:

@@ -1,8 +1,10 @@
 """Keeping rows and files in step: verify every block, reconcile the folder with the index.
 
 Used by ``omlx admin cache verify|vacuum`` and by a server's start-up reconcile. Safe
-beside a live server given a ``grace`` period: a block file younger than that may be
-one the writer has just renamed into place and is about to index, so it is left alone.
+beside live servers given a ``grace`` period: a block file younger than that may be one
+a writer has just renamed into place and is about to index, and a row younger than that
+may name a file a network share does not show this host yet, so both are left alone.
+With a shared index, callers run it under ``SqlBlockIndex.maintenance_lock()``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from omlx.adapters.blockfiles.format import unpack_block
-from omlx.adapters.blockfiles.store import BLOCK_SUFFIX, FileBlockStore
+from omlx.adapters.blockfiles.store import FileBlockStore, key_of
 from omlx.domain.blocks import StoredBlock
 from omlx.domain.keys import block_key
 from omlx.domain.ports import BlockIndex
@@ -104,25 +106,30 @@ def reconcile(
     store: FileBlockStore,
     *,
     grace: float | None,
+    own_grace: float | None = None,
     progress: Progress = no_progress,
 ) -> ReconcileReport:
     """Remove leftover temp files, rows without files and files without rows.
 
     ``grace=None``: the caller owns the folder (holds its lock), everything stale goes.
-    Otherwise files modified within ``grace`` seconds are kept.
+    Otherwise files modified, and rows created, within ``grace`` seconds are kept.
+    ``own_grace`` applies to the store's own temporary files instead (a restarted
+    server's leftovers: no live process writes under its identity but itself).
     """
-    report = ReconcileReport(temp_files=store.remove_temp_files(older_than=grace))
+    report = ReconcileReport(
+        temp_files=store.remove_temp_files(older_than=grace, own_older_than=own_grace)
+    )
+    now = time.time()
     missing = [
         b
         for b in progress(index.iter_blocks(), index.block_count(), "checking rows")
-        if store.file_info(b.relpath) is None
+        if (grace is None or now - b.created_at > grace) and store.file_info(b.relpath) is None
     ]
     if missing:
         index.remove_blocks([b.key for b in missing])
     report.rows_without_files = len(missing)
     indexed = index.all_relpaths()
     candidates: list[tuple[str, int]] = []
-    now = time.time()
     for rel in progress(store.iter_relpaths(), None, "checking files"):
         if rel in indexed:
             continue
@@ -131,7 +138,7 @@ def reconcile(
             continue
         candidates.append((rel, info[0]))
     # Re-read the rows right before deleting: a block written since the snapshot is kept.
-    keys = [rel.rsplit("/", 1)[-1].removesuffix(BLOCK_SUFFIX) for rel, _ in candidates]
+    keys = [key_of(rel) for rel, _ in candidates]
     rows = index.get_blocks(keys)
     for (rel, size), key in zip(candidates, keys, strict=True):
         row = rows.get(key)

@@ -1,8 +1,13 @@
-"""Block files on disk: layout, durable writes, reads and cleanup (DESIGN §4).
+"""Block files on disk: layout, durable writes, verified batched reads and cleanup (DESIGN §4).
 
-Layout: ``<cache_dir>/<model-name>-<namespace[:12]>/<key[:2]>/<key>.safetensors``.
-Temporary files are ``.<key>.<random>.tmp`` in the block's own folder, so the final
-``os.replace`` is atomic and a crashed write leaves only a hidden ``.tmp`` file behind.
+Layout: ``<cache_dir>/<model-name>-<namespace[:12]>/<key[:2]>/<key>.<sha256[:12]>.safetensors``.
+The checksum in the name makes a file content-addressed: servers sharing the folder
+that write one key with the same bytes write one file, with different bytes two files,
+never one file that matches neither row (docs/multi-machine.md). Older caches named
+files ``<key>.safetensors``; their rows keep those paths and reads follow the rows.
+Temporary files are ``.<key>.<checksum>.<writer>-<random>.tmp`` in the block's own
+folder, so the final ``os.replace`` is atomic, a crashed write leaves only a hidden
+``.tmp`` file behind, and a restarted server knows its own leftovers by ``<writer>``.
 """
 
 from __future__ import annotations
@@ -12,14 +17,17 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
-from omlx.domain.blocks import NamespaceInfo
+from omlx.adapters.blockfiles.reader import READ_THREADS, ReadAhead, verified_read
+from omlx.domain.blocks import BlockRead, NamespaceInfo, StoredBlock
 
 BLOCK_SUFFIX = ".safetensors"
 TEMP_SUFFIX = ".tmp"
+CHECKSUM_CHARS = 12  # of the hex SHA-256 in a file name: 48 bits tell one key's versions apart
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_HEX = re.compile(r"^[0-9a-f]+$")
 
 
 def safe_folder_name(model_name: str, max_len: int = 64) -> str:
@@ -32,17 +40,37 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(TEMP_SUFFIX)
 
 
+def key_of(relpath: str) -> str:
+    """The block key a block file's name starts with (either layout)."""
+    return relpath.rsplit("/", 1)[-1].split(".", 1)[0]
+
+
+def writer_tag(writer_id: str) -> str:
+    """``writer_id`` as it appears in temporary file names (no dots or dashes)."""
+    return re.sub(r"[^A-Za-z0-9_]+", "_", writer_id)[:48] or "w"
+
+
 class FileBlockStore:
     """``BlockStore`` over one cache folder; relative paths are '/'-separated."""
 
-    def __init__(self, cache_dir: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        cache_dir: str | os.PathLike[str],
+        *,
+        writer_id: str = "",
+        read_threads: int = READ_THREADS,
+    ) -> None:
         self.root = Path(cache_dir).expanduser()
+        self.writer_tag = writer_tag(writer_id or f"pid{os.getpid()}")
+        self._reader = ReadAhead(self._verified_read, read_threads)
 
-    def relpath(self, namespace: NamespaceInfo, key: str) -> str:
+    def relpath(self, namespace: NamespaceInfo, key: str, checksum: str) -> str:
         if len(key) < 3 or not key.isalnum():
             raise ValueError(f"bad block key {key!r}")
+        if len(checksum) < CHECKSUM_CHARS or not _HEX.match(checksum):
+            raise ValueError(f"bad block checksum {checksum!r}")
         folder = f"{safe_folder_name(namespace.model_name)}-{namespace.digest[:12]}"
-        return f"{folder}/{key[:2]}/{key}{BLOCK_SUFFIX}"
+        return f"{folder}/{key[:2]}/{key}.{checksum[:CHECKSUM_CHARS]}{BLOCK_SUFFIX}"
 
     def path(self, relpath: str) -> Path:
         """The absolute path of ``relpath``; refuses anything that escapes the cache folder."""
@@ -55,7 +83,7 @@ class FileBlockStore:
         target = self.path(relpath)
         folder = target.parent
         stem = target.name.removesuffix(BLOCK_SUFFIX)
-        tmp = folder / f".{stem}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        tmp = folder / f".{stem}.{self.writer_tag}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
         self._make_dirs(folder)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -81,6 +109,16 @@ class FileBlockStore:
     def read(self, relpath: str) -> bytes:
         return self.path(relpath).read_bytes()
 
+    def read_many(self, blocks: Sequence[StoredBlock]) -> Generator[BlockRead, None, None]:
+        return self._reader.read_many(blocks)
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def _verified_read(self, block: StoredBlock) -> BlockRead:
+        # Through self.read, so a subclass (tests: counting, slow stores) sees every read.
+        return verified_read(self.read, block)
+
     def delete(self, relpath: str) -> None:
         self.path(relpath).unlink(missing_ok=True)
 
@@ -100,12 +138,23 @@ class FileBlockStore:
         """Leftover temporary files: ``(relpath, mtime)``."""
         yield from self._walk_blocks(temp=True)
 
-    def remove_temp_files(self, older_than: float | None = None) -> int:
+    def remove_temp_files(
+        self, older_than: float | None = None, *, own_older_than: float | None = None
+    ) -> int:
+        """Delete temporary files older than ``older_than`` s (None: all).
+
+        ``own_older_than`` applies instead to this writer's own files (its ``writer_id``):
+        a restarted server removes what its previous run left, however young.
+        """
         removed = 0
         now = time.time()
+        own = f".{self.writer_tag}-"
         for rel, mtime in list(self.iter_temp_files()):
+            limit = older_than
+            if own_older_than is not None and own in rel.rsplit("/", 1)[-1]:
+                limit = own_older_than
             # A live writer's temp file is young: leave it unless the caller says all.
-            if older_than is not None and now - mtime <= older_than:
+            if limit is not None and now - mtime <= limit:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 self.path(rel).unlink()

@@ -2,7 +2,14 @@
 
 Fed bytes only (it never touches MLX). Per job: make room within the budget (LRU
 first, pinned never), write the file durably, then add the row: a row never exists
-without its complete file. A full queue or a full disk drops the write, never blocks.
+without its complete file. A full queue, a full disk or an unreachable index drops the
+write, never blocks.
+
+With an index ``shared`` by several servers (docs/multi-machine.md) the file name
+carries its checksum and the first row for a key wins: a writer that loses deletes its
+own file unless the winner's row names that very file. The budget is the share's, so
+the byte total is read before every write and checked again after it (two servers may
+add at once); eviction spares blocks any server used within ``lease`` seconds.
 """
 
 from __future__ import annotations
@@ -18,12 +25,13 @@ from dataclasses import asdict, dataclass
 
 from omlx.adapters.blockfiles.budget import DiskBudget
 from omlx.domain.blocks import BlockMeta, NamespaceInfo, StoredBlock
-from omlx.domain.cold_tier import evict
-from omlx.domain.ports import BlockIndex, BlockStore
+from omlx.domain.eviction import evict
+from omlx.domain.ports import BlockIndex, BlockStore, IndexUnavailable
 
 log = logging.getLogger(__name__)
 
 _USED_REFRESH_S = 30.0  # re-read the index's byte total this often (others may remove rows)
+_EVICTION_WAIT_S = 2.0  # how long to wait for another server's eviction before dropping
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +49,12 @@ class WriterStats:
     written_bytes: int = 0
     write_seconds: float = 0.0
     skipped_existing: int = 0
+    lost_races: int = 0  # another server recorded the key first (a shared index)
     dropped_queue_full: int = 0
     dropped_no_space: int = 0
     dropped_closed: int = 0
     dropped_error: int = 0
+    dropped_index_unavailable: int = 0
     evicted_blocks: int = 0
     evicted_bytes: int = 0
 
@@ -63,8 +73,12 @@ class BlockWriter:
         clock: Callable[[], float] = time.time,
         tick: Callable[[], object] | None = None,
         tick_interval: float = 1.0,
+        shared: bool = False,
+        lease: float = 0.0,
     ) -> None:
         self._store = store
+        self._shared = shared
+        self._lease = lease
         self._index = index
         self._budget = budget
         self._is_pinned = is_pinned
@@ -177,6 +191,9 @@ class BlockWriter:
     def _process_safely(self, job: WriteJob) -> None:
         try:
             outcome = self._process(job)
+        except IndexUnavailable as exc:  # already logged once by the index
+            log.debug("block %s not written: %s", job.meta.key, exc)
+            outcome = "dropped_index_unavailable"
         except Exception:
             log.exception("writing block %s failed; dropped", job.meta.key)
             outcome = "dropped_error"
@@ -198,7 +215,8 @@ class BlockWriter:
         if not self._make_room(len(data)):
             log.warning("no room within the cache budget for block %s; not written", meta.key)
             return "dropped_no_space"
-        relpath = self._store.relpath(job.namespace, meta.key)
+        checksum = hashlib.sha256(data).hexdigest()
+        relpath = self._store.relpath(job.namespace, meta.key, checksum)
         started = time.perf_counter()
         try:
             self._store.write(relpath, data)
@@ -215,16 +233,21 @@ class BlockWriter:
             parent_key=meta.parent_key,
             token_count=meta.token_count,
             nbytes=len(data),
-            checksum=hashlib.sha256(data).hexdigest(),
+            checksum=checksum,
             relpath=relpath,
             created_at=now,
             last_access=now,
         )
         try:
-            self._add_row(job.namespace, block)
+            recorded = self._add_row(job.namespace, block)
         except Exception:
             self._store.delete(relpath)  # no row: the file must not linger as an orphan
             raise
+        if not recorded:
+            self._lose_race(block)
+            return "lost_races"
+        if self._shared and not self._still_within_budget(block):
+            return "dropped_no_space"
         elapsed = time.perf_counter() - started
         with self._lock:
             self._stats.written += 1
@@ -233,30 +256,72 @@ class BlockWriter:
         self._used = (self._used or 0) + len(data)
         return "written"
 
-    def _add_row(self, namespace: NamespaceInfo, block: StoredBlock) -> None:
+    def _add_row(self, namespace: NamespaceInfo, block: StoredBlock) -> bool:
         try:
-            self._index.add_block(block)
+            return self._index.add_block(block)
+        except IndexUnavailable:
+            raise
         except Exception:
             # An admin may have dropped the namespace row (cache clear): restore it once.
             log.info("re-recording namespace %s after a failed insert", namespace.digest[:12])
             self._index.upsert_namespace(namespace)
-            self._index.add_block(block)
+            return self._index.add_block(block)
+
+    def _lose_race(self, block: StoredBlock) -> None:
+        """Another writer recorded this key first: keep only the file its row names."""
+        winner = self._index.get_blocks([block.key]).get(block.key)
+        if winner is None or winner.relpath != block.relpath:
+            self._store.delete(block.relpath)
+        log.debug("block %s was recorded by another server first", block.key)
+
+    def _still_within_budget(self, block: StoredBlock) -> bool:
+        """After our insert: if servers writing at once overshot the shared budget, evict or undo ours."""
+        used = self._index.total_bytes()
+        limit = self._budget.limit(used)
+        if used > limit:
+            self._evict(limit)
+            used = self._index.total_bytes()
+        self._used, self._used_at = used, time.monotonic()
+        if used <= limit:
+            return True
+        log.warning(
+            "the shared cache budget is full of recently used blocks; block %s undone", block.key
+        )
+        self._index.remove_blocks([block.key])  # row first, file second
+        self._store.delete(block.relpath)
+        self._used = None
+        return False
 
     def _make_room(self, incoming: int) -> bool:
         """Evict LRU blocks so ``incoming`` more bytes fit the budget; False if they cannot."""
         now = time.monotonic()
-        if self._used is None or now - self._used_at > _USED_REFRESH_S:
+        if self._shared or self._used is None or now - self._used_at > _USED_REFRESH_S:
             self._used, self._used_at = self._index.total_bytes(), now
         limit = self._budget.limit(self._used)
-        excess = self._used + incoming - limit
-        if excess <= 0:
+        if self._used + incoming <= limit:
             return True
         if incoming > limit:
             return False  # evicting frees disk as it shrinks usage: the limit stays; never fits
-        victims = evict(self._index, self._store, excess, self._is_pinned, used=self._used)
-        freed = sum(v.nbytes for v in victims)
-        self._used -= freed
-        with self._lock:
-            self._stats.evicted_blocks += len(victims)
-            self._stats.evicted_bytes += freed
-        return freed >= excess
+        self._evict(limit - incoming)
+        self._used, self._used_at = self._index.total_bytes(), time.monotonic()
+        return self._used + incoming <= limit
+
+    def _evict(self, max_bytes: int) -> None:
+        """Evict down to ``max_bytes``, waiting a little while another server evicts."""
+        deadline = time.monotonic() + _EVICTION_WAIT_S
+        while True:
+            accessed_before = self._clock() - self._lease if self._shared else None
+            victims = evict(
+                self._index,
+                self._store,
+                max_bytes,
+                self._is_pinned,
+                accessed_before=accessed_before,
+            )
+            if victims is not None or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        if victims:
+            with self._lock:
+                self._stats.evicted_blocks += len(victims)
+                self._stats.evicted_bytes += sum(v.nbytes for v in victims)

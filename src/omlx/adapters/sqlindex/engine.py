@@ -15,6 +15,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.pool import NullPool
 
+from omlx.adapters.sqlindex.netfs import refuse_network_filesystem
+
 INDEX_NAME = "index.db"
 BUSY_TIMEOUT_MS = 5000
 PRAGMAS = (
@@ -37,8 +39,10 @@ def make_engine(
     """An engine on ``db_path`` with WAL, synchronous=NORMAL, foreign keys and a busy timeout.
 
     ``foreign_keys=False`` is for migrations: a batch table rebuild must not cascade deletes.
+    Refuses a file on a network filesystem (``NetworkFilesystemError``, a ``ValueError``).
     """
     path = Path(db_path).expanduser()
+    refuse_network_filesystem(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     kwargs: dict[str, Any] = {} if pooled else {"poolclass": NullPool}
     engine = create_engine(f"sqlite+pysqlite:///{path}", **kwargs)

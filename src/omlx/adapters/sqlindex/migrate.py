@@ -1,7 +1,8 @@
-"""Apply the Alembic migrations to an index file; used at server start and by ``omlx db upgrade``.
+"""Apply the Alembic migrations to an index; used at server start and by ``omlx db upgrade``.
 
-The migrations folder ships inside the package as ``omlx._migrations`` (see pyproject),
-so an installed wheel finds it as well as a source checkout.
+The target is a SQLite file path or an index URL (``urls.to_url``). The migrations folder
+ships inside the package as ``omlx._migrations`` (see pyproject), so an installed wheel
+finds it as well as a source checkout.
 """
 
 from __future__ import annotations
@@ -14,48 +15,77 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, inspect
+from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
+from omlx.adapters.sqlindex.urls import SQLITE, sqlite_path, to_url
+
 FILE_TEMPLATE = "%%(year)d_%%(month).2d_%%(day).2d_%%(rev)s_%%(slug)s"
+Target = str | os.PathLike[str] | URL
 
 
 def migrations_dir() -> Path:
     return Path(str(resources.files("omlx._migrations")))
 
 
-def alembic_config(db_path: str | os.PathLike[str]) -> Config:
+def alembic_config(target: Target) -> Config:
     """An Alembic ``Config`` built in code: no alembic.ini needed at run time."""
-    path = Path(db_path).expanduser().resolve()
+    url = to_url(target)
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
     config.set_main_option("file_template", FILE_TEMPLATE)
-    config.set_main_option("sqlalchemy.url", f"sqlite:///{path}")
-    config.attributes["db_path"] = str(path)
+    if url.get_backend_name() == SQLITE and url.database != ":memory:":
+        path = sqlite_path(url).resolve()
+        config.attributes["db_path"] = str(path)
+        url = url.set(database=str(path))
+    # '%' is Alembic's interpolation character: a password may hold one.
+    config.set_main_option("sqlalchemy.url", url.render_as_string(False).replace("%", "%%"))
+    config.attributes["url"] = url
     return config
 
 
-def upgrade(db_path: str | os.PathLike[str], revision: str = "head") -> None:
-    """Create or migrate the index at ``db_path`` to ``revision``; a no-op when already there."""
-    Path(db_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    command.upgrade(alembic_config(db_path), revision)
+def upgrade(target: Target, revision: str = "head") -> None:
+    """Create or migrate the index at ``target`` to ``revision``; a no-op when already there.
+
+    Servers starting together are serialized: SQLite by ``BEGIN IMMEDIATE``, PostgreSQL by
+    an advisory lock (``migrations/env.py``).
+    """
+    url = to_url(target)
+    if url.get_backend_name() == SQLITE:
+        sqlite_path(url).parent.mkdir(parents=True, exist_ok=True)
+    command.upgrade(alembic_config(url), revision)
 
 
 def head_revision() -> str:
-    script = ScriptDirectory.from_config(alembic_config(":memory:"))
+    script = ScriptDirectory.from_config(alembic_config("sqlite:///:memory:"))
     head = script.get_current_head()
     assert head is not None, "the migrations folder has no revisions"
     return head
 
 
-def current_revision(db_path: str | os.PathLike[str]) -> str | None:
-    """The revision the index is at; None for a missing or empty file."""
-    path = Path(db_path).expanduser()
-    if not path.exists():
-        return None
-    engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
+def all_revisions() -> list[str]:
+    """Every revision, oldest first."""
+    script = ScriptDirectory.from_config(alembic_config("sqlite:///:memory:"))
+    return [rev.revision for rev in reversed(list(script.walk_revisions()))]
+
+
+def current_revision(target: Target) -> str | None:
+    """The revision the index is at; None for a missing file or an empty database."""
+    url = to_url(target)
+    if url.get_backend_name() == SQLITE:
+        path = sqlite_path(url)
+        if not path.exists():
+            return None
+        engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
+    else:
+        from omlx.adapters.sqlindex.postgres import make_pg_engine
+
+        engine = make_pg_engine(url, pooled=False)
     try:
         with engine.connect() as conn:
+            if not inspect(conn).has_table("alembic_version"):
+                return None
             return MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()

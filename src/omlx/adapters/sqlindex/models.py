@@ -6,7 +6,7 @@ mirror it for queries and ``alembic revision --autogenerate``. Times are epoch s
 
 from __future__ import annotations
 
-from sqlalchemy import Float, ForeignKey, Index, Integer, String
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, PrimaryKeyConstraint, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -15,17 +15,29 @@ class Base(DeclarativeBase):
 
 
 class NamespaceRow(Base):
-    """One model identity (config, weights, tokenizer, dtype, block size)."""
+    """One model identity (config, weights, tokenizer, dtype, block size), the same on every host."""
 
     __tablename__ = "namespaces"
 
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)
     model_name: Mapped[str] = mapped_column(String, nullable=False)
-    model_path: Mapped[str] = mapped_column(String, nullable=False)
     block_size: Mapped[int] = mapped_column(Integer, nullable=False)
     kv_dtype: Mapped[str] = mapped_column(String, nullable=False)
     layer_count: Mapped[int] = mapped_column(Integer, nullable=False)
     created_at: Mapped[float] = mapped_column(Float, nullable=False)
+    last_used_at: Mapped[float] = mapped_column(Float, nullable=False)
+
+
+class NamespaceHostRow(Base):
+    """Where one host keeps a namespace's model: paths are facts about one filesystem."""
+
+    __tablename__ = "namespace_hosts"
+
+    namespace: Mapped[str] = mapped_column(
+        String(64), ForeignKey("namespaces.digest", ondelete="CASCADE"), primary_key=True
+    )
+    host: Mapped[str] = mapped_column(String, primary_key=True)
+    model_path: Mapped[str] = mapped_column(String, nullable=False)
     last_used_at: Mapped[float] = mapped_column(Float, nullable=False)
 
 
@@ -54,12 +66,14 @@ class BlockRow(Base):
 
 
 class WeightDigestRow(Base):
-    """A model file's weight digest, valid while its size and mtime are unchanged."""
+    """A model file's weight digest on one host, valid while its size and mtime are unchanged."""
 
     __tablename__ = "weight_digests"
+    __table_args__ = (PrimaryKeyConstraint("host", "path", name="pk_weight_digests"),)
 
-    path: Mapped[str] = mapped_column(String, primary_key=True)
-    size: Mapped[int] = mapped_column(Integer, nullable=False)
+    host: Mapped[str] = mapped_column(String, nullable=False)
+    path: Mapped[str] = mapped_column(String, nullable=False)
+    size: Mapped[int] = mapped_column(BigInteger, nullable=False)
     mtime: Mapped[float] = mapped_column(Float, nullable=False)
     digest: Mapped[str] = mapped_column(String(64), nullable=False)
     computed_at: Mapped[float] = mapped_column(Float, nullable=False)

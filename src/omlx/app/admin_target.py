@@ -1,0 +1,129 @@
+"""What an admin command works on: a cache folder and its index (embedded SQLite or shared).
+
+Resolves ``--cache-dir`` and ``--index-url`` the way ``omlx serve`` does, opens the index
+without creating anything for read-only commands, decides how careful to be beside live
+servers, and turns an unreachable database or a refused location into one clear line.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from sqlalchemy import exc as sa_exc
+
+from omlx.adapters.blockfiles.lock import CacheDirLock, CacheDirLocked
+from omlx.adapters.blockfiles.maintenance import LIVE_GRACE_S
+from omlx.adapters.sqlindex import (
+    SqlBlockIndex,
+    backend,
+    connect_index,
+    current_revision,
+    display,
+    index_path,
+    sqlite_url,
+)
+from omlx.domain.ports import IndexUnavailable
+
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULT_CACHE_DIR = "~/.omlx/cache"
+
+cache_dir_option = click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_CACHE_DIR,
+    envvar=["OMLX_CACHE_DIR", "OMLX_PAGED_SSD_CACHE_DIR"],
+    show_default=True,
+    show_envvar=True,
+    help="The cache folder (block files, and index.db unless --index-url is given).",
+)
+index_url_option = click.option(
+    "--index-url",
+    default=None,
+    envvar="OMLX_INDEX_URL",
+    show_envvar=True,
+    help="The index, when not <cache-dir>/index.db: postgresql+psycopg://… (a shared index).",
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    cache_dir: Path
+    url: str
+
+    @classmethod
+    def of(cls, cache_dir: Path, index_url: str | None) -> Target:
+        url = index_url or sqlite_url(index_path(cache_dir))
+        return cls(cache_dir.expanduser(), url)
+
+    @property
+    def shared(self) -> bool:
+        return backend(self.url) == "postgresql"
+
+    @property
+    def label(self) -> str:
+        return display(self.url) if self.shared else str(index_path(self.cache_dir))
+
+    def existing_index(self) -> SqlBlockIndex | None:
+        """The index if there is one (migrated to head), else None: read-only commands create nothing."""
+        if not self.shared and not index_path(self.cache_dir).exists():
+            return None
+        if self.shared and current_revision(self.url) is None:
+            return None
+        return self.open_index()
+
+    def open_index(self) -> SqlBlockIndex:
+        return connect_index(self.url)
+
+
+@contextmanager
+def owned_or_shared(target: Target, grace: float = LIVE_GRACE_S) -> Iterator[float | None]:
+    """Own the folder if no server does; yields the grace period for young files and rows.
+
+    A shared index is never owned: servers on other hosts hold no lock here.
+    """
+    if target.shared:
+        click.echo(
+            f"shared index: files and rows younger than {grace:.0f} s are left alone", err=True
+        )
+        yield grace
+        return
+    lock = CacheDirLock(target.cache_dir)
+    try:
+        lock.acquire()
+    except CacheDirLocked as exc:
+        click.echo(
+            f"server running (pid {exc.pid or '?'}): files younger than "
+            f"{grace:.0f} s are left alone",
+            err=True,
+        )
+    if not lock.held:
+        yield grace
+        return
+    try:
+        yield None
+    finally:
+        lock.release()
+
+
+def friendly_errors(command: F) -> F:
+    """An unreachable database or a refused location: one line and exit 1, no traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except IndexUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
+        except sa_exc.OperationalError as exc:
+            first = str(exc.orig or exc).strip().splitlines()[0]
+            raise click.ClickException(f"cannot reach the index: {first}") from None
+        except ValueError as exc:  # a bad URL, a missing driver, SQLite on a network share
+            raise click.ClickException(str(exc)) from None
+
+    return wrapper  # type: ignore[return-value]
