@@ -21,7 +21,7 @@ from omlx.domain.blocks import (
     ReadFailure,
     StoredBlock,
 )
-from omlx.domain.keys import block_key
+from omlx.domain.keys import block_key, object_key
 from omlx.domain.ports import EvictionPlan, IndexUnavailable
 
 # --- Clock -------------------------------------------------------------------------
@@ -57,8 +57,14 @@ class FakeCodec:
         self.splits += 1
         return tuple(cache[start:stop])
 
-    def assemble(self, payloads: Sequence[tuple[int, ...]]) -> list[int]:
+    def assemble(self, payloads: Sequence[tuple[int, ...]], windows=(), state=None) -> list[int]:
         return [v for p in payloads for v in p]
+
+    def split_window(self, cache: list[int], start: int, stop: int) -> tuple[int, ...]:
+        return ("window", *self.split(cache, start, stop))
+
+    def snapshot(self, cache: list[int]) -> tuple[int, ...]:
+        return ("state", len(cache), sum(cache))
 
     def truncate(self, payload: tuple[int, ...], n: int) -> tuple[int, ...]:
         if not 0 < n <= len(payload):
@@ -325,7 +331,7 @@ class FakeColdSource:
         except ValueError:
             del self.blocks[key]  # corrupt: dropped, never served
             return None
-        if block_key(parent_key, decoded.tokens) != key:
+        if object_key(entry[0].kind, block_key(parent_key, decoded.tokens)) != key:
             del self.blocks[key]
             return None
         return decoded.tokens, decoded.payload
@@ -348,9 +354,20 @@ class FakeColdSource:
     def contains(self, key: str) -> bool:
         return key in self.blocks
 
+    def present(self, keys: Sequence[str]) -> set[str]:
+        return {k for k in keys if k in self.blocks}
+
+    def point_children(self, parent_keys: Sequence[str]) -> list[BlockMeta]:
+        parents = set(parent_keys)
+        return [m for m, _, _ in self.blocks.values() if m.parent_key in parents and m.kind != "kv"]
+
     def children(self, parent_key: str) -> list[BlockMeta]:
         self.children_calls.append(parent_key)
-        return [meta for meta, _, _ in self.blocks.values() if meta.parent_key == parent_key]
+        return [
+            meta
+            for meta, _, _ in self.blocks.values()
+            if meta.parent_key == parent_key and meta.kind == "kv"
+        ]
 
     def touch(self, keys: Sequence[str]) -> None:
         self.touched.extend(keys)

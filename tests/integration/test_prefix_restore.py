@@ -26,9 +26,16 @@ class RecordingPrefixCache(PrefixCache):
         super().__init__(**kwargs)
         self.stored: list[list[int]] = []
 
-    def store(self, tokens: Sequence[int], cache: Any) -> int:
-        self.stored.append(list(tokens))
-        return super().store(tokens, cache)
+    def capture(self, prompt: Sequence[int], hit: Any = None) -> Any:
+        capture = super().capture(prompt, hit)
+        finished = capture.finished
+
+        def recording(tokens: Sequence[int], cache: Any) -> None:
+            self.stored.append(list(tokens))
+            finished(tokens, cache)
+
+        capture.finished = recording
+        return capture
 
 
 def make_prefix_cache(model, block_size: int, hot_bytes: int = 1 << 30) -> RecordingPrefixCache:

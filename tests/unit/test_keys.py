@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omlx.domain.keys import CACHE_FORMAT_VERSION, block_key, chain_keys, namespace_digest
+from omlx.domain.keys import (
+    CACHE_FORMAT_VERSION,
+    KINDS,
+    KV,
+    STATE,
+    block_key,
+    chain_keys,
+    namespace_digest,
+    object_key,
+)
 
 NS = namespace_digest({"model": "x", "block_size": 4})
 token_ids = st.integers(min_value=0, max_value=2**32 - 1)
@@ -19,12 +28,24 @@ block_sizes = st.sampled_from([1, 2, 4, 16])
 
 def test_namespace_digest_is_a_pinned_value() -> None:
     # A change here is a change of the on-disk contract: every stored block is lost.
-    assert CACHE_FORMAT_VERSION == 1
-    assert NS == "a34e82ae78a25b57b4cb13f1d0f1d3864df2f4f418fbf8a053572e145887f5c1"
+    # Version 2 (cache layouts: state and window objects) left version 1's blocks behind.
+    assert CACHE_FORMAT_VERSION == 2
+    assert NS == "8093db097bdf6595aff739c031b54270180d8b1db8a2ef2ddb348abed3d8f8e8"
+
+
+def test_object_keys_name_a_restore_point_s_objects_apart_from_its_block() -> None:
+    anchor = block_key("00" * 32, [1, 2, 3])
+    assert object_key(KV, anchor) == anchor
+    assert object_key(STATE, anchor) == hashlib.sha256(b"state\0" + bytes.fromhex(anchor)).hexdigest()
+    assert len({object_key(k, anchor) for k in KINDS}) == 3
+    with pytest.raises(ValueError):
+        object_key("other", anchor)
 
 
 def test_block_keys_are_pinned_values() -> None:
-    assert chain_keys(NS, list(range(8)), 4) == [
+    # a literal namespace: the key formula is pinned whatever the format version
+    ns = "a34e82ae78a25b57b4cb13f1d0f1d3864df2f4f418fbf8a053572e145887f5c1"
+    assert chain_keys(ns, list(range(8)), 4) == [
         "dd84946f60ca4e5022f301f6bf5747e9d5f34604f94025915f5b27b6aec4b834",
         "80542a7a5bedaecb41df74e608232c249eb65cc286f1e28830cbca60cd744c4c",
     ]

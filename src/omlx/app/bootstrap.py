@@ -194,10 +194,11 @@ def _build_cache(settings: Settings, model: Any, ssd: SsdParts | None, closers: 
     from omlx.domain.prefix_cache import PrefixCache
 
     namespace = model.namespace(settings.block_size)
-    codec = MLXKVCodec()
+    codec = MLXKVCodec(model.layout)
     hot = HotTier(settings.hot_cache_bytes)
     cold = _build_cold_tier(settings, namespace, hot, codec, ssd, closers) if ssd else None
-    prefix_cache = PrefixCache(namespace=namespace, codec=codec, hot=hot, cold=cold)
+    layout = model.layout.domain if model.layout is not None else None
+    prefix_cache = PrefixCache(namespace=namespace, codec=codec, hot=hot, cold=cold, layout=layout)
     log.info(
         "prefix cache: hot tier %s, SSD tier %s, block size %d, namespace %s",
         settings.hot_cache_max_size,

@@ -20,12 +20,18 @@ class NamespaceInfo:
 
 @dataclass(frozen=True, slots=True)
 class BlockMeta:
-    """What the engine knows of a full block when it is cut from a cache."""
+    """What the engine knows of a stored object (a block, or a restore point's) when it is cut.
+
+    For a ``kv`` block, ``key`` is its block key. For a ``window`` or ``state`` object,
+    ``key`` is ``object_key(kind, anchor)``, where the anchor is the block key of
+    ``parent_key`` and its ``token_count`` tokens (the tokens up to the restore point).
+    """
 
     key: str
     parent_key: str  # the namespace digest for the first block of a prompt
     namespace: str
     token_count: int
+    kind: str = "kv"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +48,7 @@ class StoredBlock:
     created_at: float
     last_access: float
     hit_count: int = 0
+    kind: str = "kv"
 
 
 @dataclass(frozen=True, slots=True)

@@ -207,6 +207,18 @@ class ColdTier:
         rows = self._lookup([key])
         return rows is not None and key in rows
 
+    def present(self, keys: Sequence[str]) -> set[str]:
+        found = {k for k in keys if self._writer.pending(k)}
+        try:
+            rows = self._index.get_blocks([k for k in keys if k not in found])
+        except Exception:
+            log.exception("index lookup of %d keys failed", len(keys))
+            return found
+        return found | {k for k, r in rows.items() if r.namespace == self.namespace.digest}
+
+    def point_children(self, parent_keys: Sequence[str]) -> list[BlockMeta]:
+        return []  # TODO(merge with the index refactor): a kind-aware children query
+
     def children(self, parent_key: str) -> list[BlockMeta]:
         try:
             rows = self._index.children(parent_key, CHILDREN_LIMIT)

@@ -58,7 +58,8 @@ class HotTier:
         self.max_bytes = max_bytes
         self._policy: EvictionPolicy = policy if policy is not None else LRUPolicy()
         self._blocks: dict[str, HotBlock] = {}
-        self._children: dict[str, set[str]] = {}  # parent key -> keys held in RAM
+        self._children: dict[str, set[str]] = {}  # parent key -> KV blocks held in RAM
+        self._points: dict[str, set[str]] = {}  # parent key -> restore-point objects in RAM
         self._pins: dict[str, int] = {}
         self._bytes = 0
         self._hits = 0
@@ -78,9 +79,14 @@ class HotTier:
             return block
 
     def children(self, parent_key: str) -> list[HotBlock]:
-        """Blocks in RAM whose parent is ``parent_key``; counts no hit, moves no LRU order."""
+        """KV blocks in RAM whose parent is ``parent_key``; counts no hit, moves no LRU order."""
         with self._lock:
             return [self._blocks[k] for k in self._children.get(parent_key, ())]
+
+    def point_children(self, parent_keys: Iterable[str]) -> list[HotBlock]:
+        """Restore-point objects (state, window) in RAM hanging from any of ``parent_keys``."""
+        with self._lock:
+            return [self._blocks[k] for p in parent_keys for k in self._points.get(p, ())]
 
     def touch(self, key: str) -> bool:
         """Mark ``key`` most recently used without counting a hit; False when absent."""
@@ -113,7 +119,9 @@ class HotTier:
                 for victim in victims:
                     self._evict_locked(victim)
             self._blocks[meta.key] = HotBlock(meta, tokens, payload, nbytes)
-            self._children.setdefault(meta.parent_key, set()).add(meta.key)
+            # Restore-point objects are no blocks to match a prompt against: a map of their own.
+            children = self._children if meta.kind == "kv" else self._points
+            children.setdefault(meta.parent_key, set()).add(meta.key)
             self._bytes += nbytes
             self._policy.record_access(meta.key, nbytes)
             return True
@@ -156,6 +164,7 @@ class HotTier:
                 self._policy.remove(key)
             self._blocks.clear()
             self._children.clear()
+            self._points.clear()
             self._bytes = 0
 
     def stats(self) -> HotTierStats:
@@ -188,11 +197,12 @@ class HotTier:
 
     def _evict_locked(self, key: str) -> None:
         block = self._blocks.pop(key)
-        siblings = self._children.get(block.meta.parent_key)
+        children = self._children if block.meta.kind == "kv" else self._points
+        siblings = children.get(block.meta.parent_key)
         if siblings is not None:
             siblings.discard(key)
             if not siblings:
-                del self._children[block.meta.parent_key]
+                del children[block.meta.parent_key]
         self._policy.remove(key)
         self._bytes -= block.nbytes
         self._evictions += 1

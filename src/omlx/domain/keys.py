@@ -21,7 +21,14 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: cache layouts (state and window objects), grouped KV layers
+
+# Kinds of stored objects. ``kv``: a block's KV of the full-attention layers, named by its
+# block key. The others belong to a *restore point* (a position, named by the chain key
+# of the tokens up to it, its *anchor*): ``window`` holds a block's KV of the sliding-window
+# layers, ``state`` the recurrent layers' state after the anchor's last token.
+KV, WINDOW, STATE = "kv", "window", "state"
+KINDS = (KV, WINDOW, STATE)
 
 
 def namespace_digest(identity: Mapping[str, Any]) -> str:
@@ -41,6 +48,15 @@ def block_key(parent: str, tokens: Sequence[int]) -> str:
     h = hashlib.sha256(bytes.fromhex(parent))
     h.update(struct.pack(f"<{len(tokens)}I", *tokens))
     return h.hexdigest()
+
+
+def object_key(kind: str, anchor: str) -> str:
+    """The key of the ``kind`` object of ``anchor``: the anchor itself for KV blocks."""
+    if kind == KV:
+        return anchor
+    if kind not in KINDS:
+        raise ValueError(f"unknown object kind {kind!r}")
+    return hashlib.sha256(kind.encode() + b"\0" + bytes.fromhex(anchor)).hexdigest()
 
 
 def chain_keys(namespace: str, tokens: Sequence[int], block_size: int) -> list[str]:

@@ -43,8 +43,20 @@ class KVCodec(Protocol):
         """The payload of token positions ``[start, stop)`` of ``cache`` (one block), materialized."""
         ...
 
-    def assemble(self, payloads: Sequence[Any]) -> Any:
-        """A fresh engine cache holding ``payloads`` in order, its offset at their total length."""
+    def assemble(self, payloads: Sequence[Any], windows: Sequence[Any] = (), state: Any = None) -> Any:
+        """A fresh engine cache holding ``payloads`` in order, its offset at their total length.
+
+        Hybrid layouts also get the restore point's ``windows`` (the window objects of the
+        positions before it, in order) and ``state`` (its state snapshot).
+        """
+        ...
+
+    def split_window(self, cache: Any, start: int, stop: int) -> Any:
+        """The sliding-window layers' KV of positions ``[start, stop)``, materialized."""
+        ...
+
+    def snapshot(self, cache: Any) -> Any:
+        """The recurrent layers' state after the cache's last position, materialized."""
         ...
 
     def truncate(self, payload: Any, n: int) -> Any:
@@ -216,6 +228,17 @@ class ColdSource(Protocol):
 
     def contains(self, key: str) -> bool:
         """Whether the key is on disk or already queued for it."""
+        ...
+
+    def present(self, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` are on disk or queued for it: one index query; never raises."""
+        ...
+
+    def point_children(self, parent_keys: Sequence[str]) -> list[BlockMeta]:
+        """Restore-point objects (state, window) on disk hanging from any of ``parent_keys``.
+
+        One index query; never raises.
+        """
         ...
 
     def children(self, parent_key: str) -> list[BlockMeta]:

@@ -22,10 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from omlx.domain.blocks import BlockMeta, NamespaceInfo
+from omlx.domain.capture import RequestCapture
 from omlx.domain.hot_tier import HotTier
-from omlx.domain.keys import block_key, chain_keys
+from omlx.domain.keys import STATE, block_key, chain_keys, object_key
+from omlx.domain.layout import CacheLayout
 from omlx.domain.partial_match import PartialMatch, best_child
 from omlx.domain.ports import Clock, ColdSource, KVCodec
+from omlx.domain.restore_points import RestorePoint, candidates, marked_positions
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,16 @@ class PrefixHit:
     cold_hits: int
     lease: int = 0  # 0: nothing pinned
     partial_tokens: int = 0
+    # Hybrid and sliding-window layouts: the restore point's window objects (in position
+    # order) and state snapshot, and how far the KV chain reached before it.
+    windows: tuple[Any, ...] = ()
+    state: Any = None
+    matched: int = 0
+
+    @property
+    def lost_tokens(self) -> int:
+        """Positions the KV chain matched past the deepest restore point (recomputed)."""
+        return max(self.matched - self.cached_tokens, 0)
 
     @property
     def n_blocks(self) -> int:
@@ -73,11 +86,30 @@ class PrefixCacheStats:
     # Lookups that used part of a block, and the tokens those parts restored.
     partial_hits: int = 0
     partial_tokens: int = 0
+    # Hybrid layouts: KV-matched tokens recomputed for want of a restore point there,
+    # and the state and window objects stored and their bytes.
+    lost_tokens: int = 0
+    stored_objects: int = 0
+    object_bytes: int = 0
 
 
 class _SystemClock:
     def now(self) -> float:
         return time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """The restore point a lookup settled on, with its objects (pinned under ``keys``)."""
+
+    position: int
+    keys: tuple[str, ...] = ()
+    windows: tuple[Any, ...] = ()
+    state: Any = None
+
+
+class _Missing(Exception):
+    """An object a restore point needs could not be read."""
 
 
 class PrefixCache:
@@ -92,9 +124,11 @@ class PrefixCache:
         cold: ColdSource | None = None,
         clock: Clock | None = None,
         known_keys_limit: int = 1 << 16,
+        layout: CacheLayout | None = None,
     ) -> None:
         self.namespace = namespace
         self.block_size = namespace.block_size
+        self.layout = layout if layout is not None else CacheLayout()
         self._codec = codec
         self._hot = hot
         self._cold = cold
@@ -119,10 +153,17 @@ class PrefixCache:
         self._last_store_seconds = 0.0
         self._partial_hits = 0
         self._partial_tokens = 0
+        self._lost_tokens = 0
+        self._stored_objects = 0
+        self._object_bytes = 0
 
     @property
     def hot(self) -> HotTier:
         return self._hot
+
+    @property
+    def codec(self) -> KVCodec:
+        return self._codec
 
     def is_pinned(self, key: str) -> bool:
         """Whether a running request holds ``key``; the cold tier's eviction asks this."""
@@ -165,18 +206,66 @@ class PrefixCache:
                 keys.append(match.meta.key)
                 if match.from_hot:
                     hot_keys.append(match.meta.key)
+            n_full = len(keys) - (1 if match is not None else 0)
+            point = None
+            if not self.layout.plain:
+                point = self._restore_point(tokens, keys[:n_full], n_full * self.block_size + partial)
+                keys, payloads, partial, n_hot, cold_hits = self._clamp(
+                    point, keys, payloads, partial, n_hot, cold_hits
+                )
         except BaseException:
             self._hot.unpin(keys)  # no lease was handed out: do not leak the pins
             raise
         if self._cold is not None and hot_keys:
             self._cold.touch(hot_keys)  # served from RAM: keep them young on disk too
-        return self._record_hit(len(tokens), keys, payloads, n_hot, cold_hits, partial)
+        matched = n_full * self.block_size + (match.shared if match is not None else 0)
+        return self._record_hit(len(tokens), keys, payloads, n_hot, cold_hits, partial, point, matched)
 
     def restore(self, hit: PrefixHit) -> Any:
         """A fresh engine cache holding the hit's blocks, or None when nothing matched."""
         if not hit.payloads:
             return None
-        return self._codec.assemble(list(hit.payloads))
+        if self.layout.plain:
+            return self._codec.assemble(list(hit.payloads))
+        return self._codec.assemble(list(hit.payloads), windows=list(hit.windows), state=hit.state)
+
+    def capture(self, prompt: Sequence[int], hit: PrefixHit | None = None) -> RequestCapture:
+        """What keeps a request's computed KV and restore points as the engine computes them."""
+        return RequestCapture(self, prompt, hit)
+
+    def holds(self, key: str) -> bool:
+        """Whether ``key`` is in RAM (touched: a request is using it again)."""
+        return self._hot.touch(key)
+
+    def put_kv(self, key: str, parent: str, tokens: Sequence[int], payload: Any) -> int:
+        """Keep one KV block (full or a request's trailing partial one): RAM, then disk. 1 if new."""
+        if self._hot.touch(key):
+            return 0
+        meta = BlockMeta(key=key, parent_key=parent, namespace=self.namespace.digest, token_count=len(tokens))
+        self._keep(meta, tuple(tokens), payload)
+        with self._lock:
+            self._stored += 1
+        return 1
+
+    def put_object(self, kind: str, anchor: str, parent: str, tokens: Sequence[int], payload: Any) -> None:
+        """Keep a restore point's window or state object of ``anchor`` (block_key(parent, tokens))."""
+        key = object_key(kind, anchor)
+        if self._hot.touch(key):
+            return
+        meta = BlockMeta(
+            key=key, parent_key=parent, namespace=self.namespace.digest, token_count=len(tokens), kind=kind
+        )
+        self._keep(meta, tuple(tokens), payload)
+        with self._lock:
+            self._stored_objects += 1
+            self._object_bytes += self._codec.nbytes(payload)
+
+    def record_store(self, seconds: float) -> None:
+        """Engine-thread time spent keeping a request's blocks (for stats and benchmarks)."""
+        with self._lock:
+            self._store_calls += 1
+            self._store_seconds += seconds
+            self._last_store_seconds = seconds
 
     def release(self, hit: PrefixHit) -> None:
         """Unpin the hit's blocks; releasing twice is harmless."""
@@ -190,29 +279,14 @@ class PrefixCache:
 
         ``tokens`` are exactly the positions ``cache`` holds (prompt and generated). The
         full blocks, then the trailing partial block (if any), each keyed by the chained
-        formula; each new block goes to the hot tier and is queued once for the cold tier.
+        formula; each new block goes to the hot tier and is queued once for the cold tier;
+        for hybrid layouts, the restore point at the end too.
         """
         started = time.perf_counter()
-        bs = self.block_size
-        parent = self.namespace.digest
-        new = queued = 0
-        keys = chain_keys(self.namespace.digest, tokens, bs)
-        for i, key in enumerate(keys):
-            n, q = self._store_block(key, parent, tokens, cache, i * bs, (i + 1) * bs)
-            new, queued, parent = new + n, queued + q, key
-        start = len(keys) * bs
-        if start < len(tokens):
-            key = block_key(parent, tokens[start:])
-            n, q = self._store_block(key, parent, tokens, cache, start, len(tokens))
-            new, queued = new + n, queued + q
-        elapsed = time.perf_counter() - started
-        with self._lock:
-            self._stored += new
-            self._queued += queued
-            self._store_calls += 1
-            self._store_seconds += elapsed
-            self._last_store_seconds = elapsed
-        return new
+        capture = RequestCapture(self, tokens)
+        capture.finished(tokens, cache)
+        self.record_store(time.perf_counter() - started)
+        return capture.stored_blocks
 
     def stats(self) -> PrefixCacheStats:
         with self._lock:
@@ -231,28 +305,22 @@ class PrefixCache:
                 last_store_seconds=self._last_store_seconds,
                 partial_hits=self._partial_hits,
                 partial_tokens=self._partial_tokens,
+                lost_tokens=self._lost_tokens,
+                stored_objects=self._stored_objects,
+                object_bytes=self._object_bytes,
             )
 
-    def _store_block(
-        self, key: str, parent: str, tokens: Sequence[int], cache: Any, start: int, stop: int
-    ) -> tuple[int, int]:
-        """Put positions ``[start, stop)`` in RAM and queue them for disk; (new, queued)."""
-        if self._hot.touch(key):
-            return 0, 0
-        block_tokens = tuple(tokens[start:stop])
-        meta = BlockMeta(
-            key=key, parent_key=parent, namespace=self.namespace.digest, token_count=stop - start
-        )
-        payload = self._codec.split(cache, start, stop)
-        # A block that does not fit in RAM still goes to disk.
-        self._hot.put(meta, block_tokens, payload, self._codec.nbytes(payload))
-        queued = 0
+    def _keep(self, meta: BlockMeta, tokens: tuple[int, ...], payload: Any) -> None:
+        """Put an object in RAM and queue it once for disk (write-through)."""
+        # An object that does not fit in RAM still goes to disk.
+        self._hot.put(meta, tokens, payload, self._codec.nbytes(payload))
+        key = meta.key
         if self._cold is not None and not self._is_known(key):
             if not self._cold.contains(key):
-                self._cold.put(meta, block_tokens, self._codec.encode(payload, block_tokens, meta))
-                queued = 1
+                self._cold.put(meta, tokens, self._codec.encode(payload, tokens, meta))
+                with self._lock:
+                    self._queued += 1
             self._remember(key)
-        return 1, queued
 
     def _best_child(self, tokens: Sequence[int], start: int, parent: str) -> PartialMatch | None:
         """The child of ``parent`` continuing ``tokens[start:]`` the furthest (promoted to RAM).
@@ -279,6 +347,91 @@ class PrefixCache:
             )
             self._remember(match.meta.key)
         return match
+
+    def _restore_point(self, tokens: Sequence[int], full_keys: list[str], matched: int) -> _Found:
+        """The deepest restore point at or below ``matched`` whose objects are all at hand.
+
+        What the points need is asked of RAM, then of the cold tier in one query; the
+        objects of the chosen point are read (verified) and pinned. Position 0 always works.
+        """
+        ns, bs = self.namespace.digest, self.block_size
+        parents = [ns, *full_keys[: matched // bs + 1]]
+        objects = [(b.key, b.meta.kind, b.meta.parent_key, b.meta.token_count) for b in self._hot.point_children(parents)]
+        if self._cold is not None:
+            objects += [(m.key, m.kind, m.parent_key, m.token_count) for m in self._cold.point_children(parents)]
+        marked = marked_positions(tokens, full_keys, ns, bs, objects)
+        points = candidates(tokens, full_keys, ns, bs, self.layout, matched, marked)
+        wanted = {n.key for p in points for n in p.needs}
+        present = {k for k in wanted if k in self._hot}
+        if self._cold is not None and wanted - present:
+            try:
+                present |= set(self._cold.present(sorted(wanted - present)))
+            except OSError:
+                log.exception("cold tier lookup of restore points failed; RAM only")
+        for point in points:
+            if all(n.key in present for n in point.needs):
+                found = self._fetch(point)
+                if found is not None:
+                    return found
+        return _Found(0)
+
+    def _fetch(self, point: RestorePoint) -> _Found | None:
+        windows: list[Any] = []
+        state: Any = None
+        pinned: list[str] = []
+        try:
+            for need in point.needs:
+                block = self._hot.get(need.key)
+                payload = block.payload if block is not None else self._fetch_cold(need)
+                if payload is None:
+                    raise _Missing(need.key)
+                self._hot.pin((need.key,))
+                pinned.append(need.key)
+                if need.kind == STATE:
+                    state = payload
+                else:
+                    windows.append(payload)
+        except _Missing:
+            self._hot.unpin(pinned)
+            return None
+        return _Found(point.position, tuple(pinned), tuple(windows), state)
+
+    def _fetch_cold(self, need: Any) -> Any | None:
+        if self._cold is None:
+            return None
+        found = self._read_cold(need.key, need.parent)
+        if found is None or found[0] != need.tokens:
+            return None
+        meta = BlockMeta(need.key, need.parent, self.namespace.digest, len(need.tokens), need.kind)
+        self._hot.put(meta, need.tokens, found[1], self._codec.nbytes(found[1]))
+        self._remember(need.key)
+        return found[1]
+
+    def _clamp(
+        self,
+        found: _Found,
+        keys: list[str],
+        payloads: list[Any],
+        partial: int,
+        n_hot: int,
+        cold_hits: int,
+    ) -> tuple[list[str], list[Any], int, int, int]:
+        """The KV matched, cut back to the restore point ``found``; dropped blocks unpinned.
+
+        A point inside a block keeps that block's first positions (truncated).
+        """
+        bs = self.block_size
+        n_full = len(keys) - (1 if partial else 0)
+        if found.position == n_full * bs + partial:
+            return keys, payloads, partial, n_hot, cold_hits
+        full, rest = divmod(found.position, bs)
+        kept = full + (1 if rest else 0)
+        self._hot.unpin(keys[kept:])
+        keys, payloads = keys[:kept], payloads[:kept]
+        if rest:
+            payloads[-1] = self._codec.truncate(payloads[-1], rest)
+        hot = min(n_hot, full)
+        return keys, payloads, rest, hot, full - hot
 
     def _take(self, key: str, payload: Any, keys: list[str], payloads: list[Any]) -> None:
         # Pin as we go: promoting a later cold block must not evict an earlier match.
@@ -389,8 +542,11 @@ class PrefixCache:
         hot_hits: int,
         cold_hits: int,
         partial: int,
+        point: _Found | None = None,
+        matched: int = 0,
     ) -> PrefixHit:
         cached = (hot_hits + cold_hits) * self.block_size + partial
+        lease_keys = list(keys) + (list(point.keys) if point is not None else [])
         with self._lock:
             self._lookups += 1
             self._lookup_tokens += n_tokens
@@ -400,12 +556,24 @@ class PrefixCache:
             if partial:
                 self._partial_hits += 1
                 self._partial_tokens += partial
+            self._lost_tokens += max(matched - cached, 0) if point is not None else 0
             lease = 0
-            if keys:
+            if lease_keys:
                 lease = next(self._lease_ids)
-                self._leases[lease] = tuple(keys)
+                self._leases[lease] = tuple(lease_keys)
                 self._last_hit_at = self._clock.now()
-        return PrefixHit(tuple(keys), tuple(payloads), cached, hot_hits, cold_hits, lease, partial)
+        return PrefixHit(
+            tuple(keys),
+            tuple(payloads),
+            cached,
+            hot_hits,
+            cold_hits,
+            lease,
+            partial,
+            windows=point.windows if point is not None else (),
+            state=point.state if point is not None else None,
+            matched=max(matched, cached),
+        )
 
     def _is_known(self, key: str) -> bool:
         return key in self._known

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
+from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.loader import LoadedModel
-from omlx.adapters.mlx.memory import KVBudget, format_bytes, kv_bytes_per_token
+from omlx.adapters.mlx.memory import KVBudget, format_bytes, measure_kv_cost
 from omlx.adapters.mlx.sampling import Sampler, make_sampler
 from omlx.domain.generation import (
     Failed,
@@ -43,6 +44,7 @@ from omlx.domain.generation import (
 )
 
 if TYPE_CHECKING:
+    from omlx.domain.capture import RequestCapture
     from omlx.domain.prefix_cache import PrefixCache, PrefixHit
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,8 @@ class _Job:
     stops: StopStringMatcher | None = None
     cached_tokens: int = 0
     completion_tokens: int = 0
+    fed_tokens: int = 0  # generated tokens fed back to the model (the cache holds them)
+    capture: RequestCapture | None = None
     done: bool = False
     waited_epoch: int = -1  # the batch state in which it last had to wait for memory
     times: dict[str, float] = field(default_factory=dict)
@@ -113,7 +117,8 @@ class MLXEngine:
         self._samplers: dict[tuple[float, float, int], Sampler] = {}
         # Measured now, before the engine thread owns MLX (one forward of one token).
         limit = self.config.kv_memory_limit
-        self.budget = KVBudget(limit, kv_bytes_per_token(model.model)) if limit is not None else None
+        cost = measure_kv_cost(model.model) if limit is not None else None
+        self.budget = KVBudget(limit, cost.per_token, cost) if cost is not None else None
         self._epoch = 0  # bumped whenever the running set changes (memory verdicts expire)
         self._memory_blocked = False  # the head of the queue waits for KV memory
         self._count_lock = threading.Lock()
@@ -306,9 +311,11 @@ class MLXEngine:
             job.cached_tokens = job.hit.cached_tokens
             if job.cached_tokens:
                 cache = self.prefix_cache.restore(job.hit)
+            job.capture = self.prefix_cache.capture(tokens, job.hit)
         job.times["admitted"] = time.monotonic()
-        (job.uid,) = self._generator.insert(
-            [tokens[job.cached_tokens :]],
+        plan = job.capture.plan if job.capture is not None else ()
+        (job.uid,) = self._generator.insert_segments(
+            [self._segments(tokens, job.cached_tokens, plan)],
             max_tokens=[job.request.max_tokens],
             caches=[cache],
             all_tokens=[tokens[: job.cached_tokens]],
@@ -322,6 +329,22 @@ class MLXEngine:
         self.active = len(self._running)
         job.emit(PrefillStarted(job.cached_tokens, len(tokens)))
 
+    def _segments(self, tokens: list[int], start: int, plan: tuple[int, ...]) -> list[list[int]]:
+        """The uncached tail, cut so that every prefill chunk ends on a block boundary.
+
+        mlx-lm's batcher never lets a chunk span two segments and reports each segment's
+        end: segments end at multiples of the chunk size (a multiple of the block size)
+        and at the restore points the request's capture plans.
+        """
+        if self.prefix_cache is None:
+            return [tokens[start:]]
+        bs = self.prefix_cache.block_size
+        step = bs * max(1, self.config.prefill_step_size // bs)
+        cuts = set(range((start // step + 1) * step, len(tokens), step))
+        cuts.update(p for p in plan if start < p < len(tokens))
+        edges = [start, *sorted(cuts), len(tokens)]
+        return [tokens[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
+
     def _step(self) -> None:
         prompt_responses, generation_responses = self._generator.next()
         self.last_step_at = time.monotonic()
@@ -330,15 +353,39 @@ class MLXEngine:
             if job is not None and not r.end_of_prompt:
                 done, total = r.progress
                 job.emit(PrefillProgress(done + job.cached_tokens, total + job.cached_tokens))
+                if r.end_of_segment and job.capture is not None:
+                    self._capture(job, batch_rows.prefill_row, job.cached_tokens + done, prefill=True)
         for r in generation_responses:
             job = self._running.get(r.uid)
             if job is None or job.done:
                 continue
             self._on_token(job, r)
 
+    def _capture(self, job: _Job, row_of: Callable[..., Any], position: int, prefill: bool) -> None:
+        """Keep what a running request's cache holds up to ``position`` (never fails it)."""
+        started = time.perf_counter()
+        try:
+            view = row_of(self._generator, job.uid)
+            if view is None:
+                return
+            if prefill:
+                job.capture.prefilled(view, position)
+            else:
+                job.capture.decoded(view, position)
+        except Exception:
+            log.exception("could not keep the blocks of request %d at position %d", job.id, position)
+            job.capture = None  # stop trying; what was kept stays
+        finally:
+            self.prefix_cache.record_store(time.perf_counter() - started)
+
     def _on_token(self, job: _Job, r: Any) -> None:
         if "first_token" not in job.times:
             job.times["first_token"] = time.monotonic()
+        job.fed_tokens += 1
+        if r.finish_reason is None and job.capture is not None:
+            position = len(job.request.prompt_tokens) + job.fed_tokens
+            if job.capture.wants_decoded(position):
+                self._capture(job, batch_rows.decode_row, position, prefill=False)
         is_eos = r.finish_reason == "stop"
         if not is_eos:
             job.completion_tokens += 1
@@ -380,10 +427,16 @@ class MLXEngine:
             )
         )
         if cache is not None and tokens and self.prefix_cache is not None:
+            started = time.perf_counter()
             try:
-                self.prefix_cache.store(tokens, cache)
+                if job.capture is not None:
+                    job.capture.finished(tokens, cache)
+                else:
+                    self.prefix_cache.store(tokens, cache)
             except Exception:
                 log.exception("could not store the blocks of request %d", job.id)
+            finally:
+                self.prefix_cache.record_store(time.perf_counter() - started)
         self._jobs.pop(job.id, None)
         if not self._running:
             mx.clear_cache()  # idle: hand the freed KV buffers back, not just to MLX's pool
@@ -394,9 +447,12 @@ class MLXEngine:
             self._dequeued += 1
             if not self._waiting:
                 self._memory_blocked = False
-        else:
-            self._generator.remove([job.uid])
-        self._finish(job, "cancelled", cache=None, tokens=None)
+            self._finish(job, "cancelled", cache=None, tokens=None)
+            return
+        # Keep what it computed: a client that left (a timeout, Esc) usually comes back.
+        removed = self._generator.remove([job.uid], return_prompt_caches=True)
+        cache, tokens = removed.get(job.uid, (None, None))
+        self._finish(job, "cancelled", cache, tokens)
 
     def _release(self, job: _Job) -> None:
         if job.hit is not None and self.prefix_cache is not None:

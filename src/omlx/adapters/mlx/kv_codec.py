@@ -1,24 +1,35 @@
-"""The KV codec for mlx-lm's plain ``KVCache``: cut caches into blocks and join them back.
+"""The MLX codec: cut mlx-lm caches into stored objects and join objects back into caches.
 
-Runs on the engine thread only: ``split`` materializes its slices there, and
-``encode`` turns them into bytes so the writer thread never touches MLX. A block read
-from disk stays in the file's bytes (``decode`` makes zero-copy numpy views), so a
-restore copies the KV once into MLX: ``assemble`` gathers each layer's blocks on the
-host (numpy; several times faster here than ``mx.concatenate``) and hands MLX one array.
+One codec per model, over its ``ModelLayout`` (``cache_layout``): a small registry by
+cache class decides what each leaf contributes. ``kv`` leaves give a block's KV,
+``window`` leaves (sliding attention) a block's window KV, ``state`` leaves (SSM) a
+snapshot; ``assemble`` rebuilds ``KVCache``, ``RotatingKVCache`` (offset and index set so
+it continues as if it had seen every position), ``ArraysCache`` and ``CacheList`` entries.
+
+Runs on the engine thread only: ``split`` materializes its slices there, and ``encode``
+turns them into bytes so the writer thread never touches MLX. An object read from disk
+stays in the file's bytes (``decode`` makes zero-copy numpy views), so a restore copies
+the KV once into MLX: ``assemble`` gathers each layer's blocks on the host (numpy;
+several times faster here than ``mx.concatenate``) and hands MLX one array.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 
 from omlx.adapters.blockfiles.format import RawTensor, decode_block, encode_block, joined
+from omlx.adapters.mlx import batch_rows
+from omlx.adapters.mlx.batch_rows import RowView
+from omlx.adapters.mlx.cache_layout import ModelLayout, plain_layout
 from omlx.domain.blocks import BlockMeta, DecodedBlock
-from omlx.domain.keys import CACHE_FORMAT_VERSION
+from omlx.domain.keys import CACHE_FORMAT_VERSION, KV, STATE, WINDOW
 
 # safetensors dtype names; bf16 travels as raw uint16 because numpy has no bfloat16.
 _TO_ST = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
@@ -27,110 +38,278 @@ _FROM_ST = {"F32": (np.float32, mx.float32), "F16": (np.float16, mx.float16), "B
 
 @dataclass(frozen=True, slots=True)
 class KVBlock:
-    """One block of every layer, stacked: arrays shaped (layers, 1, kv_heads, block_tokens, head_dim).
+    """One block of some leaves, stacked: arrays shaped (leaves, 1, kv_heads, positions, head_dim).
 
-    Stacking makes cutting a block one copy instead of two per layer, which is
-    what keeps the engine thread's cost per new block around a millisecond. ``keys``
-    and ``values`` are MLX arrays for a block cut from a live cache, numpy views of
-    the file's bytes for one read from disk (bf16 as its uint16 bits); ``dtype`` is
-    the KV dtype either way.
+    Stacking makes cutting a block one copy instead of two per layer. ``keys`` and
+    ``values`` are MLX arrays for a block cut from a live cache, numpy views of the file's
+    bytes for one read from disk (bf16 as its uint16 bits); ``dtype`` is the KV dtype
+    either way. ``leaves`` are the layout's leaf indices the rows belong to.
     """
 
     keys: mx.array | np.ndarray
     values: mx.array | np.ndarray
     nbytes: int
     dtype: mx.Dtype
+    leaves: tuple[int, ...] = ()
 
     @property
     def layer_count(self) -> int:
         return self.keys.shape[0]
 
+    @property
+    def positions(self) -> int:
+        return self.keys.shape[3]
+
+
+@dataclass(frozen=True, slots=True)
+class Blocks:
+    """One stored block of leaves whose shapes differ: a ``KVBlock`` per shape group."""
+
+    groups: tuple[KVBlock, ...]
+    positions: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(g.nbytes for g in self.groups)
+
+
+@dataclass(frozen=True, slots=True)
+class StateSnapshot:
+    """The state leaves' arrays after a position: per leaf, its slots (None where empty)."""
+
+    leaves: tuple[int, ...]
+    arrays: tuple[tuple[Any, ...], ...]  # mx arrays, or (numpy view, mx dtype) read from disk
+    nbytes: int
+
 
 def cache_is_plain_kv(cache: Sequence[object]) -> bool:
-    """Only plain ``KVCache`` layers can be cut into position blocks."""
+    """Only plain ``KVCache`` layers (the layout with no window or state leaves)."""
     return all(type(layer) is KVCache for layer in cache)
 
 
 class MLXKVCodec:
-    """Implements the domain's ``KVCodec`` port for lists of ``KVCache``."""
+    """Implements the domain's ``KVCodec`` port for one model's layout."""
 
-    def split(self, cache: Sequence[KVCache], start: int, stop: int) -> KVBlock:
-        if stop > cache[0].offset:  # slicing past the end would silently give a short block
-            raise ValueError(f"block [{start}, {stop}) is past the cache's {cache[0].offset} tokens")
-        keys = mx.stack([c.keys[..., start:stop, :] for c in cache])
-        values = mx.stack([c.values[..., start:stop, :] for c in cache])
-        mx.eval(keys, values)
-        return KVBlock(keys, values, keys.nbytes + values.nbytes, keys.dtype)
+    def __init__(self, layout: ModelLayout | None = None) -> None:
+        self._layout = layout  # None: learned from the first cache (plain KV)
 
-    def assemble(self, payloads: Sequence[KVBlock]) -> list[KVCache]:
-        dtype = payloads[0].dtype
-        keys = [_to_host(p.keys) for p in payloads]
-        values = [_to_host(p.values) for p in payloads]
-        # One host buffer per side, reused by every layer: the gather stays in the CPU's
-        # cache and MLX copies each layer out of it once.
-        k_join, v_join = _join_buffer(keys), _join_buffer(values)
-        cache = []
-        for layer in range(payloads[0].layer_count):
+    # ---- cutting (engine thread) --------------------------------------------------
+
+    def split(self, cache: Any, start: int, stop: int) -> KVBlock | Blocks:
+        """KV of the full-attention leaves for positions ``[start, stop)``."""
+        return self._cut(cache, KV, start, stop)
+
+    def split_window(self, cache: Any, start: int, stop: int) -> KVBlock | Blocks:
+        """KV of the sliding-window leaves for positions ``[start, stop)``."""
+        return self._cut(cache, WINDOW, start, stop)
+
+    def snapshot(self, cache: Any) -> StateSnapshot:
+        layers = self._leaf_layers(cache)
+        leaves = tuple(self.layout(cache).of(STATE))
+        arrays = tuple(tuple(batch_rows.state_arrays(*layers[i])) for i in leaves)
+        mx.eval([a for slots in arrays for a in slots if a is not None])
+        nbytes = sum(a.nbytes for slots in arrays for a in slots if a is not None)
+        return StateSnapshot(leaves, arrays, nbytes)
+
+    def _cut(self, cache: Any, kind: str, start: int, stop: int) -> KVBlock | Blocks:
+        layers = self._leaf_layers(cache)
+        leaves = self.layout(cache).of(kind)
+        if not leaves:  # no leaves of this kind (an all-SSM model's KV): tokens only
+            return Blocks((), stop - start)
+        slices = [batch_rows.kv_slice(*layers[i], start, stop) for i in leaves]
+        groups = []
+        for members in _shape_groups(leaves, slices):
+            keys = mx.stack([slices[m][0] for m in members])
+            values = mx.stack([slices[m][1] for m in members])
+            groups.append((tuple(leaves[m] for m in members), keys, values))
+        mx.eval([(k, v) for _, k, v in groups])
+        blocks = tuple(KVBlock(k, v, k.nbytes + v.nbytes, k.dtype, lv) for lv, k, v in groups)
+        return _one(blocks, stop - start)
+
+    def layout(self, cache: Any = None) -> ModelLayout:
+        if self._layout is None:
+            n = len(cache.layers) if isinstance(cache, RowView) else len(cache)
+            self._layout = plain_layout(n)
+        return self._layout
+
+    def _leaf_layers(self, cache: Any) -> list[tuple[Any, int | None]]:
+        """(layer cache, batch row or None) of every leaf, in leaf order."""
+        layout = self.layout(cache)
+        entries, row = (cache.layers, cache.row) if isinstance(cache, RowView) else (cache, None)
+        out = []
+        for leaf in layout.leaves:
+            layer = entries[leaf.path[0]]
+            for j in leaf.path[1:]:
+                layer = layer.caches[j]
+            out.append((layer, row))
+        return out
+
+    # ---- joining ------------------------------------------------------------------
+
+    def assemble(self, payloads: Sequence[Any], windows: Sequence[Any] = (), state: Any = None) -> list[Any]:
+        layout = self.layout()
+        position = sum(p.positions for p in payloads)
+        built: dict[int, Any] = {}
+        for leaf_index, keys, values in _joined(payloads):
             c = KVCache()
-            c.keys = _from_host(np.concatenate([k[layer] for k in keys], axis=2, out=k_join), dtype)
-            c.values = _from_host(np.concatenate([v[layer] for v in values], axis=2, out=v_join), dtype)
-            c.offset = c.keys.shape[2]
-            cache.append(c)
-        mx.eval([(c.keys, c.values) for c in cache])
+            c.keys, c.values = keys, values
+            c.offset = position
+            built[leaf_index] = c
+        window_rows = _joined(windows) if windows else []
+        for leaf_index, keys, values in window_rows:
+            size = layout.leaves[leaf_index].window
+            keep = min(position, size, keys.shape[2])
+            c = RotatingKVCache(max_size=size, keep=0)
+            c.keys, c.values = keys[..., keys.shape[2] - keep :, :], values[..., values.shape[2] - keep :, :]
+            c.offset, c._idx = position, keep
+            built[leaf_index] = c
+        if state is not None:
+            for leaf_index, slots in zip(state.leaves, state.arrays, strict=True):
+                c = ArraysCache(len(slots))
+                c.cache = [None if a is None else _to_mlx(a) for a in slots]
+                built[leaf_index] = c
+        missing = [i for i in range(len(layout.leaves)) if i not in built]
+        if missing:
+            raise ValueError(f"leaves {missing} have nothing to restore from")
+        cache = [_rebuild(entry, built) for entry in layout.shape]
+        mx.eval([c.state for c in _flat(cache)])
         return cache
 
-    def truncate(self, payload: KVBlock, n: int) -> KVBlock:
+    def truncate(self, payload: Any, n: int) -> Any:
         """The block's first ``n`` positions: a lazy slice (or view), copied by ``assemble``."""
-        total = payload.keys.shape[3]
+        total = payload.positions
         if not 0 < n <= total:
             raise ValueError(f"cannot keep {n} of a block's {total} positions")
         if n == total:
             return payload
-        keys, values = payload.keys[..., :n, :], payload.values[..., :n, :]
-        return KVBlock(keys, values, payload.nbytes * n // total, payload.dtype)
+        groups = tuple(
+            KVBlock(g.keys[..., :n, :], g.values[..., :n, :], g.nbytes * n // total, g.dtype, g.leaves)
+            for g in _groups(payload)
+        )
+        return _one(groups, n)
 
-    def nbytes(self, payload: KVBlock) -> int:
+    def nbytes(self, payload: Any) -> int:
         return payload.nbytes
 
-    def encode(self, payload: KVBlock, tokens: Sequence[int], meta: BlockMeta) -> bytes:
+    # ---- bytes (engine thread encodes, the request path decodes) --------------------
+
+    def encode(self, payload: Any, tokens: Sequence[int], meta: BlockMeta) -> bytes:
         tensors = {"tokens": RawTensor("I32", (len(tokens),), np.asarray(tokens, np.int32).tobytes())}
-        dtype = _TO_ST.get(payload.dtype)
-        if dtype is None:
-            raise ValueError(f"KV dtype {payload.dtype} is not supported by the block format")
-        # Zero-copy views of the stacked arrays; encode_block copies each layer once. All
-        # keys, then all values: each side is one span that ``decode`` takes whole.
-        for prefix, array in (("k", payload.keys), ("v", payload.values)):
-            host = _to_host(array)
-            for i in range(payload.layer_count):
-                tensors[f"{prefix}.{i}"] = RawTensor(dtype, host.shape[1:], memoryview(host[i]))
+        if isinstance(payload, StateSnapshot):
+            slots = []
+            for leaf, arrays in zip(payload.leaves, payload.arrays, strict=True):
+                slots.append([leaf, len(arrays)])
+                for j, array in enumerate(arrays):
+                    if array is not None:
+                        host = _to_host(array)
+                        tensors[f"s.{leaf}.{j}"] = RawTensor(_st_dtype(array), host.shape, memoryview(host))
+            extra = {"state_slots": json.dumps(slots)}
+        else:
+            # Zero-copy views of the stacked arrays; encode_block copies each layer once. All
+            # keys, then all values: each side is one span that ``decode`` takes whole.
+            for prefix, side in (("k", "keys"), ("v", "values")):
+                for g in _groups(payload):
+                    host = _to_host(getattr(g, side))
+                    for row, leaf in enumerate(g.leaves or range(g.layer_count)):
+                        tensors[f"{prefix}.{leaf}"] = RawTensor(_st_name(g.dtype), host.shape[1:], memoryview(host[row]))
+            leaves = [leaf for g in _groups(payload) for leaf in (g.leaves or range(g.layer_count))]
+            extra = {"leaves": ",".join(map(str, leaves)), "positions": str(payload.positions)}
         metadata = {
             "format_version": str(CACHE_FORMAT_VERSION),
+            "kind": meta.kind,
             "namespace": meta.namespace,
             "key": meta.key,
             "parent_key": meta.parent_key,
             "token_count": str(meta.token_count),
-            "layer_count": str(payload.layer_count),
+            "layer_count": str(len(self.layout().leaves)),
+            **extra,
         }
         return encode_block(tensors, metadata)
 
     def decode(self, data: bytes) -> DecodedBlock:
-        """Parse a block file; its KV stays in ``data`` (zero-copy views) until ``assemble``."""
+        """Parse an object file; its arrays stay in ``data`` (zero-copy views) until ``assemble``."""
         tensors, metadata = decode_block(data)
+        if metadata.get("format_version") != str(CACHE_FORMAT_VERSION):
+            raise ValueError(f"block format version {metadata.get('format_version')!r} is not {CACHE_FORMAT_VERSION}")
         try:
-            layers = int(metadata["layer_count"])
             tokens = np.frombuffer(tensors["tokens"].data, np.int32).tolist()
-            keys, dtype = _stacked(data, [tensors[f"k.{i}"] for i in range(layers)])
-            values, v_dtype = _stacked(data, [tensors[f"v.{i}"] for i in range(layers)])
-        except (KeyError, ValueError) as exc:
+            if metadata.get("kind") == STATE:
+                payload = _state_of(tensors, json.loads(metadata["state_slots"]))
+            else:
+                payload = _blocks_of(data, tensors, metadata)
+        except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"malformed block file: {exc}") from exc
-        if v_dtype != dtype or keys.shape[:-1] != values.shape[:-1]:
-            raise ValueError("malformed block file: keys and values do not match")
-        block = KVBlock(keys, values, keys.nbytes + values.nbytes, dtype)
-        return DecodedBlock(tuple(tokens), block, metadata)
+        return DecodedBlock(tuple(tokens), payload, metadata)
 
 
-def _to_host(array: mx.array | np.ndarray) -> np.ndarray:
+# ---- helpers ---------------------------------------------------------------------------
+
+
+def _one(groups: tuple[KVBlock, ...], positions: int) -> KVBlock | Blocks:
+    return groups[0] if len(groups) == 1 else Blocks(groups, positions)
+
+
+def _groups(payload: Any) -> tuple[KVBlock, ...]:
+    return payload.groups if isinstance(payload, Blocks) else (payload,)
+
+
+def _shape_groups(leaves: list[int], slices: list[tuple[mx.array, mx.array]]) -> list[list[int]]:
+    """Member indices of ``slices`` grouped by (keys shape, values shape, dtype), in order."""
+    groups: dict[tuple, list[int]] = {}
+    for m, (k, v) in enumerate(slices):
+        groups.setdefault((k.shape, v.shape, k.dtype), []).append(m)
+    return list(groups.values())
+
+
+def _joined(payloads: Sequence[Any]) -> list[tuple[int, mx.array, mx.array]]:
+    """Each leaf's blocks joined along positions: (leaf, keys, values) as MLX arrays."""
+    first = _groups(payloads[0])
+    out = []
+    for g_index, group in enumerate(first):
+        keys = [_host(_groups(p)[g_index].keys) for p in payloads]
+        values = [_host(_groups(p)[g_index].values) for p in payloads]
+        # One host buffer per side, reused by every leaf: the gather stays in the CPU's
+        # cache and MLX copies each leaf out of it once.
+        k_join, v_join = _join_buffer(keys), _join_buffer(values)
+        for row, leaf in enumerate(group.leaves or range(group.layer_count)):
+            k = _from_host(np.concatenate([k[row] for k in keys], axis=2, out=k_join), group.dtype)
+            v = _from_host(np.concatenate([v[row] for v in values], axis=2, out=v_join), group.dtype)
+            out.append((leaf, k, v))
+    return out
+
+
+def _rebuild(entry: Any, built: dict[int, Any]) -> Any:
+    if isinstance(entry, tuple):
+        return CacheList(*(_rebuild(e, built) for e in entry))
+    return built[entry]
+
+
+def _flat(cache: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for entry in cache:
+        out.extend(_flat(entry.caches) if isinstance(entry, CacheList) else [entry])
+    return out
+
+
+def _st_name(dtype: mx.Dtype) -> str:
+    name = _TO_ST.get(dtype)
+    if name is None:
+        raise ValueError(f"dtype {dtype} is not supported by the block format")
+    return name
+
+
+def _st_dtype(array: Any) -> str:
+    return _st_name(array[1] if isinstance(array, tuple) else array.dtype)
+
+
+def _host(array: mx.array | np.ndarray) -> np.ndarray:
+    return _to_host(array)
+
+
+def _to_host(array: Any) -> np.ndarray:
     """A zero-copy numpy view (an MLX array evaluated here if lazy); bf16 as its uint16 bits."""
+    if isinstance(array, tuple):  # (numpy view, dtype) read from disk
+        return array[0]
     if isinstance(array, np.ndarray):
         return array
     if array.dtype == mx.bfloat16:
@@ -139,8 +318,14 @@ def _to_host(array: mx.array | np.ndarray) -> np.ndarray:
     return np.asarray(array)
 
 
+def _to_mlx(array: Any) -> mx.array:
+    if isinstance(array, tuple):
+        return _from_host(array[0], array[1])
+    return array
+
+
 def _join_buffer(blocks: list[np.ndarray]) -> np.ndarray:
-    """Room for one layer of ``blocks`` joined along the token axis."""
+    """Room for one leaf of ``blocks`` joined along the position axis."""
     _, batch, heads, _, dim = blocks[0].shape
     return np.empty((batch, heads, sum(b.shape[3] for b in blocks), dim), blocks[0].dtype)
 
@@ -151,10 +336,49 @@ def _from_host(host: np.ndarray, dtype: mx.Dtype) -> mx.array:
     return array.view(dtype) if dtype == mx.bfloat16 else array
 
 
-def _stacked(data: bytes, layers: list[RawTensor]) -> tuple[np.ndarray, mx.Dtype]:
-    """One side's per-layer tensors as one array (layers, ...) and their KV dtype.
+def _blocks_of(data: bytes, tensors: dict[str, RawTensor], metadata: dict[str, str]) -> KVBlock | Blocks:
+    leaves = [int(x) for x in metadata["leaves"].split(",")] if metadata.get("leaves") else []
+    positions = int(metadata["positions"])
+    if any(not 0 <= leaf < int(metadata["layer_count"]) for leaf in leaves):
+        raise ValueError(f"leaves {leaves} outside the layout's {metadata['layer_count']}")
+    if not leaves:  # a model without leaves of this kind: only the tokens are stored
+        return Blocks((), positions)
+    groups: dict[tuple, list[int]] = {}
+    for leaf in leaves:
+        k, v = tensors[f"k.{leaf}"], tensors[f"v.{leaf}"]
+        groups.setdefault((k.shape, v.shape, k.dtype, v.dtype), []).append(leaf)
+    blocks = []
+    for members in groups.values():
+        keys, dtype = _stacked(data, [tensors[f"k.{leaf}"] for leaf in members])
+        values, v_dtype = _stacked(data, [tensors[f"v.{leaf}"] for leaf in members])
+        if v_dtype != dtype or keys.shape[:-1] != values.shape[:-1] or keys.shape[3] != positions:
+            raise ValueError("keys and values do not match")
+        blocks.append(KVBlock(keys, values, keys.nbytes + values.nbytes, dtype, tuple(members)))
+    return _one(tuple(blocks), positions)
 
-    A zero-copy view when they lie back to back in layer order (as ``encode`` writes
+
+def _state_of(tensors: dict[str, RawTensor], slots: list[list[int]]) -> StateSnapshot:
+    leaves, arrays, nbytes = [], [], 0
+    for leaf, count in slots:
+        row = []
+        for j in range(count):
+            t = tensors.get(f"s.{leaf}.{j}")
+            if t is None:
+                row.append(None)
+                continue
+            np_dtype, dtype = _FROM_ST[t.dtype]
+            host = np.frombuffer(t.data, np_dtype).reshape(t.shape)
+            nbytes += host.nbytes
+            row.append((host, dtype))
+        leaves.append(leaf)
+        arrays.append(tuple(row))
+    return StateSnapshot(tuple(leaves), tuple(arrays), nbytes)
+
+
+def _stacked(data: bytes, layers: list[RawTensor]) -> tuple[np.ndarray, mx.Dtype]:
+    """One side's per-leaf tensors as one array (leaves, ...) and their KV dtype.
+
+    A zero-copy view when they lie back to back in leaf order (as ``encode`` writes
     them); any other order, still valid safetensors, is gathered into a new array.
     """
     if not layers:

@@ -14,15 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load as mlx_lm_load
 
+from omlx.adapters.mlx.cache_layout import ModelLayout, kv_dtype_of, probe_layout
 from omlx.adapters.mlx.errors import UnsupportedModelError
 from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, default_model_path, load_gguf
-from omlx.adapters.mlx.kv_codec import cache_is_plain_kv
 from omlx.domain.blocks import NamespaceInfo
 from omlx.domain.keys import namespace_digest
 
@@ -57,6 +55,7 @@ class LoadedModel:
     weights_digest: str
     tokenizer_digest: str
     cache_unsupported_reason: str = ""
+    layout: ModelLayout | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def namespace(self, block_size: int) -> NamespaceInfo:
@@ -72,13 +71,16 @@ class LoadedModel:
 
     def identity(self, block_size: int) -> dict[str, Any]:
         """What makes this model's KV reusable (DESIGN §4), for ``namespace_digest``."""
-        return {
+        identity = {
             "config": self.config,
             "weights_digest": self.weights_digest,
             "tokenizer_digest": self.tokenizer_digest,
             "kv_dtype": self.kv_dtype,
             "block_size": block_size,
         }
+        if self.layout is not None:  # class and shapes per layer: objects fit only this layout
+            identity["cache_layout"] = list(self.layout.signature)
+        return identity
 
 
 def file_sha256(path: Path) -> str:
@@ -138,7 +140,8 @@ def load_model(spec: str | None, digest_cache: DigestCache | None = None) -> Loa
         weight_files = sorted(path.glob("*.safetensors"))
         tokenizer_files = [path / n for n in _TOKENIZER_FILES if (path / n).exists()]
 
-    layer_count, kv_dtype, plain = _probe_cache(model)
+    layout = probe_layout(model)
+    kv_dtype = kv_dtype_of(model)
     context = int(config.get("max_position_embeddings") or config.get("context_length") or 4096)
     loaded_model = LoadedModel(
         model_id=model_id,
@@ -147,33 +150,24 @@ def load_model(spec: str | None, digest_cache: DigestCache | None = None) -> Loa
         tokenizer=tokenizer,
         config=config,
         context_length=context,
-        layer_count=layer_count,
+        layer_count=len(layout.leaves),
         kv_dtype=kv_dtype,
-        cache_supported=plain,
+        cache_supported=not layout.unsupported,
         weights_digest=files_digest(weight_files, digest_one),
         tokenizer_digest=files_digest(tokenizer_files),
-        cache_unsupported_reason=""
-        if plain
-        else "the model's cache is not plain KV (sliding window, SSM or mixed layers)",
+        cache_unsupported_reason=layout.unsupported,
+        layout=layout,
     )
     log.info(
-        "loaded %s from %s: %d layers, KV dtype %s, context %d",
-        model_id, path, layer_count, kv_dtype, context,
+        "loaded %s from %s: %d cache layers (%s), KV dtype %s, context %d",
+        model_id, path, len(layout.leaves), _summary(layout), kv_dtype, context,
     )
     return loaded_model
 
 
-def _probe_cache(model: nn.Module) -> tuple[int, str, bool]:
-    """Run one token to learn the KV dtype and whether every layer is a plain KVCache."""
-    cache = make_prompt_cache(model)
-    plain = cache_is_plain_kv(cache)
-    model(mx.array([[0]]), cache=cache)
-    dtype = "unknown"
-    for layer in cache:
-        keys = getattr(layer, "keys", None)
-        if isinstance(keys, mx.array):
-            dtype = str(keys.dtype).removeprefix("mlx.core.")
-            break
-    mx.eval([getattr(c, "state", []) for c in cache])
-    return len(cache), dtype, plain
-
+def _summary(layout: ModelLayout) -> str:
+    counts: dict[str, int] = {}
+    for leaf in layout.leaves:
+        label = f"window {leaf.window}" if leaf.window else leaf.kind
+        counts[label] = counts.get(label, 0) + 1
+    return ", ".join(f"{n} {label}" for label, n in counts.items())

@@ -40,27 +40,65 @@ def auto_limit_bytes(fraction: float = AUTO_LIMIT_FRACTION) -> int | None:
     return None if ram is None else int(ram * fraction)
 
 
-def kv_bytes_per_token(model) -> int:
-    """Bytes of KV one position costs across all layers, measured on a one-token cache.
+@dataclass(frozen=True, slots=True)
+class KVCost:
+    """What one request's cache costs, by what each layout really holds.
 
-    Exact for any architecture mlx-lm runs (grouped-query heads, different key and
-    value widths, the cache's dtype): layers x 2 x kv_heads x head_dim x dtype size
-    for a plain llama. Layers without a growing KV (SSM state) cost nothing per token.
+    ``per_token``: bytes per position of the full-attention layers (they keep every
+    position); ``window_per_token``: bytes per position of the sliding layers, which keep
+    at most ``window`` positions plus a prefill chunk; ``fixed``: the recurrent layers'
+    state, the same at any length.
+    """
+
+    per_token: int
+    window_per_token: int = 0
+    window: int = 0
+    fixed: int = 0
+
+    def row_bytes(self, positions: int) -> int:
+        windowed = min(positions, self.window + CACHE_STEP) if self.window else 0
+        return positions * self.per_token + windowed * self.window_per_token + self.fixed
+
+
+def measure_kv_cost(model) -> KVCost:
+    """A request's cache cost, measured on a one-token cache (exact for any architecture).
+
     Runs MLX: call it before the engine thread starts or on that thread.
     """
     import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, make_prompt_cache
 
     cache = make_prompt_cache(model)
     model(mx.array([[0]]), cache=cache)
     mx.eval([getattr(c, "state", []) for c in cache])
-    total = 0
+    totals = {"kv": 0, "window": 0, "size": 0, "fixed": 0}
+
+    def walk(layer) -> None:
+        if isinstance(layer, CacheList):
+            for child in layer.caches:
+                walk(child)
+            return
+        if isinstance(layer, ArraysCache):
+            totals["fixed"] += sum(a.nbytes for a in layer.cache if a is not None)
+            return
+        arrays = (getattr(layer, "keys", None), getattr(layer, "values", None))
+        cost = sum(
+            a.nbytes // a.shape[2] for a in arrays if isinstance(a, mx.array) and a.ndim == 4 and a.shape[2]
+        )
+        if isinstance(layer, RotatingKVCache):
+            totals["window"] += cost
+            totals["size"] = max(totals["size"], layer.max_size)
+        else:
+            totals["kv"] += cost
+
     for layer in cache:
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        for arr in (keys, values):
-            if isinstance(arr, mx.array) and arr.ndim == 4 and arr.shape[2] > 0:
-                total += arr.nbytes // arr.shape[2]
-    return total
+        walk(layer)
+    return KVCost(totals["kv"], totals["window"], totals["size"], totals["fixed"])
+
+
+def kv_bytes_per_token(model) -> int:
+    """Bytes of KV one position costs in the layers that keep every position."""
+    return measure_kv_cost(model).per_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +107,11 @@ class KVBudget:
 
     limit_bytes: int
     bytes_per_token: int
+    cost: KVCost | None = None  # the whole layout's; None: full attention only
+
+    @property
+    def _cost(self) -> KVCost:
+        return self.cost if self.cost is not None else KVCost(self.bytes_per_token)
 
     def positions(self, length: int) -> int:
         """Cache positions a row of ``length`` tokens occupies (rounded up to the growth step)."""
@@ -79,7 +122,7 @@ class KVBudget:
         lengths = list(lengths)
         if not lengths:
             return 0
-        return len(lengths) * self.positions(max(lengths)) * self.bytes_per_token
+        return len(lengths) * self._cost.row_bytes(self.positions(max(lengths)))
 
     def fits_alone(self, length: int) -> bool:
         return self.batch_bytes([length]) <= self.limit_bytes
@@ -87,9 +130,11 @@ class KVBudget:
     @property
     def token_capacity(self) -> int:
         """The most positions (prompt + max_tokens) one request may reserve on its own."""
-        if self.bytes_per_token <= 0:
-            return 1 << 62
-        steps = self.limit_bytes // (self.bytes_per_token * CACHE_STEP)
+        cost = self._cost
+        room = self.limit_bytes - cost.fixed - (cost.window + CACHE_STEP) * cost.window_per_token
+        if cost.per_token <= 0:
+            return 1 << 62 if room >= 0 else 0
+        steps = max(room, 0) // (cost.per_token * CACHE_STEP)
         return steps * CACHE_STEP
 
 

@@ -1,0 +1,137 @@
+"""What a model's mlx-lm cache is made of, and whether omlx can keep it.
+
+Each entry ``make_cache()`` returns is walked (``CacheList`` into its children) to its
+*leaves*, each of one kind the block cache knows how to keep:
+
+- ``KVCache`` → ``kv``: per-block KV of a full-attention layer;
+- ``RotatingKVCache(W, keep=0)`` → ``window``: a sliding-window layer, whose restore
+  needs the last ``W`` positions' KV;
+- ``ArraysCache`` → ``state``: SSM / linear-attention state, kept as snapshots.
+
+Classes mlx-lm cannot batch (``QuantizedKVCache``, ``ChunkedKVCache``, ``keep > 0``) and
+families it computes wrongly in batched prefill keep the cache off, with the reason.
+The layout's *signature* (class and shapes per leaf) enters the namespace digest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx_lm
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
+
+from omlx.domain.keys import KV, STATE, WINDOW
+from omlx.domain.layout import CacheLayout
+
+# Families whose batched prefill mlx-lm gets wrong: a request's cache would be wrong
+# whether or not omlx restores it, and a restore would spread the error. Each entry
+# says why; tests/integration/test_cache_layouts.py turns red when mlx-lm is fixed.
+BROKEN_FAMILIES = {
+    "nemotron_h": (
+        "mlx-lm 0.32 computes its Mamba2 state wrongly for right-padded rows in a batched "
+        "prefill (NemotronHMamba2Mixer calls ssm_update without lengths)"
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Leaf:
+    path: tuple[int, ...]  # index in the cache list, then in CacheList children
+    kind: str  # kv | window | state
+    window: int | None = None
+    slots: int = 0  # arrays of a state leaf
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLayout:
+    """The leaves of a model's cache, how they nest, and the namespace signature."""
+
+    leaves: tuple[Leaf, ...]
+    shape: tuple[Any, ...]  # per top-level entry: a leaf index, or a tuple of them (CacheList)
+    signature: tuple[str, ...]
+    unsupported: str = ""  # why the cache is off, if it is
+
+    @property
+    def domain(self) -> CacheLayout:
+        windows = [leaf.window for leaf in self.leaves if leaf.kind == WINDOW]
+        return CacheLayout(
+            window=max(windows) if windows else None,
+            has_state=any(leaf.kind == STATE for leaf in self.leaves),
+        )
+
+    def of(self, kind: str) -> list[int]:
+        """Indices of the leaves of ``kind``."""
+        return [i for i, leaf in enumerate(self.leaves) if leaf.kind == kind]
+
+
+def plain_layout(layers: int) -> ModelLayout:
+    """A model of ``layers`` full-attention layers."""
+    return ModelLayout(
+        tuple(Leaf((i,), KV) for i in range(layers)), tuple(range(layers)), ("kv",) * layers
+    )
+
+
+def probe_layout(model: Any) -> ModelLayout:
+    """Walk the cache the model makes, after one token (so state shapes and dtypes are known)."""
+    cache = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    mx.eval([getattr(c, "state", []) for c in cache])
+    leaves: list[Leaf] = []
+    problems: list[str] = []
+
+    def walk(entry: Any, path: tuple[int, ...]) -> tuple[Any, str]:
+        if isinstance(entry, CacheList):
+            parts = [walk(child, (*path, j)) for j, child in enumerate(entry.caches)]
+            return tuple(p[0] for p in parts), "list(" + ",".join(p[1] for p in parts) + ")"
+        kind = type(entry)
+        if kind is KVCache:
+            leaves.append(Leaf(path, KV))
+            return len(leaves) - 1, "kv"
+        if kind is RotatingKVCache:
+            if entry.keep:
+                problems.append(f"a sliding-window layer keeps {entry.keep} positions (keep > 0 cannot be batched)")
+            leaves.append(Leaf(path, WINDOW, window=entry.max_size))
+            return len(leaves) - 1, f"swa:{entry.max_size}"
+        if kind is ArraysCache:
+            arrays = [
+                "none" if a is None else f"{list(a.shape[1:])}:{str(a.dtype).removeprefix('mlx.core.')}"
+                for a in entry.cache
+            ]
+            leaves.append(Leaf(path, STATE, slots=len(entry.cache)))
+            return len(leaves) - 1, f"state:{len(entry.cache)}:[{','.join(arrays)}]"
+        problems.append(f"its {kind.__name__} layers cannot be batched by mlx-lm")
+        leaves.append(Leaf(path, "unsupported"))
+        return len(leaves) - 1, kind.__name__
+
+    shape, signature = [], []
+    for i, entry in enumerate(cache):
+        s, sig = walk(entry, (i,))
+        shape.append(s)
+        signature.append(sig)
+    family = getattr(getattr(model, "args", None), "model_type", None) or getattr(model, "model_type", None)
+    if family in BROKEN_FAMILIES:
+        problems.append(BROKEN_FAMILIES[family])
+    if any(leaf.kind == STATE for leaf in leaves):
+        # State snapshots depend on how mlx-lm computes the recurrence: key on its version.
+        signature.append(f"mlx_lm:{mlx_lm.__version__}")
+    return ModelLayout(tuple(leaves), tuple(shape), tuple(signature), "; ".join(dict.fromkeys(problems)))
+
+
+def kv_dtype_of(model: Any) -> str:
+    """The dtype of the model's first KV buffer, after one token."""
+    cache = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    for layer in _flat(cache):
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, mx.array):
+            return str(keys.dtype).removeprefix("mlx.core.")
+    return "unknown"
+
+
+def _flat(cache: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for entry in cache:
+        out.extend(_flat(entry.caches) if isinstance(entry, CacheList) else [entry])
+    return out

@@ -1,0 +1,115 @@
+"""Blocks are kept as each prefill chunk completes: a cancelled request keeps what it computed.
+
+Also pins the mlx-lm version ``batch_rows`` reads private batch state of, and checks its
+uncopied reads against the public, copying ``extract_cache`` path.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+
+from omlx.adapters.mlx import batch_rows
+from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.kv_codec import MLXKVCodec, _groups
+from omlx.adapters.mlx.loader import load_model
+from omlx.domain.generation import PrefillProgress
+from omlx.domain.hot_tier import HotTier
+from omlx.domain.keys import chain_keys
+from omlx.domain.prefix_cache import PrefixCache
+from tests.engine_helpers import generate, greedy, submit
+
+BLOCK, STEP = 16, 64
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_model(str(tiny_model_dir))
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 300) for _ in range(n)]
+
+
+def cache_for(model) -> PrefixCache:
+    return PrefixCache(namespace=model.namespace(BLOCK), codec=MLXKVCodec(model.layout), hot=HotTier(1 << 30))
+
+
+def test_batch_rows_was_written_for_this_mlx_lm():
+    # A new mlx-lm may move the private state batch_rows reads: check it, then update WRITTEN_FOR.
+    assert mlx_lm.__version__.startswith(batch_rows.WRITTEN_FOR)
+    assert batch_rows.private_access_supported()
+
+
+def test_a_cancel_mid_prefill_keeps_every_chunk_it_completed(tiny):
+    cache = cache_for(tiny)
+    engine = MLXEngine(tiny, cache, EngineConfig(prefill_step_size=STEP))
+    engine.start()
+    try:
+        tokens = prompt(1500)
+        run = submit(engine, greedy(tokens, 4))
+        deadline = time.monotonic() + 60
+        while not any(isinstance(e, PrefillProgress) and e.done >= 6 * STEP for e in run.events):
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        engine.cancel(run.job_id)
+        assert run.done.wait(30)
+        while not engine.settled(run.job_id):
+            time.sleep(0.01)
+        reached = max(e.done for e in run.events if isinstance(e, PrefillProgress))
+        assert run.finished.reason == "cancelled"
+        retry = generate(engine, greedy(tokens, 4))
+    finally:
+        engine.stop()
+    assert retry.finished.cached_tokens >= reached - STEP, (reached, retry.finished.cached_tokens)
+    alone = generate_alone(tiny, tokens)
+    assert retry.text == alone
+
+
+def generate_alone(model, tokens) -> str:
+    engine = MLXEngine(model, None, EngineConfig(prefill_step_size=STEP))
+    engine.start()
+    try:
+        return generate(engine, greedy(tokens, 4)).text
+    finally:
+        engine.stop()
+
+
+def test_uncopied_reads_cut_the_same_blocks_as_extract_cache(tiny, monkeypatch):
+    tokens = prompt(400, seed=1)
+    stored = []
+    for private in (True, False):
+        monkeypatch.setattr(batch_rows, "private_access_supported", lambda p=private: p)
+        cache = cache_for(tiny)
+        engine = MLXEngine(tiny, cache, EngineConfig(prefill_step_size=STEP))
+        engine.start()
+        try:
+            generate(engine, greedy(tokens, 2))
+        finally:
+            engine.stop()
+        stored.append(cache)
+    keys = chain_keys(stored[0].namespace.digest, tokens, BLOCK)
+    assert len(keys) == 25
+    for key in keys:
+        a, b = (_groups(c.hot.get(key).payload)[0] for c in stored)
+        assert mx.array_equal(a.keys, b.keys).item() and mx.array_equal(a.values, b.values).item()
+
+
+def test_capture_costs_the_engine_little(tiny):
+    cache = cache_for(tiny)
+    engine = MLXEngine(tiny, cache, EngineConfig(prefill_step_size=STEP))
+    engine.start()
+    try:
+        started = time.perf_counter()
+        generate(engine, greedy(prompt(1200, seed=2), 2))
+        elapsed = time.perf_counter() - started
+    finally:
+        engine.stop()
+    stats = cache.stats()
+    assert stats.store_calls >= 1200 // STEP  # one capture per chunk, not one at the end
+    assert stats.store_seconds < 0.25 * elapsed, (stats.store_seconds, elapsed)
