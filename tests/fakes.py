@@ -195,9 +195,14 @@ class FakeBlockIndex:
 
     def children(self, parent_key: str, limit: int) -> list[StoredBlock]:
         self._check()
-        mine = [b for b in self.blocks.values() if b.parent_key == parent_key]
+        mine = [b for b in self.blocks.values() if b.parent_key == parent_key and b.kind == "kv"]
         mine.sort(key=lambda b: (-b.last_access, -b.created_at, b.key))
         return mine[:limit]
+
+    def point_children(self, parent_keys: Sequence[str]) -> list[StoredBlock]:
+        self._check()
+        parents = set(parent_keys)
+        return [b for b in self.blocks.values() if b.parent_key in parents and b.kind != "kv"]
 
     def touch(self, hits: Mapping[str, float]) -> None:
         self._check()

@@ -11,7 +11,7 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-from omlx.adapters.blockfiles.format import RawTensor, pack_block, unpack_block
+from omlx.adapters.blockfiles.format import RawTensor, kv_layers, pack_block, unpack_block
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.sqlindex.engine import index_path, make_engine
 from omlx.adapters.sqlindex.repository import SqlBlockIndex, connect_index
@@ -80,8 +80,8 @@ def record_block(
 
 def fake_decode(data: bytes) -> DecodedBlock:
     """A codec ``decode`` without MLX: the payload is the number of layers."""
-    tokens, layers, metadata = unpack_block(data)
-    return DecodedBlock(tokens, len(layers), metadata)
+    tokens, tensors, metadata = unpack_block(data)
+    return DecodedBlock(tokens, len(kv_layers(tensors, metadata)), metadata)
 
 
 def block_files_bytes(cache_dir: Path) -> int:

@@ -25,6 +25,7 @@ from omlx.adapters.blockfiles.format import (
     RawTensor,
     decode_block,
     encode_block,
+    kv_layers,
     pack_block,
     read_tokens,
     tokens_tensor,
@@ -100,15 +101,23 @@ def test_bf16_stays_bf16(tmp_path: Path) -> None:
 def test_pack_unpack_block_round_trip() -> None:
     ns = make_namespace()
     meta, tokens, data = make_chain(ns, 1)[0]
-    got_tokens, layers, metadata = unpack_block(data)
+    got_tokens, tensors, metadata = unpack_block(data)
     assert got_tokens == tokens
-    assert len(layers) == ns.layer_count
+    layers = kv_layers(tensors, metadata)
+    assert [leaf for leaf, _, _ in layers] == list(range(ns.layer_count))
+    assert metadata["kind"] == "kv" and metadata["format_version"] == "2"
     assert metadata["key"] == meta.key and metadata["parent_key"] == meta.parent_key
     assert metadata["layer_count"] == str(ns.layer_count)
     assert set(decode_block(data)[0]) == {"tokens", "k.0", "v.0", "k.1", "v.1"}
     assert read_tokens(tokens_tensor([0, 1, 2**31 - 1])) == (0, 1, 2**31 - 1)
     with pytest.raises(ValueError):
         pack_block(meta, tokens[:-1], [])
+    # a file of the older format is refused, never misread
+    tensors_all, old_meta = decode_block(data)
+    with pytest.raises(ValueError, match="format version"):
+        unpack_block(encode_block(tensors_all, {**old_meta, "format_version": "1"}))
+    with pytest.raises(ValueError, match="leaves"):
+        unpack_block(encode_block(tensors_all, {**old_meta, "leaves": "0"}))
 
 
 def _mutations() -> list[bytes]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,14 @@ def _write_as(url: str, revision: str, store: FileBlockStore) -> tuple[list[Stor
                 "l": ns.layer_count,
             },
         )
+        if host_rows:  # 0004 on: the model's path is a fact about this host
+            conn.execute(
+                text(
+                    "INSERT INTO namespace_hosts (namespace, host, model_path, last_used_at) "
+                    "VALUES (:d, :h, :p, 2.0)"
+                ),
+                {"d": ns.digest, "h": socket.gethostname(), "p": ns.model_path},
+            )
         for i, (meta, _, data) in enumerate(make_chain(ns, 4)):
             checksum = hashlib.sha256(data).hexdigest()
             rel = store.relpath(ns, meta.key, checksum)
@@ -155,6 +164,14 @@ def _write_as(url: str, revision: str, store: FileBlockStore) -> tuple[list[Stor
                     "INSERT INTO weight_digests (path, size, mtime, digest, computed_at) "
                     "VALUES ('/w', 1, 1.0, 'd', 1.0)"
                 )
+            )
+        elif digests:
+            conn.execute(
+                text(
+                    "INSERT INTO weight_digests (host, path, size, mtime, digest, computed_at) "
+                    "VALUES (:h, '/w', 1, 1.0, 'd', 1.0)"
+                ),
+                {"h": socket.gethostname()},
             )
     engine.dispose()
     return blocks, digests

@@ -249,11 +249,14 @@ def _reconcile_quietly(settings: Settings, ssd: SsdParts, started: float) -> Non
     (a peer's write in flight, a file the share does not show us yet), except our own
     temporary files from before this start: no one else writes under our identity.
     """
-    from omlx.adapters.blockfiles.maintenance import reconcile
+    from omlx.adapters.blockfiles.maintenance import collect_old_formats, reconcile
 
     try:
         since_start = max(time.time() - started, 0.0)
         if not ssd.shared:
+            collected = collect_old_formats(ssd.index, ssd.store)
+            if collected:
+                log.info("collected %d blocks of an older block format", collected)
             report = reconcile(ssd.index, ssd.store, grace=since_start)
         else:
             with ssd.index.maintenance_lock() as ours:

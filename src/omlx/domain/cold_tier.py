@@ -26,7 +26,7 @@ from omlx.domain.blocks import (
     ReadFailure,
     StoredBlock,
 )
-from omlx.domain.keys import block_key
+from omlx.domain.keys import KV, block_key, object_key
 from omlx.domain.ports import BlockIndex, BlockSink, BlockStore, Clock, IndexUnavailable
 
 log = logging.getLogger(__name__)
@@ -209,15 +209,25 @@ class ColdTier:
 
     def present(self, keys: Sequence[str]) -> set[str]:
         found = {k for k in keys if self._writer.pending(k)}
-        try:
-            rows = self._index.get_blocks([k for k in keys if k not in found])
-        except Exception:
-            log.exception("index lookup of %d keys failed", len(keys))
+        rows = self._lookup([k for k in keys if k not in found])
+        if rows is None:
             return found
         return found | {k for k, r in rows.items() if r.namespace == self.namespace.digest}
 
     def point_children(self, parent_keys: Sequence[str]) -> list[BlockMeta]:
-        return []  # TODO(merge with the index refactor): a kind-aware children query
+        try:
+            rows = self._index.point_children(parent_keys)
+        except IndexUnavailable as exc:
+            log.debug("restore points under %d keys: index unavailable (%s)", len(parent_keys), exc)
+            return []
+        except Exception:
+            log.exception("index lookup of restore points under %d keys failed", len(parent_keys))
+            return []
+        return [
+            BlockMeta(r.key, r.parent_key, r.namespace, r.token_count, r.kind)
+            for r in rows
+            if r.namespace == self.namespace.digest
+        ]
 
     def children(self, parent_key: str) -> list[BlockMeta]:
         try:
@@ -285,8 +295,11 @@ class ColdTier:
             decoded = self._decode(read.data)
         except Exception as exc:  # a codec bug on a bad file must not fail the request
             return None, f"it cannot be decoded ({exc})"
-        if block_key(parent_key, decoded.tokens) != row.key:
+        # A restore point's object is named by its kind and the key of the tokens up to it.
+        if object_key(row.kind, block_key(parent_key, decoded.tokens)) != row.key:
             return None, "its tokens do not rehash to its key"
+        if decoded.metadata.get("kind", KV) != row.kind:
+            return None, f"its file holds a {decoded.metadata.get('kind')!r} object, the row a {row.kind!r}"
         if decoded.metadata.get("key", row.key) != row.key:
             return None, "its metadata names another key"
         return decoded, ""

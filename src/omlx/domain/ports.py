@@ -143,7 +143,11 @@ class BlockIndex(Protocol):
         ...
 
     def children(self, parent_key: str, limit: int) -> list[StoredBlock]:
-        """Up to ``limit`` blocks whose parent is ``parent_key``, most recently used first."""
+        """Up to ``limit`` KV blocks whose parent is ``parent_key``, most recently used first."""
+        ...
+
+    def point_children(self, parent_keys: Sequence[str]) -> list[StoredBlock]:
+        """Every restore-point object (kind state or window) whose parent is in ``parent_keys``."""
         ...
 
     def touch(self, hits: Mapping[str, float]) -> None:

@@ -187,49 +187,82 @@ def read_tokens(tensor: RawTensor) -> tuple[int, ...]:
     return tuple(values)
 
 
-def block_metadata(meta: BlockMeta, layer_count: int) -> dict[str, str]:
-    """The string metadata every block file carries (DESIGN §4)."""
+def block_metadata(meta: BlockMeta, layer_count: int, **extra: str) -> dict[str, str]:
+    """The string metadata every object file carries (DESIGN §4), plus its kind's own."""
     return {
         "format_version": str(CACHE_FORMAT_VERSION),
+        "kind": meta.kind,
         "namespace": meta.namespace,
         "key": meta.key,
         "parent_key": meta.parent_key,
         "token_count": str(meta.token_count),
         "layer_count": str(layer_count),
+        **extra,
     }
 
 
 def pack_block(
     meta: BlockMeta, tokens: Sequence[int], layers: Sequence[tuple[RawTensor, RawTensor]]
 ) -> bytes:
-    """A whole block file: ``tokens``, every layer's ``k.<i>``, every ``v.<i>``, and its metadata."""
+    """A KV block file: ``tokens``, every layer's ``k.<i>``, every ``v.<i>``, and its metadata."""
     if len(tokens) != meta.token_count:
         raise ValueError(f"{len(tokens)} tokens for a block of {meta.token_count}")
     tensors = {"tokens": tokens_tensor(tokens)}
     tensors.update((f"k.{i}", k) for i, (k, _) in enumerate(layers))
     tensors.update((f"v.{i}", v) for i, (_, v) in enumerate(layers))
-    return encode_block(tensors, block_metadata(meta, len(layers)))
+    leaves = ",".join(str(i) for i in range(len(layers)))
+    metadata = block_metadata(meta, len(layers), leaves=leaves, positions=str(meta.token_count))
+    return encode_block(tensors, metadata)
 
 
-def unpack_block(
-    data: bytes,
-) -> tuple[tuple[int, ...], list[tuple[RawTensor, RawTensor]], dict[str, str]]:
-    """Inverse of :func:`pack_block`, checking the metadata against the tensors."""
+def unpack_block(data: bytes) -> tuple[tuple[int, ...], dict[str, RawTensor], dict[str, str]]:
+    """An object file's tokens, its other tensors by name and its metadata, checked together.
+
+    Refuses another format version (older blocks are collected, never misread), and a
+    file whose tensors do not match what its kind's metadata lists.
+    """
     tensors, metadata = decode_block(data)
     missing = [k for k in METADATA_KEYS if k not in metadata]
     if missing or "tokens" not in tensors:
         raise ValueError(f"not a block file: missing {missing or ['tokens']}")
     if metadata["format_version"] != str(CACHE_FORMAT_VERSION):
         raise ValueError(f"block format version {metadata['format_version']!r} is not supported")
-    tokens = read_tokens(tensors["tokens"])
+    tokens = read_tokens(tensors.pop("tokens"))
     try:
         token_count, layer_count = int(metadata["token_count"]), int(metadata["layer_count"])
     except ValueError:
         raise ValueError("token_count and layer_count must be integers") from None
     if token_count != len(tokens):
         raise ValueError(f"metadata says {token_count} tokens, tensor has {len(tokens)}")
+    kind = metadata.get("kind", "kv")
+    if kind == "state":
+        try:
+            slots = json.loads(metadata["state_slots"])
+            names = {f"s.{leaf}.{j}" for leaf, count in slots for j in range(count)}
+        except (KeyError, ValueError, TypeError):
+            raise ValueError("a state object needs its state_slots") from None
+        if not set(tensors) <= names:
+            raise ValueError(f"tensors {sorted(set(tensors) - names)} are not in state_slots")
+    else:
+        kv_layers(tensors, metadata, layer_count)  # raises on a missing or stray tensor
+    return tokens, tensors, metadata
+
+
+def kv_layers(
+    tensors: Mapping[str, RawTensor], metadata: Mapping[str, str], layer_count: int | None = None
+) -> list[tuple[int, RawTensor, RawTensor]]:
+    """A KV or window object's (leaf, keys, values) per leaf it lists, in order."""
+    layer_count = int(metadata["layer_count"]) if layer_count is None else layer_count
     try:
-        layers = [(tensors[f"k.{i}"], tensors[f"v.{i}"]) for i in range(layer_count)]
+        leaves = [int(x) for x in metadata["leaves"].split(",") if x != ""]
+    except (KeyError, ValueError):
+        raise ValueError("a KV object needs its leaves") from None
+    if any(not 0 <= leaf < layer_count for leaf in leaves) or len(set(leaves)) != len(leaves):
+        raise ValueError(f"leaves {leaves} do not fit the layout's {layer_count}")
+    try:
+        layers = [(leaf, tensors[f"k.{leaf}"], tensors[f"v.{leaf}"]) for leaf in leaves]
     except KeyError as exc:
         raise ValueError(f"block file lacks tensor {exc.args[0]}") from None
-    return tokens, layers, metadata
+    if len(tensors) != 2 * len(leaves):
+        raise ValueError("block file has tensors its leaves do not list")
+    return layers

@@ -18,7 +18,7 @@ from typing import Protocol, TypeVar
 from omlx.adapters.blockfiles.format import unpack_block
 from omlx.adapters.blockfiles.store import FileBlockStore, key_of
 from omlx.domain.blocks import StoredBlock
-from omlx.domain.keys import block_key
+from omlx.domain.keys import block_key, object_key
 from omlx.domain.ports import BlockIndex
 
 T = TypeVar("T")
@@ -37,6 +37,10 @@ class ScannableIndex(BlockIndex, Protocol):
     def iter_blocks(self) -> Iterator[StoredBlock]: ...
 
     def block_count(self) -> int: ...
+
+    def old_format_namespaces(self) -> list[str]: ...
+
+    def remove_namespaces(self, digests: Sequence[str]) -> list[StoredBlock]: ...
 
 
 @dataclass(slots=True)
@@ -61,10 +65,12 @@ def check_block(store: FileBlockStore, block: StoredBlock) -> str | None:
         tokens, _, metadata = unpack_block(data)
     except ValueError as exc:
         return f"malformed: {exc}"
-    if block_key(block.parent_key, tokens) != block.key:
+    if object_key(block.kind, block_key(block.parent_key, tokens)) != block.key:
         return "tokens do not rehash to the key"
     if metadata["key"] != block.key or metadata["namespace"] != block.namespace:
         return "metadata names another block"
+    if metadata.get("kind", "kv") != block.kind:
+        return f"the file holds a {metadata.get('kind')!r} object, the row a {block.kind!r}"
     return None
 
 
@@ -99,6 +105,20 @@ def delete_files(store: FileBlockStore, blocks: Iterable[StoredBlock]) -> int:
         store.delete(block.relpath)
         freed += info[0] if info else 0
     return freed
+
+
+def collect_old_formats(index: ScannableIndex, store: FileBlockStore) -> int:
+    """Remove the blocks of namespaces written in an older block format; returns how many.
+
+    A format change gives every model a new namespace, so those blocks can never be
+    served again: they are collected (rows, then files), never read.
+    """
+    digests = index.old_format_namespaces()
+    if not digests:
+        return 0
+    blocks = index.remove_namespaces(digests)
+    delete_files(store, blocks)
+    return len(blocks)
 
 
 def reconcile(

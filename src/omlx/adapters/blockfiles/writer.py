@@ -237,6 +237,7 @@ class BlockWriter:
             relpath=relpath,
             created_at=now,
             last_access=now,
+            kind=meta.kind,
         )
         try:
             recorded = self._add_row(job.namespace, block)

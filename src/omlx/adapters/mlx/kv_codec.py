@@ -24,12 +24,19 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 
-from omlx.adapters.blockfiles.format import RawTensor, decode_block, encode_block, joined
+from omlx.adapters.blockfiles.format import (
+    RawTensor,
+    block_metadata,
+    encode_block,
+    joined,
+    kv_layers,
+    unpack_block,
+)
 from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.batch_rows import RowView
 from omlx.adapters.mlx.cache_layout import ModelLayout, plain_layout
 from omlx.domain.blocks import BlockMeta, DecodedBlock
-from omlx.domain.keys import CACHE_FORMAT_VERSION, KV, STATE, WINDOW
+from omlx.domain.keys import KV, STATE, WINDOW
 
 # safetensors dtype names; bf16 travels as raw uint16 because numpy has no bfloat16.
 _TO_ST = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
@@ -214,32 +221,19 @@ class MLXKVCodec:
                         tensors[f"{prefix}.{leaf}"] = RawTensor(_st_name(g.dtype), host.shape[1:], memoryview(host[row]))
             leaves = [leaf for g in _groups(payload) for leaf in (g.leaves or range(g.layer_count))]
             extra = {"leaves": ",".join(map(str, leaves)), "positions": str(payload.positions)}
-        metadata = {
-            "format_version": str(CACHE_FORMAT_VERSION),
-            "kind": meta.kind,
-            "namespace": meta.namespace,
-            "key": meta.key,
-            "parent_key": meta.parent_key,
-            "token_count": str(meta.token_count),
-            "layer_count": str(len(self.layout().leaves)),
-            **extra,
-        }
-        return encode_block(tensors, metadata)
+        return encode_block(tensors, block_metadata(meta, len(self.layout().leaves), **extra))
 
     def decode(self, data: bytes) -> DecodedBlock:
         """Parse an object file; its arrays stay in ``data`` (zero-copy views) until ``assemble``."""
-        tensors, metadata = decode_block(data)
-        if metadata.get("format_version") != str(CACHE_FORMAT_VERSION):
-            raise ValueError(f"block format version {metadata.get('format_version')!r} is not {CACHE_FORMAT_VERSION}")
         try:
-            tokens = np.frombuffer(tensors["tokens"].data, np.int32).tolist()
+            tokens, tensors, metadata = unpack_block(data)
             if metadata.get("kind") == STATE:
                 payload = _state_of(tensors, json.loads(metadata["state_slots"]))
             else:
                 payload = _blocks_of(data, tensors, metadata)
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"malformed block file: {exc}") from exc
-        return DecodedBlock(tuple(tokens), payload, metadata)
+        return DecodedBlock(tokens, payload, metadata)
 
 
 # ---- helpers ---------------------------------------------------------------------------
@@ -337,15 +331,12 @@ def _from_host(host: np.ndarray, dtype: mx.Dtype) -> mx.array:
 
 
 def _blocks_of(data: bytes, tensors: dict[str, RawTensor], metadata: dict[str, str]) -> KVBlock | Blocks:
-    leaves = [int(x) for x in metadata["leaves"].split(",")] if metadata.get("leaves") else []
+    layers = kv_layers(tensors, metadata)
     positions = int(metadata["positions"])
-    if any(not 0 <= leaf < int(metadata["layer_count"]) for leaf in leaves):
-        raise ValueError(f"leaves {leaves} outside the layout's {metadata['layer_count']}")
-    if not leaves:  # a model without leaves of this kind: only the tokens are stored
+    if not layers:  # a model without leaves of this kind: only the tokens are stored
         return Blocks((), positions)
     groups: dict[tuple, list[int]] = {}
-    for leaf in leaves:
-        k, v = tensors[f"k.{leaf}"], tensors[f"v.{leaf}"]
+    for leaf, k, v in layers:
         groups.setdefault((k.shape, v.shape, k.dtype, v.dtype), []).append(leaf)
     blocks = []
     for members in groups.values():

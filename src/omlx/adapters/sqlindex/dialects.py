@@ -30,16 +30,25 @@ BLOCK_COLUMNS = (  # in StoredBlock's field order
     _B.created_at,
     _B.last_access,
     _B.hit_count,
+    _B.kind,
 )
 _COLUMNS = ", ".join(c.name for c in BLOCK_COLUMNS)
 _ORDER_CHILDREN = "ORDER BY last_access DESC, created_at DESC, key LIMIT"
+# Token-granular matching reads KV blocks only; restore-point objects are listed apart.
+_KV_CHILD = "kind = 'kv' AND parent_key ="
 
 
 class SqliteSql:
     name = "sqlite"
     insert = staticmethod(sqlite.insert)
     chunk = 500  # keys per IN (...) list: far below SQLite's variable limit
-    children_sql = f"SELECT {_COLUMNS} FROM blocks WHERE parent_key = ? {_ORDER_CHILDREN} ?"
+    children_sql = f"SELECT {_COLUMNS} FROM blocks WHERE {_KV_CHILD} ? {_ORDER_CHILDREN} ?"
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def point_children_sql(n: int) -> str:
+        marks = ", ".join("?" * n)
+        return f"SELECT {_COLUMNS} FROM blocks WHERE parent_key IN ({marks}) AND kind <> 'kv'"
 
     @staticmethod
     def greatest(a: Any, b: Any) -> Any:
@@ -92,7 +101,11 @@ class PostgresSql:
     name = "postgresql"
     insert = staticmethod(postgresql.insert)
     chunk = 5000  # keys per = ANY(array): one parameter, any length; chunks bound the reply
-    children_sql = f"SELECT {_COLUMNS} FROM blocks WHERE parent_key = %s {_ORDER_CHILDREN} %s"
+    children_sql = f"SELECT {_COLUMNS} FROM blocks WHERE {_KV_CHILD} %s {_ORDER_CHILDREN} %s"
+
+    @staticmethod
+    def point_children_sql(n: int) -> str:
+        return f"SELECT {_COLUMNS} FROM blocks WHERE parent_key = ANY(%s) AND kind <> 'kv'"
 
     @staticmethod
     def greatest(a: Any, b: Any) -> Any:

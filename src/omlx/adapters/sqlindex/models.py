@@ -26,6 +26,8 @@ class NamespaceRow(Base):
     layer_count: Mapped[int] = mapped_column(Integer, nullable=False)
     created_at: Mapped[float] = mapped_column(Float, nullable=False)
     last_used_at: Mapped[float] = mapped_column(Float, nullable=False)
+    # The block format its files were written in: older ones are collected, never read.
+    format_version: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
 
 
 class NamespaceHostRow(Base):
@@ -63,6 +65,8 @@ class BlockRow(Base):
     created_at: Mapped[float] = mapped_column(Float, nullable=False)
     last_access: Mapped[float] = mapped_column(Float, nullable=False)
     hit_count: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
+    # kv: a block's KV; state / window: a restore point's snapshot or window KV (domain.keys)
+    kind: Mapped[str] = mapped_column(String(8), nullable=False, server_default="kv")
 
 
 class WeightDigestRow(Base):

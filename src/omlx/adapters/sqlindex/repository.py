@@ -27,6 +27,7 @@ from omlx.adapters.sqlindex.migrate import upgrade
 from omlx.adapters.sqlindex.models import BlockRow, NamespaceHostRow, NamespaceRow, WeightDigestRow
 from omlx.adapters.sqlindex.urls import SQLITE, display, sqlite_path, sqlite_url, to_url
 from omlx.domain.blocks import NamespaceInfo, NamespaceUsage, StoredBlock
+from omlx.domain.keys import CACHE_FORMAT_VERSION
 from omlx.domain.ports import EvictionPlan
 
 _BLOCKS = BlockRow.metadata.tables["blocks"]
@@ -75,7 +76,9 @@ class SqlBlockIndex:
         now = self._clock()
         insert = self._sql.insert
         row = {f: getattr(namespace, f) for f in _fields(NamespaceInfo) if f != "model_path"}
-        ns = insert(NamespaceRow).values(**row, created_at=now, last_used_at=now)
+        ns = insert(NamespaceRow).values(
+            **row, created_at=now, last_used_at=now, format_version=CACHE_FORMAT_VERSION
+        )
         ns = ns.on_conflict_do_update(
             index_elements=["digest"],
             set_={"model_name": ns.excluded.model_name, "last_used_at": ns.excluded.last_used_at},
@@ -140,6 +143,30 @@ class SqlBlockIndex:
             finally:
                 raw.close()
         return rows
+
+    def point_children(self, parent_keys: Sequence[str]) -> list[StoredBlock]:
+        """Restore-point objects (kind state or window) hanging from any of ``parent_keys``."""
+        unique = list(dict.fromkeys(parent_keys))
+        rows: list[StoredBlock] = []
+        sql = self._sql
+        with self._available.guard():
+            raw = self.engine.raw_connection()
+            try:
+                cursor = raw.cursor()
+                for i in range(0, len(unique), sql.chunk):
+                    chunk = unique[i : i + sql.chunk]
+                    cursor.execute(sql.point_children_sql(len(chunk)), sql.get_blocks_params(chunk))
+                    rows.extend(StoredBlock(*row) for row in cursor.fetchall())
+                cursor.close()
+            finally:
+                raw.close()
+        return rows
+
+    def old_format_namespaces(self) -> list[str]:
+        """Namespaces whose blocks were written in an older block format (to collect)."""
+        stmt = select(NamespaceRow.digest).where(NamespaceRow.format_version < CACHE_FORMAT_VERSION)
+        with self._available.guard(), self._read() as session:
+            return list(session.scalars(stmt))
 
     def touch(self, hits: Mapping[str, float]) -> None:
         if not hits:
