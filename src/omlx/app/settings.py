@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from omlx.app.sizes import parse_size
+from omlx.domain.responses import Retention
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -37,6 +38,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     model_aliases: tuple[str, ...] = ("claude-*",)
     answer_any_model: bool = False
     prompt_normalizations: tuple[str, ...] = ("claude_code_billing_header",)
+    responses_max_stored: int = 1000
+    responses_max_age_days: int = 30
 
     @property
     def hot_cache_bytes(self) -> int:
@@ -57,6 +60,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return str(self.kv_memory_limit).strip().lower() != "off"
 
     @property
+    def responses_retention(self) -> Retention:
+        return Retention(self.responses_max_stored, self.responses_max_age_days)
+
+    @property
     def cache_dir(self) -> Path:
         return Path(self.paged_ssd_cache_dir).expanduser()
 
@@ -75,6 +82,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         from omlx.app.normalize import PromptNormalizer
 
         PromptNormalizer(self.prompt_normalizations)  # raises naming an unknown rule
+        self.responses_retention  # noqa: B018 - raises for an impossible retention
         return self
 
 
