@@ -49,8 +49,8 @@ class OutputBuilder:
     def feed(self, piece: Piece) -> list[Event]:
         if isinstance(piece, ToolCallPiece):
             return [*self.close(), *self._call(piece)]
-        kind = "reasoning" if isinstance(piece, Reasoning) else "message"
         assert isinstance(piece, Reasoning | Content)
+        kind = "reasoning" if isinstance(piece, Reasoning) else "message"
         events = [] if self._open is not None and self._open["type"] == kind else self._begin(kind)
         self._texts.append(piece.text)
         delta = (
@@ -68,22 +68,16 @@ class OutputBuilder:
             return []
         text, where = "".join(self._texts), self._where()
         self._open, self._texts = None, []
+        done = {**where, "content_index": 0, "text": text}
         if item["type"] == "reasoning":
-            part = {"type": "reasoning_text", "text": text}
-            done = {
-                **where,
-                "content_index": 0,
-                "text": text,
-                "type": "response.reasoning_text.done",
-            }
-            item.update(content=[part], status=status)
+            part: dict[str, Any] = {"type": "reasoning_text", "text": text}
+            done["type"] = "response.reasoning_text.done"
             if self.encrypted_reasoning:
                 item["encrypted_content"] = self.seal.seal(text)
         else:
             part = {"type": "output_text", "text": text, "annotations": []}
-            done = {**where, "content_index": 0, "text": text, "logprobs": []}
-            done["type"] = "response.output_text.done"
-            item.update(content=[part], status=status)
+            done.update(logprobs=[], type="response.output_text.done")
+        item.update(content=[part], status=status)
         return [
             done,
             {**where, "content_index": 0, "part": part, "type": "response.content_part.done"},
@@ -148,14 +142,17 @@ class OutputBuilder:
             self._item_event("response.output_item.done", item),
         ]
 
+    def _index(self, item: dict[str, Any]) -> int:
+        return next(i for i in range(len(self.items) - 1, -1, -1) if self.items[i] is item)
+
     def _where(self, item: dict[str, Any] | None = None) -> Event:
         item = item or self._open
         assert item is not None
-        return {"item_id": item["id"], "output_index": self.items.index(item)}
+        return {"item_id": item["id"], "output_index": self._index(item)}
 
     def _item_event(self, kind: str, item: dict[str, Any]) -> Event:
         # A copy: the item changes after it is added, the event must not.
-        return {"output_index": self.items.index(item), "item": dict(item), "type": kind}
+        return {"output_index": self._index(item), "item": dict(item), "type": kind}
 
 
 def base_response(rid: str, created: int, data: ResponsesRequest) -> ResponseObject:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,12 +19,7 @@ import anyio
 import msgspec
 from litestar.response.sse import ServerSentEventMessage
 
-from omlx.app.api.responses_output import (
-    Event,
-    OutputBuilder,
-    finished_response,
-    usage_of,
-)
+from omlx.app.api.responses_output import Event, OutputBuilder, finished_response, usage_of
 from omlx.app.api.responses_schemas import ResponseObject, ResponseUsage
 from omlx.app.api.sse import KEEPALIVE
 from omlx.app.chat import ChatEvent, Done, Error, Output, Started
@@ -92,6 +87,16 @@ class ResponseRun:
     # --- the SSE body ----------------------------------------------------------------
 
     async def stream(
+        self, events: AsyncGenerator[ChatEvent | None, None]
+    ) -> AsyncIterator[ServerSentEventMessage]:
+        """The SSE events; closing it (the client left) closes ``events``, cancelling the turn."""
+        try:
+            async for message in self._stream(events):
+                yield message
+        finally:
+            await events.aclose()
+
+    async def _stream(
         self, events: AsyncIterator[ChatEvent | None]
     ) -> AsyncIterator[ServerSentEventMessage]:
         numbered = _Numbered()
