@@ -16,7 +16,9 @@ from omlx.adapters.sqlindex import (
     open_index,
     upgrade,
 )
+from omlx.app.bootstrap import _response_store
 from omlx.app.responses_store import MemoryResponseStore
+from omlx.app.settings import Settings
 from omlx.domain.responses import DAY, Retention, StoredResponse
 from tests.fakes import FakeClock
 from tests.storage_checks import assert_cache_invariants
@@ -85,3 +87,12 @@ def test_migration_0010_adds_the_table_beside_the_index(tmp_path: Path):
         indexes = {row[1] for row in conn.execute("PRAGMA index_list(responses)")}
     assert columns == ["id", "created_at", "response", "input_items"]
     assert "ix_responses_created_at" in indexes
+
+
+def test_the_server_stores_in_the_index_when_the_ssd_tier_is_on(tmp_path: Path):
+    index = open_index(tmp_path)
+    try:
+        assert isinstance(_response_store(Settings(), {"index": index}), SqlResponseStore)
+    finally:
+        index.close()
+    assert isinstance(_response_store(Settings(), None), MemoryResponseStore)

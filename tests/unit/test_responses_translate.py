@@ -317,3 +317,27 @@ def test_parallel_tool_calls_off_keeps_the_first_and_none_keeps_markup():
     assert [i["type"] for i in none["output"]] == ["message"]
     assert none["output"][0]["content"][0]["text"] == TOOL + TOOL
     assert named.status_code == 200
+
+
+def test_cache_misses_name_the_part_that_changed():
+    engine = FakeEngine(reply("ok"))
+    client, _ = serve(engine)
+    long = "a request long enough to share a block of prompt with the next one. " * 2
+    first_input = [{"role": "user", "content": long}, {"role": "user", "content": "first"}]
+    with client as c:
+        first = c.post(
+            "/v1/responses", json={"model": MODEL, "instructions": "sys", "input": first_input}
+        )
+        # Named by previous_response_id, with other instructions: the system part changed.
+        body = {"model": MODEL, "instructions": "other", "input": "next"}
+        c.post("/v1/responses", json={**body, "previous_response_id": first.json()["id"]})
+        # Found by prefix: the history resent with its second item edited.
+        edited = [
+            first_input[0],
+            {"role": "user", "content": "edited"},
+            {"role": "user", "content": "q"},
+        ]
+        c.post("/v1/responses", json={"model": MODEL, "instructions": "sys", "input": edited})
+        metrics = c.get("/metrics").text
+    assert 'omlx_cache_misses_total{part="system"} 1.0' in metrics
+    assert 'omlx_cache_misses_total{part="input"} 1.0' in metrics
