@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 
 import httpx
 import openai
@@ -16,7 +17,6 @@ from pydantic import TypeAdapter
 from tests.e2e.conftest import API_KEY
 from tests.e2e.test_auth_cancel_metrics import _cancelled, _engine, _wait_idle
 from tests.scripted_model import ANSWER, MODEL_ID, REPLY, THOUGHT
-from tests.server_process import ServerProcess
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 WEATHER = {
@@ -225,15 +225,19 @@ def test_turn_two_reuses_turn_one_prompt_and_output(tiny_server):
     assert third.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
 
 
-def test_stored_responses_outlive_a_restart(tiny_model_dir, tmp_path):
-    args = ("--model", str(tiny_model_dir), "--block-size", "16")
-    cache = tmp_path / "cache"
-    with ServerProcess(*args, cache_dir=cache, log_path=tmp_path / "a.log") as server:
-        c = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
-        stored = c.responses.create(model="tiny-llama", input="Hi", max_output_tokens=2)
-    with ServerProcess(*args, cache_dir=cache, log_path=tmp_path / "b.log") as server:
-        c = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
-        assert c.responses.retrieve(stored.id).model_dump() == stored.model_dump()
+def test_a_server_with_an_ssd_tier_stores_responses_in_its_index(tiny_server):
+    """In index.db, so they outlive a restart (the store itself: tests/integration)."""
+    c = openai.OpenAI(base_url=tiny_server.base_url + "/v1", api_key="x", max_retries=0)
+    kept = c.responses.create(model="tiny-llama", input="Hi", max_output_tokens=2)
+    unkept = c.responses.create(model="tiny-llama", input="Hi", max_output_tokens=2, store=False)
+    with sqlite3.connect(f"file:{tiny_server.cache_dir / 'index.db'}?mode=ro", uri=True) as db:
+        rows = dict(
+            db.execute(
+                "SELECT id, response FROM responses WHERE id IN (?, ?)", (kept.id, unkept.id)
+            )
+        )
+    assert list(rows) == [kept.id]
+    assert Response.model_validate_json(rows[kept.id]).model_dump() == kept.model_dump()
 
 
 def test_leaving_a_stream_cancels_its_generation(tiny_server):

@@ -81,6 +81,14 @@ def test_get_delete_and_input_items():
             json={"model": MODEL, "input": "four", "previous_response_id": first["id"]},
         ).json()
         unstored = c.post("/v1/responses", json={"model": MODEL, "input": "x", "store": False})
+        bad_item = c.post(  # named by its place in this request, not in the conversation
+            "/v1/responses",
+            json={
+                "model": MODEL,
+                "input": [{"type": "image_generation_call"}],
+                "previous_response_id": first["id"],
+            },
+        )
         got = c.get(f"/v1/responses/{first['id']}")
         desc = c.get(f"/v1/responses/{second['id']}/input_items").json()
         asc = c.get(f"/v1/responses/{second['id']}/input_items?order=asc&limit=2").json()
@@ -102,6 +110,7 @@ def test_get_delete_and_input_items():
                 json={"model": MODEL, "input": "x", "previous_response_id": first["id"]},
             ),
         ]
+    assert bad_item.status_code == 400 and bad_item.json()["error"]["param"] == "input[0]"
     assert got.status_code == 200 and got.json() == first
     Response.model_validate(got.json())
     # The second response's input is the whole conversation: first's input and output, then its own.

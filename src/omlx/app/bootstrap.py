@@ -83,15 +83,7 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
         raise
 
 
-def wire_services(
-    settings: Settings,
-    model: Any,
-    engine: Any,
-    *,
-    seal: ReasoningSeal | None = None,
-    responses: ResponseStore | None = None,
-    **parts: Any,
-) -> Container:
+def wire_services(settings: Settings, model: Any, engine: Any, *, seal: ReasoningSeal | None = None, responses: ResponseStore | None = None, **parts: Any) -> Container:
     """The app's services over a loaded model and a started engine (tests pass fakes of both)."""
     generation = GenerationService(
         engine,

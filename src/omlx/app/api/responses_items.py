@@ -31,17 +31,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def canonical_items(value: str | list[InputItem] | None, first: int = 0) -> list[dict[str, Any]]:
-    """The request's ``input`` as canonical items; a 400 naming what cannot be rendered.
-
-    ``first`` is the index of the first item in the resolved conversation (after a
-    previous response's items), used in error messages.
-    """
+def canonical_items(value: str | list[InputItem] | None) -> list[dict[str, Any]]:
+    """The request's ``input`` as canonical items; a 400 naming the item that cannot be rendered."""
     if value is None:
         return []
     if isinstance(value, str):
         return [_message("user", [{"type": "input_text", "text": value}], None)]
-    return [_canonical(item, f"input[{k}]") for k, item in enumerate(value, start=first)]
+    return [_canonical(item, f"input[{k}]") for k, item in enumerate(value)]
 
 
 def _canonical(item: InputItem, where: str) -> dict[str, Any]:
@@ -143,7 +139,8 @@ def _joined(parts: list[dict[str, Any]] | None) -> str:
 
 
 class ItemRenderer:
-    """Canonical items as chat-template messages, each labelled with the item it starts at."""
+    """Canonical items as chat-template messages, each labelled with the item it starts at
+    (``input[k]``, k counted in the resolved conversation, as ``input_items`` lists it)."""
 
     def __init__(self, normalizer: PromptNormalizer, seal: ReasoningSeal) -> None:
         self.normalizer = normalizer

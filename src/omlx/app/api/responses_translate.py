@@ -73,7 +73,7 @@ class Translator:
         refuse_unsupported(data)
         encrypted = check_include(data.include)
         history = history or []
-        items = [*history, *canonical_items(data.input, first=len(history))]
+        items = [*history, *canonical_items(data.input)]
         if not items:
             raise InvalidRequest("input is required", param="input")
         messages: list[dict[str, Any]] = []
