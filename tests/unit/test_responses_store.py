@@ -124,7 +124,7 @@ def test_get_delete_and_input_items():
     assert [i["role"] for i in asc["data"]] == conversation[:2] and asc["has_more"] is True
     assert [i["role"] for i in after["data"]] == conversation[2:] and after["has_more"] is False
     assert bad_after.status_code == bad_limit.status_code == streamed.status_code == 400
-    assert deleted.json() == {"id": first["id"], "object": "response", "deleted": True}
+    assert deleted.json() == {"id": first["id"], "object": "response.deleted", "deleted": True}
     assert [r.status_code for r in gone] == [404, 404, 404, 404, 400]
     assert gone[0].json()["error"]["type"] == "not_found_error"
     assert gone[-1].json()["error"]["code"] == "previous_response_not_found"

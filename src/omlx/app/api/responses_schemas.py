@@ -162,7 +162,7 @@ class ResponseObject(Struct, kw_only=True):
 
 class DeletedResponse(Struct):
     id: str
-    object: Literal["response"] = "response"
+    object: Literal["response.deleted"] = "response.deleted"
     deleted: bool = True
 
 
