@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import json
 
+import anyio
 from litestar.testing import TestClient
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from omlx.app.api.app import create_app
+from omlx.app.api.responses_output import OutputBuilder, base_response
+from omlx.app.api.responses_schemas import ResponsesRequest
+from omlx.app.api.responses_stream import ResponseRun
+from omlx.app.chat import Output, Started
+from omlx.app.output import Content
+from omlx.app.sealing import ReasoningSeal
 from tests.unit.api_fakes import MODEL, FakeEngine, fails_after, fake_container, reply
 from tests.unit.test_api_streams import sse
 
@@ -154,3 +161,37 @@ def test_plain_response_validates_and_echoes_the_request():
     assert response["reasoning"] == {"effort": "low", "summary": "auto"}
     assert response["text"] == {"format": {"type": "text"}}
     assert response["truncation"] == "disabled" and response["previous_response_id"] is None
+
+
+def test_leaving_the_stream_closes_the_turn_events():
+    """The client left (the body is closed): the chat events close too, which cancels the job."""
+    closed = []
+
+    async def events():
+        try:
+            yield Started(3, 0)
+            yield Output([Content("a")])
+            await anyio.sleep(3600)  # a turn still generating
+        finally:
+            closed.append(True)
+
+    run = ResponseRun(
+        base=base_response("resp_1", 0, ResponsesRequest(model=MODEL)),
+        builder=OutputBuilder(ReasoningSeal(b"k" * 32)),
+        items=[],
+        store=None,
+        caching=False,
+        count_tokens=len,
+    )
+
+    async def leave_after_the_first_delta() -> list[str]:
+        stream = run.stream(events())
+        kinds = []
+        while "response.output_text.delta" not in kinds:
+            kinds.append(json.loads((await stream.__anext__()).data)["type"])
+        await stream.aclose()
+        assert closed == [True]  # at once, not when the garbage collector gets to it
+        return kinds
+
+    assert anyio.run(leave_after_the_first_delta)[-1] == "response.output_text.delta"
+    assert closed == [True]
