@@ -25,6 +25,8 @@ LOOP = {"model": MODEL_ID, "prompt": "<|loop|>", "max_tokens": 30000}  # decodes
         ("GET", "/v1/models", None, "openai"),
         ("POST", "/v1/chat/completions", CHAT, "openai"),
         ("POST", "/v1/completions", {"model": MODEL_ID, "prompt": "x"}, "openai"),
+        ("POST", "/v1/responses", {"model": MODEL_ID, "input": "x"}, "openai"),
+        ("GET", "/v1/responses/resp_1/input_items", None, "openai"),
         ("GET", "/metrics", None, "openai"),
         ("GET", "/schema/openapi.json", None, "openai"),
         ("POST", "/v1/messages", MESSAGE, "anthropic"),

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
 EXAMPLES = 10  # per operation and mode (20 per POST route); generating bodies dominates the time
-CAPS = {"max_tokens": 4, "max_completion_tokens": 4}
+CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "max_output_tokens": 4}
 
 
 def cap_generation(case: schemathesis.Case) -> None:
@@ -19,6 +19,8 @@ def cap_generation(case: schemathesis.Case) -> None:
                 case.body[name] = cap
         if "max_tokens" not in case.body and "messages" in case.body:
             case.body["max_tokens"] = CAPS["max_tokens"]
+        if "max_output_tokens" not in case.body and "input" in case.body:
+            case.body["max_output_tokens"] = CAPS["max_output_tokens"]
 
 
 def test_no_server_errors(tiny_server):
@@ -52,5 +54,6 @@ def test_no_server_errors(tiny_server):
     assert {
         "POST /v1/chat/completions positive",
         "POST /v1/messages negative",
+        "POST /v1/responses positive",
         "GET /metrics positive",
     } <= set(seen)

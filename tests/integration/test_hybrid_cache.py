@@ -6,6 +6,7 @@ The models are tiny random ones of each layout (``tests/hybrid_models.py``).
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import mlx.core as mx
@@ -80,7 +81,7 @@ def test_conversations_match_the_uncached_run_and_restore_their_prefix(hybrid):
         eng.stop()
     assert [t for t, _, _ in got] == [t for t, _, _ in want]
     assert other[0][0] == want_other[0][0]
-    for (_, prev_len, _), (_, _, cached) in zip(got, got[1:], strict=False):
+    for (_, prev_len, _), (_, _, cached) in itertools.pairwise(got):
         assert cached >= 0.9 * prev_len, (prev_len, cached)
     assert other[0][2] > 0  # the shared system prompt, to the deepest point kept in it
     assert replay.text == want[0][0]
@@ -103,17 +104,17 @@ def test_a_window_several_windows_long_is_restored_exactly_at_every_kept_point(t
     # every boundary the first request kept, and the points in between it marked
     points = set()
     for length in range(2, len(prompt)):
-        hit = cache.lookup(prompt[:length] + [7])
+        hit = cache.lookup([*prompt[:length], 7])
         points.add(hit.cached_tokens)
         if hit.cached_tokens in (0,) or hit.cached_tokens in points - {hit.cached_tokens}:
             cache.release(hit)
             continue
         restored = cache.restore(hit)
         cache.release(hit)
-        tail = (prompt[:length] + [7])[hit.cached_tokens :]
+        tail = ([*prompt[:length], 7])[hit.cached_tokens :]
         got = model.model(mx.array([tail]), cache=restored)[0, -1]
         fresh = make_prompt_cache(model.model)
-        want = model.model(mx.array([prompt[:length] + [7]]), cache=fresh)[0, -1]
+        want = model.model(mx.array([[*prompt[:length], 7]]), cache=fresh)[0, -1]
         assert mx.argmax(got).item() == mx.argmax(want).item()
         assert mx.allclose(got, want, atol=1e-3).item(), (length, hit.cached_tokens)
     assert len(points - {0}) >= 4  # the interior points, the prompt's end and more

@@ -20,6 +20,7 @@ ROUTES = [
     ("POST", "/v1/completions", {"model": MODEL, "prompt": "x"}),
     ("POST", "/v1/messages", {"model": MODEL, "messages": HI, "max_tokens": 2}),
     ("POST", "/v1/messages/count_tokens", {"model": MODEL, "messages": HI}),
+    ("POST", "/v1/responses", {"model": MODEL, "input": "hi"}),
     ("GET", "/metrics", None),
     ("GET", "/schema/openapi.json", None),
 ]
@@ -192,8 +193,20 @@ def test_openapi_documents_each_route_and_its_bodies():
         "createCompletion",
         "createMessage",
         "countMessageTokens",
+        "createResponse",
+        "getResponse",
+        "deleteResponse",
+        "listResponseInputItems",
         "metrics",
     }
+    responses = ops[("post", "/v1/responses")]
+    assert set(responses["responses"]["200"]["content"]) == {
+        "application/json",
+        "text/event-stream",
+    }
+    assert responses["responses"]["400"]["content"]["application/json"]["schema"][
+        "$ref"
+    ].endswith("/OpenAIErrorResponse")
     chat = ops[("post", "/v1/chat/completions")]
     assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "/ChatCompletionRequest"

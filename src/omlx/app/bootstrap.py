@@ -14,6 +14,7 @@ from omlx.app.chat import ChatPipeline
 from omlx.app.container import Container
 from omlx.app.model_names import ModelNames
 from omlx.app.normalize import PromptNormalizer
+from omlx.app.responses_store import MemoryResponseStore, ResponseStore
 from omlx.app.sealing import ReasoningSeal
 from omlx.app.service import GenerationService
 from omlx.app.settings import Settings
@@ -72,6 +73,7 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
             model,
             engine,
             seal=seal,
+            responses=_response_store(settings, ssd),
             prefix_cache=prefix_cache,
             cold_tier=cold_tier,
             blas=describe_blas(),
@@ -82,7 +84,7 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
         raise
 
 
-def wire_services(settings: Settings, model: Any, engine: Any, *, seal: ReasoningSeal | None = None, **parts: Any) -> Container:
+def wire_services(settings: Settings, model: Any, engine: Any, *, seal: ReasoningSeal | None = None, responses: ResponseStore | None = None, **parts: Any) -> Container:
     """The app's services over a loaded model and a started engine (tests pass fakes of both)."""
     generation = GenerationService(
         engine,
@@ -99,9 +101,20 @@ def wire_services(settings: Settings, model: Any, engine: Any, *, seal: Reasonin
         names=ModelNames([model.model_id], settings.model_aliases, settings.answer_any_model),
         normalizer=PromptNormalizer(settings.prompt_normalizations),
         seal=seal or ReasoningSeal.for_folder(None),
+        responses=responses or MemoryResponseStore(settings.responses_retention),
         started_at=int(time.time()),
         **parts,
     )
+
+
+def _response_store(settings: Settings, ssd: SsdParts | None) -> ResponseStore:
+    """Stored responses in the index database when the SSD tier has one, else in memory."""
+    if ssd is None:
+        log.info("stored responses: in memory (no SSD tier), lost at exit")
+        return MemoryResponseStore(settings.responses_retention)
+    from omlx.adapters.sqlindex import SqlResponseStore
+
+    return SqlResponseStore(ssd.index.engine, settings.responses_retention)
 
 
 def _kv_memory_limit(settings: Settings) -> int | None:

@@ -12,6 +12,7 @@ from omlx.app.normalize import PromptNormalizer
 from omlx.app.sealing import ReasoningSeal
 from omlx.app.service import GenerationService
 from omlx.app.settings import Settings
+from omlx.domain.responses import ResponseStore
 
 
 @dataclass(slots=True)
@@ -24,6 +25,7 @@ class Container:
     names: ModelNames
     normalizer: PromptNormalizer
     seal: ReasoningSeal
+    responses: ResponseStore  # stored Responses-API responses (index.db, or memory)
     started_at: int
     prefix_cache: Any = None  # PrefixCache | None
     cold_tier: Any = None  # ColdTier | None

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from omlx.app.sizes import parse_size
+from omlx.domain.responses import Retention
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -45,6 +46,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     model_aliases: tuple[str, ...] = ("claude-*",)
     answer_any_model: bool = False
     prompt_normalizations: tuple[str, ...] = ("claude_code_billing_header",)
+    responses_max_stored: int = 1000
+    responses_max_age_days: int = 30
 
     @property
     def hot_cache_bytes(self) -> int:
@@ -63,6 +66,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def kv_memory_guard(self) -> bool:
         return str(self.kv_memory_limit).strip().lower() != "off"
+
+    @property
+    def responses_retention(self) -> Retention:
+        return Retention(self.responses_max_stored, self.responses_max_age_days)
 
     @property
     def cache_dir(self) -> Path:
@@ -94,6 +101,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError(
                 f"index_url {self.index_url!r} is not a URL: sqlite:///PATH or postgresql+psycopg://…"
             )
+        self.responses_retention  # noqa: B018 - raises for an impossible retention
         return self
 
 

@@ -343,7 +343,7 @@ class MLXEngine:
         cuts = set(range((start // step + 1) * step, len(tokens), step))
         cuts.update(p for p in plan if start < p < len(tokens))
         edges = [start, *sorted(cuts), len(tokens)]
-        return [tokens[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
+        return [tokens[a:b] for a, b in itertools.pairwise(edges) if b > a]
 
     def _step(self) -> None:
         prompt_responses, generation_responses = self._generator.next()

@@ -1,6 +1,6 @@
-"""The block index through SQLAlchemy 2.x: SQLite embedded (default) or PostgreSQL shared.
-
-Schema owned by Alembic (``migrations/``); ``connect_index(url)`` migrates and opens.
+"""The block index and stored responses through SQLAlchemy 2.x: SQLite embedded (default)
+or PostgreSQL shared. Schema owned by Alembic (``migrations/``); ``connect_index(url)``
+migrates and opens.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from omlx.adapters.sqlindex.repository import (
     connect_index,
     open_index,
 )
+from omlx.adapters.sqlindex.responses import SqlResponseStore
 from omlx.adapters.sqlindex.urls import backend, display, sqlite_url, to_url
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "NamespaceRecord",
     "NetworkFilesystemError",
     "SqlBlockIndex",
+    "SqlResponseStore",
     "all_revisions",
     "backend",
     "connect_index",

@@ -6,7 +6,16 @@ mirror it for queries and ``alembic revision --autogenerate``. Times are epoch s
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, PrimaryKeyConstraint, String
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    PrimaryKeyConstraint,
+    String,
+    Text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -81,3 +90,19 @@ class WeightDigestRow(Base):
     mtime: Mapped[float] = mapped_column(Float, nullable=False)
     digest: Mapped[str] = mapped_column(String(64), nullable=False)
     computed_at: Mapped[float] = mapped_column(Float, nullable=False)
+
+
+class ResponseRow(Base):
+    """A stored Responses-API response: its object and its resolved input items, as JSON text.
+
+    Text rather than a JSON column: the store never queries inside them, and the same
+    bytes work on SQLite and PostgreSQL.
+    """
+
+    __tablename__ = "responses"
+    __table_args__ = (Index("ix_responses_created_at", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float, nullable=False)
+    response: Mapped[str] = mapped_column(Text, nullable=False)
+    input_items: Mapped[str] = mapped_column(Text, nullable=False)

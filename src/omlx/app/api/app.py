@@ -13,6 +13,7 @@ from omlx.app.api.errors import EXCEPTION_HANDLERS
 from omlx.app.api.health import HealthController
 from omlx.app.api.metrics import Metrics, MetricsController, RequestMetrics, count_unmatched
 from omlx.app.api.openai import OpenAIController
+from omlx.app.api.responses import ResponsesController
 from omlx.app.container import Container
 
 
@@ -30,7 +31,13 @@ def create_app(container: Container) -> Litestar:
         return metrics
 
     return Litestar(
-        route_handlers=[HealthController, OpenAIController, AnthropicController, MetricsController],
+        route_handlers=[
+            HealthController,
+            OpenAIController,
+            ResponsesController,
+            AnthropicController,
+            MetricsController,
+        ],
         dependencies={
             "container": Provide(provide_container, sync_to_thread=False),
             "metrics": Provide(provide_metrics, sync_to_thread=False),

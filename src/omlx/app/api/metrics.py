@@ -75,7 +75,8 @@ class Metrics:
         self.cache_misses = Counter(
             "omlx_cache_misses",
             "Turns that restored less than their conversation's previous prompt allowed, by what "
-            "changed: system, tools, messages, model, or not_cached (the blocks were gone)",
+            "changed: system, tools, messages (input, for the Responses API), model, or not_cached "
+            "(the blocks were gone)",
             ["part"],
             registry=r,
         )

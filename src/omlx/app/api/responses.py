@@ -1,0 +1,166 @@
+"""OpenAI Responses API routes: create (JSON, or SSE events with stream: true), retrieve,
+delete, and a stored response's input items."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import anyio
+import msgspec
+from litestar import Controller, Request, delete, get, post
+from litestar.params import Parameter
+
+from omlx.app.api.disconnect import unless_disconnected
+from omlx.app.api.openai_schemas import OpenAIErrorResponse
+from omlx.app.api.openapi import error_responses, streaming_operation
+from omlx.app.api.responses_items import new_id
+from omlx.app.api.responses_output import OutputBuilder, base_response
+from omlx.app.api.responses_schemas import (
+    DeletedResponse,
+    InputItemList,
+    ResponseObject,
+    ResponsesRequest,
+)
+from omlx.app.api.responses_stream import ResponseRun
+from omlx.app.api.responses_translate import Translator
+from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
+from omlx.app.container import Container
+from omlx.app.errors import InvalidRequest, NotFound
+from omlx.domain.responses import StoredResponse
+
+_ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404, 413, 429, 500)
+_READ_ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404)
+
+
+def translator(container: Container) -> Translator:
+    return Translator(
+        container.normalizer,
+        container.seal,
+        effort_kwarg=container.chat.renderer.accepts_reasoning_effort,
+    )
+
+
+async def stored(container: Container, response_id: str) -> StoredResponse:
+    record = await anyio.to_thread.run_sync(container.responses.get, response_id)
+    if record is None:
+        raise NotFound(f"no stored response {response_id!r}", param="response_id")
+    return record
+
+
+async def history(container: Container, previous_id: str | None) -> list[dict[str, Any]]:
+    """The conversation a previous response continued: its input items, then its output."""
+    if previous_id is None:
+        return []
+    record = await anyio.to_thread.run_sync(container.responses.get, previous_id)
+    if record is None:
+        raise InvalidRequest(
+            f"previous_response_id {previous_id!r} names no stored response (stored with "
+            "store: false, deleted, or pruned by the retention limits)",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+    return [*record.input_items, *record.output_items]
+
+
+class ResponsesController(Controller):
+    path = "/v1/responses"
+    tags = ("openai",)
+
+    @post(
+        status_code=200,
+        operation_id="createResponse",
+        summary="Create a model response (JSON, or SSE events with stream: true)",
+        responses=_ERRORS,
+        operation_class=streaming_operation(
+            "SSE events named by their type: response.created, response.in_progress, the "
+            "output items' events, then response.completed (or response.incomplete / "
+            "response.failed)"
+        ),
+    )
+    async def create_response(
+        self, data: ResponsesRequest, container: Container, request: Request
+    ) -> ResponseObject:
+        model_id = container.names.resolve(data.model)
+        past = await history(container, data.previous_response_id)
+        translated = translator(container).translate(data, model_id, past)
+        rid = new_id("resp")
+        turn = await container.chat.prepare(translated.chat, rid, data.previous_response_id)
+        service = container.generation
+        run = ResponseRun(
+            base=base_response(rid, int(time.time()), data),
+            builder=OutputBuilder(container.seal, translated.encrypted_reasoning),
+            items=translated.items,
+            store=container.responses if data.store else None,
+            caching=container.prefix_cache is not None,
+            count_tokens=lambda text: len(service.encode_text(text)),
+        )
+        if data.stream:
+            service.check_capacity()  # a 429 is possible only before the 200
+            return EventStream(run.stream(container.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
+        result = await unless_disconnected(request.receive, container.chat.complete(turn))
+        for piece in result.pieces:
+            run.builder.feed(piece)
+        _, final = run.complete(result.finished)
+        await run.keep(final)
+        return final
+
+    @get(
+        "/{response_id:str}",
+        operation_id="getResponse",
+        summary="A stored response",
+        responses=_READ_ERRORS,
+    )
+    async def get_response(
+        self, response_id: str, container: Container, stream: bool = False
+    ) -> ResponseObject:
+        if stream:
+            raise InvalidRequest(
+                "stream is not supported here: a stored response is returned whole",
+                param="stream",
+            )
+        record = await stored(container, response_id)
+        return msgspec.convert(record.response, ResponseObject)
+
+    @delete(
+        "/{response_id:str}",
+        status_code=200,
+        operation_id="deleteResponse",
+        summary="Delete a stored response",
+        responses=_READ_ERRORS,
+    )
+    async def delete_response(self, response_id: str, container: Container) -> DeletedResponse:
+        if not await anyio.to_thread.run_sync(container.responses.delete, response_id):
+            raise NotFound(f"no stored response {response_id!r}", param="response_id")
+        return DeletedResponse(response_id)
+
+    @get(
+        "/{response_id:str}/input_items",
+        operation_id="listResponseInputItems",
+        summary="The input items of a stored response (its whole conversation)",
+        responses=_READ_ERRORS,
+    )
+    async def list_input_items(
+        self,
+        response_id: str,
+        container: Container,
+        limit: int = Parameter(default=20, ge=1, le=100),
+        order: Literal["asc", "desc"] = "desc",
+        after: str | None = None,
+        include: list[str] | None = None,  # accepted: stored items are returned whole
+    ) -> InputItemList:
+        items = (await stored(container, response_id)).input_items
+        if order == "desc":
+            items = items[::-1]
+        if after is not None:
+            ids = [item.get("id") for item in items]
+            if after not in ids:
+                raise InvalidRequest(f"after: no input item {after!r} in this list", param="after")
+            items = items[ids.index(after) + 1 :]
+        page = items[:limit]
+        return InputItemList(
+            data=page,
+            first_id=page[0]["id"] if page else None,
+            last_id=page[-1]["id"] if page else None,
+            has_more=len(items) > limit,
+        )
