@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_model import REPLY
+from tests.agent_model import MODEL_ID, REPLY
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".agents" / "node_modules" / ".bin"
@@ -99,12 +99,92 @@ def test_claude_code_sessions_reuse_their_prefix(agent_clis, agent_server, tmp_p
     metrics = _get(agent_server, "/metrics")
     assert 'omlx_prompt_normalizations_total{rule="claude_code_billing_header"}' in metrics
     log = agent_server.read_log()
-    assert "POST /v1/messages?beta=true" in log and " 400 " not in log and " 500 " not in log
+    assert "POST /v1/messages?beta=true" in log and not _failed_requests(log)
     _report(
         "claude-code",
         [first, second, third],
         [prompt_and_cached(r) for r in (first, second, third)],
     )
+
+
+class Codex:
+    """``codex exec`` with omlx as a Responses provider, in its own CODEX_HOME and project."""
+
+    def __init__(self, bin_dir: Path, server, work: Path) -> None:
+        self.exe = str(bin_dir / "codex")
+        self.home, self.project = work / "codex-home", work / "project"
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.project.mkdir(parents=True, exist_ok=True)
+        (self.home / "config.toml").write_text(
+            f'model = "{MODEL_ID}"\n'
+            'model_provider = "omlx"\n'
+            "model_context_window = 65536\n\n"
+            "[model_providers.omlx]\n"
+            'name = "omlx"\n'
+            f'base_url = "{server.base_url}/v1"\n'
+            'wire_api = "responses"\n'
+        )
+        self.env = {"PATH": os.environ["PATH"], "HOME": str(work), "CODEX_HOME": str(self.home)}
+
+    def run(self, *args: str) -> list[dict]:
+        done = subprocess.run(
+            [self.exe, "exec", "--skip-git-repo-check", "--json", *args],
+            cwd=self.project,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+        assert done.returncode == 0, (
+            f"codex exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        )
+        events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        errors = [e for e in events if e.get("type") in ("error", "turn.failed")]
+        assert not errors, errors
+        return events
+
+
+def _answer(events: list[dict]) -> str:
+    return "".join(
+        e["item"]["text"]
+        for e in events
+        if e.get("type") == "item.completed" and e["item"]["type"] == "agent_message"
+    )
+
+
+def test_codex_sessions_run_on_the_responses_api_and_reuse_their_prefix(
+    agent_clis, agent_server, tmp_path
+):
+    codex = Codex(agent_clis, agent_server, tmp_path)
+    first = codex.run("What does this project do?")
+    assert _answer(first) == REPLY
+    second = codex.run("resume", "--last", "And the tests?")
+    assert _answer(second) == REPLY
+    turns = _requests(agent_server.read_log())[-2:]
+    (p1, c1), (p2, c2) = turns
+    assert p1 > 5_000 and p2 > p1  # Codex's instructions and tools, then the whole history
+    assert c2 >= 0.95 * p1, turns  # turn 2 restores turn 1's prompt (and its answer)
+    log = agent_server.read_log()
+    assert "POST /v1/responses" in log and not _failed_requests(log)
+    print(f"codex turn 1: prompt {p1} tokens, cached {c1}; turn 2: prompt {p2}, cached {c2}")
+
+
+def _failed_requests(log: str) -> list[str]:
+    """Access-log lines of requests answered with a 4xx or 5xx."""
+    import re
+
+    return re.findall(r'"[A-Z]+ \S+ HTTP/1\.1" [45]\d\d.*', log)
+
+
+def _requests(log: str) -> list[tuple[int, int]]:
+    """(prompt tokens, cached tokens) of each finished request, from the engine's log lines."""
+    import re
+
+    return [
+        (int(m.group(1)), int(m.group(2)))
+        for m in re.finditer(r"request \d+ \w+: prompt (\d+) tokens, (\d+) cached", log)
+    ]
 
 
 def _get(server, path: str) -> str:

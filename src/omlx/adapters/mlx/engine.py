@@ -75,6 +75,7 @@ class _Job:
     cached_tokens: int = 0
     completion_tokens: int = 0
     fed_tokens: int = 0  # generated tokens fed back to the model (the cache holds them)
+    hit_lost: int = 0  # KV-matched tokens recomputed for want of a restore point (hybrids)
     capture: RequestCapture | None = None
     done: bool = False
     waited_epoch: int = -1  # the batch state in which it last had to wait for memory
@@ -309,6 +310,7 @@ class MLXEngine:
             if job.hit is None:
                 job.hit = self.prefix_cache.lookup(tokens)
             job.cached_tokens = job.hit.cached_tokens
+            job.hit_lost = job.hit.lost_tokens
             if job.cached_tokens:
                 cache = self.prefix_cache.restore(job.hit)
             job.capture = self.prefix_cache.capture(tokens, job.hit)
@@ -426,6 +428,7 @@ class MLXEngine:
                 job.stops.matched if job.stops is not None else None,
             )
         )
+        self._log_finished(job, reason)
         if cache is not None and tokens and self.prefix_cache is not None:
             started = time.perf_counter()
             try:
@@ -440,6 +443,25 @@ class MLXEngine:
         self._jobs.pop(job.id, None)
         if not self._running:
             mx.clear_cache()  # idle: hand the freed KV buffers back, not just to MLX's pool
+
+    def _log_finished(self, job: _Job, reason: str) -> None:
+        """One line per request: what it cost, what the cache saved, how long it waited."""
+        t = job.times
+        first = t.get("first_token")
+        ttft = f"{first - job.submitted:.3f} s" if first is not None else "-"
+        waited = f"{t['admitted'] - job.submitted:.3f} s" if "admitted" in t else "-"
+        lost = job.hit_lost if job.hit_lost else 0
+        log.info(
+            "request %d %s: prompt %d tokens, %d cached%s, %d generated; queued %s, first token %s",
+            job.id,
+            reason,
+            len(job.request.prompt_tokens),
+            job.cached_tokens,
+            f" ({lost} matched past the deepest restore point)" if lost else "",
+            job.completion_tokens,
+            waited,
+            ttft,
+        )
 
     def _cancel(self, job: _Job) -> None:
         if job.uid is None:
