@@ -23,14 +23,20 @@ from tests.hybrid_models import build_hybrid_model
 
 FAMILIES = ["qwen3_next", "gemma3_text", "falcon_h1"]
 SYSTEM = "You are a careful coding assistant. " * 12
-TURNS = ["Write a function that adds two numbers.", "Now make it subtract.", "And multiply, with tests."]
+TURNS = [
+    "Write a function that adds two numbers.",
+    "Now make it subtract.",
+    "And multiply, with tests.",
+]
 BLOCK = 16
 STEP = 64
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def hybrid(request, tmp_path_factory):
-    return load_model(str(build_hybrid_model(request.param, tmp_path_factory.mktemp(request.param))))
+    return load_model(
+        str(build_hybrid_model(request.param, tmp_path_factory.mktemp(request.param)))
+    )
 
 
 def prefix_cache(model) -> PrefixCache:
@@ -73,10 +79,16 @@ def test_conversations_match_the_uncached_run_and_restore_their_prefix(hybrid):
     try:
         got = converse(hybrid, eng, SYSTEM, TURNS)
         other = converse(hybrid, eng, SYSTEM, ["Explain recursion briefly."])
-        replay = generate(eng, greedy(hybrid.tokenizer.apply_chat_template(
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TURNS[0]}],
-            add_generation_prompt=True,
-        ), 12))
+        replay = generate(
+            eng,
+            greedy(
+                hybrid.tokenizer.apply_chat_template(
+                    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TURNS[0]}],
+                    add_generation_prompt=True,
+                ),
+                12,
+            ),
+        )
     finally:
         eng.stop()
     assert [t for t, _, _ in got] == [t for t, _, _ in want]
@@ -146,7 +158,9 @@ def test_mlx_lm_still_prefills_nemotron_h_wrongly_in_a_padded_batch(tmp_path):
     alone = first_logprobs([short])
     beside = first_logprobs([short, long])  # right-padded beside a longer prompt
     error = mx.abs(alone - beside).max().item()
-    assert error > 1e-3, f"mlx-lm now prefills nemotron_h right ({error}): remove it from BROKEN_FAMILIES"
+    assert error > 1e-3, (
+        f"mlx-lm now prefills nemotron_h right ({error}): remove it from BROKEN_FAMILIES"
+    )
 
 
 def test_the_layout_enters_the_namespace(tmp_path):

@@ -37,7 +37,9 @@ def prompt(n: int, seed: int = 0) -> list[int]:
 
 
 def cache_for(model) -> PrefixCache:
-    return PrefixCache(namespace=model.namespace(BLOCK), codec=MLXKVCodec(model.layout), hot=HotTier(1 << 30))
+    return PrefixCache(
+        namespace=model.namespace(BLOCK), codec=MLXKVCodec(model.layout), hot=HotTier(1 << 30)
+    )
 
 
 def test_batch_rows_was_written_for_this_mlx_lm():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from omlx.adapters.blockfiles import FileBlockStore
 from omlx.adapters.sqlindex import (
     SqlResponseStore,
     current_revision,
@@ -16,7 +17,6 @@ from omlx.adapters.sqlindex import (
     open_index,
     upgrade,
 )
-from omlx.adapters.blockfiles import FileBlockStore
 from omlx.app.bootstrap import SsdParts, _response_store
 from omlx.app.responses_store import MemoryResponseStore
 from omlx.app.settings import Settings

@@ -46,6 +46,9 @@ class Container:
             cache["disabled_reason"] = model.cache_unsupported_reason
         elif not self.settings.cache_enabled:
             cache["disabled_reason"] = "turned off (--no-cache)"
+        layout = getattr(model, "layout", None)
+        if layout is not None:  # what each layer keeps: kv, window W, state
+            cache["layout"] = layout.counts()
         if self.prefix_cache is not None:
             cache["block_size"] = self.settings.block_size
             cache["hot"] = _asdict(self.prefix_cache.hot.stats())

@@ -50,7 +50,9 @@ class RequestCapture:
 
     # ---- what the engine asks --------------------------------------------------
 
-    def _plan(self, length: int, restored: int, hit: PrefixHit | None, interior: bool) -> tuple[int, ...]:
+    def _plan(
+        self, length: int, restored: int, hit: PrefixHit | None, interior: bool
+    ) -> tuple[int, ...]:
         """Positions past ``restored`` to capture a restore point at, during prefill."""
         if self._layout.plain or length < 2:
             return ()
@@ -78,7 +80,9 @@ class RequestCapture:
 
     def wants_decoded(self, position: int) -> bool:
         """Whether ``decoded`` has work at ``position``: a block completed since the last call."""
-        return self._layout.window is not None and position // self._bs > max(self._decode_next, len(self._keys))
+        return self._layout.window is not None and position // self._bs > max(
+            self._decode_next, len(self._keys)
+        )
 
     def decoded(self, cache: Any, position: int) -> None:
         """During decode (sliding layers only): the cache holds ``[0, position)``.
@@ -92,7 +96,9 @@ class RequestCapture:
             return
         for j in range(max(self._decode_next, len(self._keys)), position // bs):
             if position - j * bs <= window:  # still wholly in the rotating window
-                self._window_ring.append((j, self._cache.codec.split_window(cache, j * bs, (j + 1) * bs)))
+                self._window_ring.append(
+                    (j, self._cache.codec.split_window(cache, j * bs, (j + 1) * bs))
+                )
         self._decode_next = max(self._decode_next, position // bs)
 
     def finished(self, tokens: Sequence[int], cache: Any) -> None:
@@ -135,7 +141,9 @@ class RequestCapture:
         payload = self._cache.codec.split_window(cache, j * bs, (j + 1) * bs)
         self._window_ring.append((j, payload))
         parent = self._keys[j - 1] if j else self._ns
-        self._cache.put_object(WINDOW, self._keys[j], parent, self.tokens[j * bs : (j + 1) * bs], payload)
+        self._cache.put_object(
+            WINDOW, self._keys[j], parent, self.tokens[j * bs : (j + 1) * bs], payload
+        )
 
     def _put_window_tail(self, cache: Any, end: int) -> None:
         """The window objects before ``end`` that only the decode ring still holds."""
@@ -144,7 +152,9 @@ class RequestCapture:
             if payload is None or (j + 1) * bs <= end - window or (j + 1) * bs > end:
                 continue
             parent = self._keys[j - 1] if j else self._ns
-            self._cache.put_object(WINDOW, self._keys[j], parent, self.tokens[j * bs : (j + 1) * bs], payload)
+            self._cache.put_object(
+                WINDOW, self._keys[j], parent, self.tokens[j * bs : (j + 1) * bs], payload
+            )
 
     def _put_point(self, cache: Any, position: int) -> None:
         """The restore point at ``position``: the state snapshot, the partial window block."""

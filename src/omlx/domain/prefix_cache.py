@@ -24,11 +24,11 @@ from typing import Any
 from omlx.domain.blocks import BlockMeta, NamespaceInfo
 from omlx.domain.capture import RequestCapture
 from omlx.domain.hot_tier import HotTier
-from omlx.domain.keys import STATE, block_key, chain_keys, object_key
+from omlx.domain.keys import block_key, chain_keys, object_key
 from omlx.domain.layout import CacheLayout
 from omlx.domain.partial_match import PartialMatch, best_child
+from omlx.domain.point_finder import FoundPoint, RestorePointFinder
 from omlx.domain.ports import Clock, ColdSource, KVCodec
-from omlx.domain.restore_points import RestorePoint, candidates, marked_positions
 
 log = logging.getLogger(__name__)
 
@@ -98,20 +98,6 @@ class _SystemClock:
         return time.time()
 
 
-@dataclass(frozen=True, slots=True)
-class _Found:
-    """The restore point a lookup settled on, with its objects (pinned under ``keys``)."""
-
-    position: int
-    keys: tuple[str, ...] = ()
-    windows: tuple[Any, ...] = ()
-    state: Any = None
-
-
-class _Missing(Exception):
-    """An object a restore point needs could not be read."""
-
-
 class PrefixCache:
     """Matches prompts against the hot tier, then the cold source; stores new blocks write-through."""
 
@@ -156,6 +142,16 @@ class PrefixCache:
         self._lost_tokens = 0
         self._stored_objects = 0
         self._object_bytes = 0
+        self._points = RestorePointFinder(
+            namespace=namespace.digest,
+            block_size=self.block_size,
+            layout=self.layout,
+            codec=codec,
+            hot=hot,
+            cold=cold,
+            read_cold=self._read_cold,
+            remember=self._remember,
+        )
 
     @property
     def hot(self) -> HotTier:
@@ -209,8 +205,8 @@ class PrefixCache:
             n_full = len(keys) - (1 if match is not None else 0)
             point = None
             if not self.layout.plain:
-                point = self._restore_point(tokens, keys[:n_full], n_full * self.block_size + partial)
-                keys, payloads, partial, n_hot, cold_hits = self._clamp(
+                point = self._points.find(tokens, keys[:n_full], n_full * self.block_size + partial)
+                keys, payloads, partial, n_hot, cold_hits = self._points.clamp(
                     point, keys, payloads, partial, n_hot, cold_hits
                 )
         except BaseException:
@@ -348,91 +344,6 @@ class PrefixCache:
             self._remember(match.meta.key)
         return match
 
-    def _restore_point(self, tokens: Sequence[int], full_keys: list[str], matched: int) -> _Found:
-        """The deepest restore point at or below ``matched`` whose objects are all at hand.
-
-        What the points need is asked of RAM, then of the cold tier in one query; the
-        objects of the chosen point are read (verified) and pinned. Position 0 always works.
-        """
-        ns, bs = self.namespace.digest, self.block_size
-        parents = [ns, *full_keys[: matched // bs + 1]]
-        objects = [(b.key, b.meta.kind, b.meta.parent_key, b.meta.token_count) for b in self._hot.point_children(parents)]
-        if self._cold is not None:
-            objects += [(m.key, m.kind, m.parent_key, m.token_count) for m in self._cold.point_children(parents)]
-        marked = marked_positions(tokens, full_keys, ns, bs, objects)
-        points = candidates(tokens, full_keys, ns, bs, self.layout, matched, marked)
-        wanted = {n.key for p in points for n in p.needs}
-        present = {k for k in wanted if k in self._hot}
-        if self._cold is not None and wanted - present:
-            try:
-                present |= set(self._cold.present(sorted(wanted - present)))
-            except OSError:
-                log.exception("cold tier lookup of restore points failed; RAM only")
-        for point in points:
-            if all(n.key in present for n in point.needs):
-                found = self._fetch(point)
-                if found is not None:
-                    return found
-        return _Found(0)
-
-    def _fetch(self, point: RestorePoint) -> _Found | None:
-        windows: list[Any] = []
-        state: Any = None
-        pinned: list[str] = []
-        try:
-            for need in point.needs:
-                block = self._hot.get(need.key)
-                payload = block.payload if block is not None else self._fetch_cold(need)
-                if payload is None:
-                    raise _Missing(need.key)
-                self._hot.pin((need.key,))
-                pinned.append(need.key)
-                if need.kind == STATE:
-                    state = payload
-                else:
-                    windows.append(payload)
-        except _Missing:
-            self._hot.unpin(pinned)
-            return None
-        return _Found(point.position, tuple(pinned), tuple(windows), state)
-
-    def _fetch_cold(self, need: Any) -> Any | None:
-        if self._cold is None:
-            return None
-        found = self._read_cold(need.key, need.parent)
-        if found is None or found[0] != need.tokens:
-            return None
-        meta = BlockMeta(need.key, need.parent, self.namespace.digest, len(need.tokens), need.kind)
-        self._hot.put(meta, need.tokens, found[1], self._codec.nbytes(found[1]))
-        self._remember(need.key)
-        return found[1]
-
-    def _clamp(
-        self,
-        found: _Found,
-        keys: list[str],
-        payloads: list[Any],
-        partial: int,
-        n_hot: int,
-        cold_hits: int,
-    ) -> tuple[list[str], list[Any], int, int, int]:
-        """The KV matched, cut back to the restore point ``found``; dropped blocks unpinned.
-
-        A point inside a block keeps that block's first positions (truncated).
-        """
-        bs = self.block_size
-        n_full = len(keys) - (1 if partial else 0)
-        if found.position == n_full * bs + partial:
-            return keys, payloads, partial, n_hot, cold_hits
-        full, rest = divmod(found.position, bs)
-        kept = full + (1 if rest else 0)
-        self._hot.unpin(keys[kept:])
-        keys, payloads = keys[:kept], payloads[:kept]
-        if rest:
-            payloads[-1] = self._codec.truncate(payloads[-1], rest)
-        hot = min(n_hot, full)
-        return keys, payloads, rest, hot, full - hot
-
     def _take(self, key: str, payload: Any, keys: list[str], payloads: list[Any]) -> None:
         # Pin as we go: promoting a later cold block must not evict an earlier match.
         self._hot.pin((key,))
@@ -542,7 +453,7 @@ class PrefixCache:
         hot_hits: int,
         cold_hits: int,
         partial: int,
-        point: _Found | None = None,
+        point: FoundPoint | None = None,
         matched: int = 0,
     ) -> PrefixHit:
         cached = (hot_hits + cold_hits) * self.block_size + partial

@@ -87,7 +87,9 @@ def window_needs(
     needs = []
     for j in range(max(position - window, 0) // bs, full):
         parent = keys[j - 1] if j else namespace
-        needs.append(Need(WINDOW, object_key(WINDOW, keys[j]), parent, tuple(tokens[j * bs : (j + 1) * bs])))
+        needs.append(
+            Need(WINDOW, object_key(WINDOW, keys[j]), parent, tuple(tokens[j * bs : (j + 1) * bs]))
+        )
     if full * bs < position:
         anchor, parent, block = anchor_at(tokens, keys, namespace, bs, position)
         needs.append(Need(WINDOW, object_key(WINDOW, anchor), parent, block))
@@ -114,7 +116,9 @@ def candidates(
     positions.add(matched)
     positions.update(p for p in marked if 0 < p <= matched)
     positions.discard(0)
-    return [point_at(tokens, keys, namespace, bs, layout, p) for p in sorted(positions, reverse=True)]
+    return [
+        point_at(tokens, keys, namespace, bs, layout, p) for p in sorted(positions, reverse=True)
+    ]
 
 
 def marked_positions(
@@ -136,12 +140,17 @@ def marked_positions(
         if j is None or not 0 < count < block_size:
             continue
         start = j * block_size
-        if start + count <= len(tokens) and object_key(kind, block_key(parent, tokens[start : start + count])) == key:
+        if (
+            start + count <= len(tokens)
+            and object_key(kind, block_key(parent, tokens[start : start + count])) == key
+        ):
             out.append(start + count)
     return out
 
 
-def interior_points(length: int, block_size: int, after: int = 0, limit: int = INTERIOR_POINTS) -> list[int]:
+def interior_points(
+    length: int, block_size: int, after: int = 0, limit: int = INTERIOR_POINTS
+) -> list[int]:
     """Block boundaries in ``(after, length)`` on the coarsest power-of-two lattice giving ``limit``.
 
     Nested: the stride depends only on how many blocks ``length`` holds, and every
@@ -153,4 +162,8 @@ def interior_points(length: int, block_size: int, after: int = 0, limit: int = I
     stride = 1
     while blocks // stride > limit:
         stride *= 2
-    return [k * stride * block_size for k in range(1, blocks // stride + 1) if k * stride * block_size > after]
+    return [
+        k * stride * block_size
+        for k in range(1, blocks // stride + 1)
+        if k * stride * block_size > after
+    ]

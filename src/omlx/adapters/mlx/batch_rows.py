@@ -45,7 +45,9 @@ def private_access_supported() -> bool:
     return mlx_lm.__version__.startswith(WRITTEN_FOR)
 
 
-def prefill_row(generator: Any, uid: int, *, private: bool | None = None) -> RowView | list[Any] | None:
+def prefill_row(
+    generator: Any, uid: int, *, private: bool | None = None
+) -> RowView | list[Any] | None:
     """The cache of request ``uid`` while it is being prefilled, or None if it is not.
 
     Uncopied (a ``RowView``) where this mlx-lm version is the one this was written for;
@@ -63,7 +65,9 @@ def prefill_row(generator: Any, uid: int, *, private: bool | None = None) -> Row
     return None if found is None else found[0]
 
 
-def decode_row(generator: Any, uid: int, *, private: bool | None = None) -> RowView | list[Any] | None:
+def decode_row(
+    generator: Any, uid: int, *, private: bool | None = None
+) -> RowView | list[Any] | None:
     """The cache of request ``uid`` while it decodes (same rules as ``prefill_row``)."""
     if private is None:
         private = private_access_supported()

@@ -61,6 +61,14 @@ class ModelLayout:
             has_state=any(leaf.kind == STATE for leaf in self.leaves),
         )
 
+    def counts(self) -> dict[str, int]:
+        """How many leaves of each kind ("kv", "window 32", "state"), for logs and /health."""
+        out: dict[str, int] = {}
+        for leaf in self.leaves:
+            label = f"window {leaf.window}" if leaf.window else leaf.kind
+            out[label] = out.get(label, 0) + 1
+        return out
+
     def of(self, kind: str) -> list[int]:
         """Indices of the leaves of ``kind``."""
         return [i for i, leaf in enumerate(self.leaves) if leaf.kind == kind]
@@ -91,12 +99,16 @@ def probe_layout(model: Any) -> ModelLayout:
             return len(leaves) - 1, "kv"
         if kind is RotatingKVCache:
             if entry.keep:
-                problems.append(f"a sliding-window layer keeps {entry.keep} positions (keep > 0 cannot be batched)")
+                problems.append(
+                    f"a sliding-window layer keeps {entry.keep} positions (keep > 0 cannot be batched)"
+                )
             leaves.append(Leaf(path, WINDOW, window=entry.max_size))
             return len(leaves) - 1, f"swa:{entry.max_size}"
         if kind is ArraysCache:
             arrays = [
-                "none" if a is None else f"{list(a.shape[1:])}:{str(a.dtype).removeprefix('mlx.core.')}"
+                "none"
+                if a is None
+                else f"{list(a.shape[1:])}:{str(a.dtype).removeprefix('mlx.core.')}"
                 for a in entry.cache
             ]
             leaves.append(Leaf(path, STATE, slots=len(entry.cache)))
@@ -110,13 +122,17 @@ def probe_layout(model: Any) -> ModelLayout:
         s, sig = walk(entry, (i,))
         shape.append(s)
         signature.append(sig)
-    family = getattr(getattr(model, "args", None), "model_type", None) or getattr(model, "model_type", None)
+    family = getattr(getattr(model, "args", None), "model_type", None) or getattr(
+        model, "model_type", None
+    )
     if family in BROKEN_FAMILIES:
         problems.append(BROKEN_FAMILIES[family])
     if any(leaf.kind == STATE for leaf in leaves):
         # State snapshots depend on how mlx-lm computes the recurrence: key on its version.
         signature.append(f"mlx_lm:{mlx_lm.__version__}")
-    return ModelLayout(tuple(leaves), tuple(shape), tuple(signature), "; ".join(dict.fromkeys(problems)))
+    return ModelLayout(
+        tuple(leaves), tuple(shape), tuple(signature), "; ".join(dict.fromkeys(problems))
+    )
 
 
 def kv_dtype_of(model: Any) -> str:

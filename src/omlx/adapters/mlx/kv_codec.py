@@ -40,7 +40,11 @@ from omlx.domain.keys import KV, STATE, WINDOW
 
 # safetensors dtype names; bf16 travels as raw uint16 because numpy has no bfloat16.
 _TO_ST = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
-_FROM_ST = {"F32": (np.float32, mx.float32), "F16": (np.float16, mx.float16), "BF16": (np.uint16, mx.bfloat16)}
+_FROM_ST = {
+    "F32": (np.float32, mx.float32),
+    "F16": (np.float16, mx.float16),
+    "BF16": (np.uint16, mx.bfloat16),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +157,9 @@ class MLXKVCodec:
 
     # ---- joining ------------------------------------------------------------------
 
-    def assemble(self, payloads: Sequence[Any], windows: Sequence[Any] = (), state: Any = None) -> list[Any]:
+    def assemble(
+        self, payloads: Sequence[Any], windows: Sequence[Any] = (), state: Any = None
+    ) -> list[Any]:
         layout = self.layout()
         position = sum(p.positions for p in payloads)
         built: dict[int, Any] = {}
@@ -167,7 +173,10 @@ class MLXKVCodec:
             size = layout.leaves[leaf_index].window
             keep = min(position, size, keys.shape[2])
             c = RotatingKVCache(max_size=size, keep=0)
-            c.keys, c.values = keys[..., keys.shape[2] - keep :, :], values[..., values.shape[2] - keep :, :]
+            c.keys, c.values = (
+                keys[..., keys.shape[2] - keep :, :],
+                values[..., values.shape[2] - keep :, :],
+            )
             c.offset, c._idx = position, keep
             built[leaf_index] = c
         if state is not None:
@@ -190,7 +199,9 @@ class MLXKVCodec:
         if n == total:
             return payload
         groups = tuple(
-            KVBlock(g.keys[..., :n, :], g.values[..., :n, :], g.nbytes * n // total, g.dtype, g.leaves)
+            KVBlock(
+                g.keys[..., :n, :], g.values[..., :n, :], g.nbytes * n // total, g.dtype, g.leaves
+            )
             for g in _groups(payload)
         )
         return _one(groups, n)
@@ -201,7 +212,9 @@ class MLXKVCodec:
     # ---- bytes (engine thread encodes, the request path decodes) --------------------
 
     def encode(self, payload: Any, tokens: Sequence[int], meta: BlockMeta) -> bytes:
-        tensors = {"tokens": RawTensor("I32", (len(tokens),), np.asarray(tokens, np.int32).tobytes())}
+        tensors = {
+            "tokens": RawTensor("I32", (len(tokens),), np.asarray(tokens, np.int32).tobytes())
+        }
         if isinstance(payload, StateSnapshot):
             slots = []
             for leaf, arrays in zip(payload.leaves, payload.arrays, strict=True):
@@ -209,7 +222,9 @@ class MLXKVCodec:
                 for j, array in enumerate(arrays):
                     if array is not None:
                         host = _to_host(array)
-                        tensors[f"s.{leaf}.{j}"] = RawTensor(_st_dtype(array), host.shape, memoryview(host))
+                        tensors[f"s.{leaf}.{j}"] = RawTensor(
+                            _st_dtype(array), host.shape, memoryview(host)
+                        )
             extra = {"state_slots": json.dumps(slots)}
         else:
             # Zero-copy views of the stacked arrays; encode_block copies each layer once. All
@@ -218,7 +233,9 @@ class MLXKVCodec:
                 for g in _groups(payload):
                     host = _to_host(getattr(g, side))
                     for row, leaf in enumerate(g.leaves or range(g.layer_count)):
-                        tensors[f"{prefix}.{leaf}"] = RawTensor(_st_name(g.dtype), host.shape[1:], memoryview(host[row]))
+                        tensors[f"{prefix}.{leaf}"] = RawTensor(
+                            _st_name(g.dtype), host.shape[1:], memoryview(host[row])
+                        )
             leaves = [leaf for g in _groups(payload) for leaf in (g.leaves or range(g.layer_count))]
             extra = {"leaves": ",".join(map(str, leaves)), "positions": str(payload.positions)}
         return encode_block(tensors, block_metadata(meta, len(self.layout().leaves), **extra))
@@ -267,7 +284,9 @@ def _joined(payloads: Sequence[Any]) -> list[tuple[int, mx.array, mx.array]]:
         k_join, v_join = _join_buffer(keys), _join_buffer(values)
         for row, leaf in enumerate(group.leaves or range(group.layer_count)):
             k = _from_host(np.concatenate([k[row] for k in keys], axis=2, out=k_join), group.dtype)
-            v = _from_host(np.concatenate([v[row] for v in values], axis=2, out=v_join), group.dtype)
+            v = _from_host(
+                np.concatenate([v[row] for v in values], axis=2, out=v_join), group.dtype
+            )
             out.append((leaf, k, v))
     return out
 
@@ -330,7 +349,9 @@ def _from_host(host: np.ndarray, dtype: mx.Dtype) -> mx.array:
     return array.view(dtype) if dtype == mx.bfloat16 else array
 
 
-def _blocks_of(data: bytes, tensors: dict[str, RawTensor], metadata: dict[str, str]) -> KVBlock | Blocks:
+def _blocks_of(
+    data: bytes, tensors: dict[str, RawTensor], metadata: dict[str, str]
+) -> KVBlock | Blocks:
     layers = kv_layers(tensors, metadata)
     positions = int(metadata["positions"])
     if not layers:  # a model without leaves of this kind: only the tokens are stored

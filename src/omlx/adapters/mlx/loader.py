@@ -160,14 +160,6 @@ def load_model(spec: str | None, digest_cache: DigestCache | None = None) -> Loa
     )
     log.info(
         "loaded %s from %s: %d cache layers (%s), KV dtype %s, context %d",
-        model_id, path, len(layout.leaves), _summary(layout), kv_dtype, context,
+        model_id, path, len(layout.leaves), ", ".join(f"{n} {label}" for label, n in layout.counts().items()), kv_dtype, context,
     )
     return loaded_model
-
-
-def _summary(layout: ModelLayout) -> str:
-    counts: dict[str, int] = {}
-    for leaf in layout.leaves:
-        label = f"window {leaf.window}" if leaf.window else leaf.kind
-        counts[label] = counts.get(label, 0) + 1
-    return ", ".join(f"{n} {label}" for label, n in counts.items())

@@ -238,6 +238,21 @@ _FAMILIES = {
         (),
     ),
     "omlx_cache_pinned_requests": (GaugeMetricFamily, "Requests holding cached blocks pinned", ()),
+    "omlx_cache_restore_objects_stored": (
+        CounterMetricFamily,
+        "Restore-point objects kept for hybrid and sliding-window models (state snapshots, window KV)",
+        (),
+    ),
+    "omlx_cache_restore_object_bytes": (
+        CounterMetricFamily,
+        "Bytes of the restore-point objects kept",
+        (),
+    ),
+    "omlx_cache_lost_tokens": (
+        CounterMetricFamily,
+        "Prompt tokens the KV chain matched past the deepest restore point, so recomputed",
+        (),
+    ),
 }
 
 
@@ -259,6 +274,9 @@ def _cache_families(c: Any) -> Iterator[Metric]:
     put("omlx_cache_block_hits", s.cold_hits, "ssd")
     put("omlx_cache_blocks_written", s.stored_blocks, "hot")
     put("omlx_cache_pinned_requests", s.active_leases)
+    put("omlx_cache_restore_objects_stored", s.stored_objects)
+    put("omlx_cache_restore_object_bytes", s.object_bytes)
+    put("omlx_cache_lost_tokens", s.lost_tokens)
     hot = c.prefix_cache.hot.stats()
     put("omlx_cache_blocks_read", hot.hits, "hot")
     put("omlx_cache_blocks_evicted", hot.evictions, "hot")
