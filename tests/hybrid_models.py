@@ -106,8 +106,11 @@ CONFIGS = {
 }
 
 
-def build_hybrid_model(family: str, out: Path, seed: int = 0) -> Path:
-    """Write the tiny ``family`` model (a seeded mlx-lm folder) into ``out``."""
+def build_hybrid_model(family: str, out: Path, seed: int = 0, **overrides) -> Path:
+    """Write the tiny ``family`` model (a seeded mlx-lm folder) into ``out``.
+
+    ``overrides`` change its config (benchmarks make it deeper, so prefill costs time).
+    """
     import importlib
 
     import mlx.core as mx
@@ -116,7 +119,7 @@ def build_hybrid_model(family: str, out: Path, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out)
     vocab = len(json.loads((out / "tokenizer.json").read_text())["model"]["vocab"])
-    config = {**BASE, **CONFIGS[family], "vocab_size": vocab}
+    config = {**BASE, **CONFIGS[family], "vocab_size": vocab, **overrides}
     module = importlib.import_module(f"mlx_lm.models.{family}")
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))

@@ -76,6 +76,7 @@ class _Job:
     completion_tokens: int = 0
     fed_tokens: int = 0  # generated tokens fed back to the model (the cache holds them)
     hit_lost: int = 0  # KV-matched tokens recomputed for want of a restore point (hybrids)
+    prefilled: int = 0  # prompt positions in its cache so far (restored or computed)
     capture: RequestCapture | None = None
     done: bool = False
     waited_epoch: int = -1  # the batch state in which it last had to wait for memory
@@ -354,7 +355,8 @@ class MLXEngine:
             job = self._running.get(r.uid)
             if job is not None and not r.end_of_prompt:
                 done, total = r.progress
-                job.emit(PrefillProgress(done + job.cached_tokens, total + job.cached_tokens))
+                job.prefilled = done + job.cached_tokens
+                job.emit(PrefillProgress(job.prefilled, total + job.cached_tokens))
                 if r.end_of_segment and job.capture is not None:
                     self._capture(job, batch_rows.prefill_row, job.cached_tokens + done, prefill=True)
         for r in generation_responses:
@@ -451,16 +453,19 @@ class MLXEngine:
         ttft = f"{first - job.submitted:.3f} s" if first is not None else "-"
         waited = f"{t['admitted'] - job.submitted:.3f} s" if "admitted" in t else "-"
         lost = job.hit_lost if job.hit_lost else 0
+        prompt = len(job.request.prompt_tokens)
+        cut_short = first is None and job.prefilled < prompt - 1
         log.info(
-            "request %d %s: prompt %d tokens, %d cached%s, %d generated; queued %s, first token %s",
+            "request %d %s: prompt %d tokens, %d cached%s, %d generated; queued %s, first token %s%s",
             job.id,
             reason,
-            len(job.request.prompt_tokens),
+            prompt,
             job.cached_tokens,
             f" ({lost} matched past the deepest restore point)" if lost else "",
             job.completion_tokens,
             waited,
             ttft,
+            f"; prefill stopped at {job.prefilled} tokens" if cut_short and "admitted" in t else "",
         )
 
     def _cancel(self, job: _Job) -> None:

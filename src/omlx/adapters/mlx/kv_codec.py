@@ -163,26 +163,26 @@ class MLXKVCodec:
         layout = self.layout()
         position = sum(p.positions for p in payloads)
         built: dict[int, Any] = {}
+        # Built through each class's ``state`` setter (mlx-lm's convention for restoring).
         for leaf_index, keys, values in _joined(payloads):
             c = KVCache()
-            c.keys, c.values = keys, values
-            c.offset = position
+            c.state = (keys, values, position)
             built[leaf_index] = c
         window_rows = _joined(windows) if windows else []
         for leaf_index, keys, values in window_rows:
             size = layout.leaves[leaf_index].window
             keep = min(position, size, keys.shape[2])
+            # The last ``keep`` positions in time order, the write index at their end and
+            # the offset at the restore point: it goes on as if it had seen every position.
             c = RotatingKVCache(max_size=size, keep=0)
-            c.keys, c.values = (
-                keys[..., keys.shape[2] - keep :, :],
-                values[..., values.shape[2] - keep :, :],
-            )
-            c.offset, c._idx = position, keep
+            window_keys = keys[..., keys.shape[2] - keep :, :]
+            window_values = values[..., values.shape[2] - keep :, :]
+            c.state = (window_keys, window_values, position, 0, size, keep)
             built[leaf_index] = c
         if state is not None:
             for leaf_index, slots in zip(state.leaves, state.arrays, strict=True):
                 c = ArraysCache(len(slots))
-                c.cache = [None if a is None else _to_mlx(a) for a in slots]
+                c.state = ([None if a is None else _to_mlx(a) for a in slots], None, None)
                 built[leaf_index] = c
         missing = [i for i in range(len(layout.leaves)) if i not in built]
         if missing:

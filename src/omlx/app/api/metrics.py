@@ -248,6 +248,11 @@ _FAMILIES = {
         "Bytes of the restore-point objects kept",
         (),
     ),
+    "omlx_cache_store_seconds": (
+        CounterMetricFamily,
+        "Engine-thread time spent keeping blocks (cutting, encoding, queueing) as requests run",
+        (),
+    ),
     "omlx_cache_lost_tokens": (
         CounterMetricFamily,
         "Prompt tokens the KV chain matched past the deepest restore point, so recomputed",
@@ -277,6 +282,7 @@ def _cache_families(c: Any) -> Iterator[Metric]:
     put("omlx_cache_restore_objects_stored", s.stored_objects)
     put("omlx_cache_restore_object_bytes", s.object_bytes)
     put("omlx_cache_lost_tokens", s.lost_tokens)
+    put("omlx_cache_store_seconds", s.store_seconds)
     hot = c.prefix_cache.hot.stats()
     put("omlx_cache_blocks_read", hot.hits, "hot")
     put("omlx_cache_blocks_evicted", hot.evictions, "hot")
