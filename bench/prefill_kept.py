@@ -18,6 +18,7 @@ index). Prints a table and writes ``bench/out/prefill_kept.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sqlite3
@@ -116,10 +117,8 @@ def run(args: argparse.Namespace) -> dict:
     done = threading.Event()
 
     def ask() -> None:
-        try:
+        with contextlib.suppress(Exception):  # the server is killed under it
             stream_chat(server.base_url, MODEL, msgs, max_tokens=8, timeout=120)
-        except Exception:  # the server is killed under it
-            pass
         done.set()
 
     threading.Thread(target=ask, daemon=True).start()
