@@ -334,3 +334,27 @@ def test_sqlite_index_on_a_network_filesystem_is_refused(
     assert result.exit_code == 1 and "network filesystem (nfs4)" in result.output
     assert "--index-url postgresql" in result.output
     assert not (tmp_path / "index.db").exists()
+
+
+def test_blocks_of_an_older_block_format_are_collected_never_read(tmp_path: Path) -> None:
+    from sqlalchemy import text
+
+    from omlx.adapters.blockfiles.maintenance import collect_old_formats
+
+    index = open_index(tmp_path)
+    store = FileBlockStore(tmp_path)
+    old, new = make_namespace(), replace(make_namespace(), digest="ee" * 32, model_name="current")
+    for ns in (old, new):
+        index.upsert_namespace(ns)
+        for meta, _, data in make_chain(ns, 3):
+            record_block(store, index, ns, meta, data)
+    with index.engine.begin() as conn:  # written by a server of block format 1
+        conn.execute(
+            text("UPDATE namespaces SET format_version = 1 WHERE digest = :d"), {"d": old.digest}
+        )
+    assert index.old_format_namespaces() == [old.digest]
+    assert collect_old_formats(index, store) == 3
+    left = {b.namespace for b in index.iter_blocks()}
+    index.close()
+    assert left == {new.digest}
+    assert_cache_invariants(tmp_path)

@@ -15,6 +15,7 @@ The layout's *signature* (class and shapes per leaf) enters the namespace digest
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,37 @@ def plain_layout(layers: int) -> ModelLayout:
     )
 
 
+def _kv(entry: KVCache, path: tuple[int, ...]) -> tuple[Leaf, str, str]:
+    return Leaf(path, KV), "kv", ""
+
+
+def _window(entry: RotatingKVCache, path: tuple[int, ...]) -> tuple[Leaf, str, str]:
+    problem = (
+        f"a sliding-window layer keeps {entry.keep} positions (keep > 0 cannot be batched)"
+        if entry.keep
+        else ""
+    )
+    return Leaf(path, WINDOW, window=entry.max_size), f"swa:{entry.max_size}", problem
+
+
+def _state(entry: ArraysCache, path: tuple[int, ...]) -> tuple[Leaf, str, str]:
+    arrays = [
+        "none" if a is None else f"{list(a.shape[1:])}:{str(a.dtype).removeprefix('mlx.core.')}"
+        for a in entry.cache
+    ]
+    signature = f"state:{len(entry.cache)}:[{','.join(arrays)}]"
+    return Leaf(path, STATE, slots=len(entry.cache)), signature, ""
+
+
+# What each mlx-lm cache class is to the block cache: the registry the codec's leaves come
+# from (exact classes: a subclass may keep its state otherwise). CacheList is walked into.
+LEAF_KINDS: dict[type, Callable[[Any, tuple[int, ...]], tuple[Leaf, str, str]]] = {
+    KVCache: _kv,
+    RotatingKVCache: _window,
+    ArraysCache: _state,
+}
+
+
 def probe_layout(model: Any) -> ModelLayout:
     """Walk the cache the model makes, after one token (so state shapes and dtypes are known)."""
     cache = make_prompt_cache(model)
@@ -93,38 +125,24 @@ def probe_layout(model: Any) -> ModelLayout:
         if isinstance(entry, CacheList):
             parts = [walk(child, (*path, j)) for j, child in enumerate(entry.caches)]
             return tuple(p[0] for p in parts), "list(" + ",".join(p[1] for p in parts) + ")"
-        kind = type(entry)
-        if kind is KVCache:
-            leaves.append(Leaf(path, KV))
-            return len(leaves) - 1, "kv"
-        if kind is RotatingKVCache:
-            if entry.keep:
-                problems.append(
-                    f"a sliding-window layer keeps {entry.keep} positions (keep > 0 cannot be batched)"
-                )
-            leaves.append(Leaf(path, WINDOW, window=entry.max_size))
-            return len(leaves) - 1, f"swa:{entry.max_size}"
-        if kind is ArraysCache:
-            arrays = [
-                "none"
-                if a is None
-                else f"{list(a.shape[1:])}:{str(a.dtype).removeprefix('mlx.core.')}"
-                for a in entry.cache
-            ]
-            leaves.append(Leaf(path, STATE, slots=len(entry.cache)))
-            return len(leaves) - 1, f"state:{len(entry.cache)}:[{','.join(arrays)}]"
-        problems.append(f"its {kind.__name__} layers cannot be batched by mlx-lm")
-        leaves.append(Leaf(path, "unsupported"))
-        return len(leaves) - 1, kind.__name__
+        describe = LEAF_KINDS.get(type(entry))
+        if describe is None:
+            problems.append(f"its {type(entry).__name__} layers cannot be batched by mlx-lm")
+            leaves.append(Leaf(path, "unsupported"))
+            return len(leaves) - 1, type(entry).__name__
+        leaf, signature, problem = describe(entry, path)
+        if problem:
+            problems.append(problem)
+        leaves.append(leaf)
+        return len(leaves) - 1, signature
 
     shape, signature = [], []
     for i, entry in enumerate(cache):
         s, sig = walk(entry, (i,))
         shape.append(s)
         signature.append(sig)
-    family = getattr(getattr(model, "args", None), "model_type", None) or getattr(
-        model, "model_type", None
-    )
+    args = getattr(model, "args", None)
+    family = getattr(args, "model_type", None) or getattr(model, "model_type", None)
     if family in BROKEN_FAMILIES:
         problems.append(BROKEN_FAMILIES[family])
     if any(leaf.kind == STATE for leaf in leaves):
