@@ -161,6 +161,19 @@ class PrefixCache:
     def codec(self) -> KVCodec:
         return self._codec
 
+    def hot_bytes(self) -> int:
+        """Bytes the hot tier holds now (KV in RAM, counted by the memory guard)."""
+        return self._hot.stats().bytes
+
+    def make_room(self, room: int) -> int:
+        """Give RAM back until the hot tier holds at most ``room`` bytes; the bytes it still holds.
+
+        Least recently used first, pinned blocks never (pin a request's prefix by looking it
+        up before asking room for it).
+        """
+        self._hot.shrink(room)
+        return self._hot.stats().bytes
+
     def is_pinned(self, key: str) -> bool:
         """Whether a running request holds ``key``; the cold tier's eviction asks this."""
         return self._hot.is_pinned(key)

@@ -20,7 +20,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 
 from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.loader import LoadedModel
-from omlx.adapters.mlx.memory import KVBudget, format_bytes, measure_kv_cost
+from omlx.adapters.mlx.memory import measure_kv_cost
 from omlx.adapters.mlx.sampling import Sampler, make_sampler
 from omlx.domain.generation import (
     Failed,
@@ -42,6 +41,8 @@ from omlx.domain.generation import (
     StopStringMatcher,
     TextDelta,
 )
+from omlx.domain.memory import KVBudget, MemoryAccount, format_bytes
+from omlx.domain.scheduler import Scheduler, Verdict
 
 if TYPE_CHECKING:
     from omlx.domain.capture import RequestCapture
@@ -88,9 +89,6 @@ class _Job:
         return len(self.request.prompt_tokens) + self.request.max_tokens
 
 
-_ADMIT, _WAIT, _REFUSE = "admit", "wait", "refuse"
-
-
 class MLXEngine:
     """Owns the model, the batcher and the prefix cache; everything MLX runs on its thread."""
 
@@ -99,13 +97,13 @@ class MLXEngine:
         model: LoadedModel,
         prefix_cache: PrefixCache | None,
         config: EngineConfig | None = None,
+        account: MemoryAccount | None = None,
     ) -> None:
         self.model = model
         self.prefix_cache = prefix_cache
         self.config = config or EngineConfig()
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._ids = itertools.count(1)
-        self._waiting: deque[_Job] = deque()
         self._running: dict[int, _Job] = {}  # batcher uid -> job
         self._jobs: dict[int, _Job] = {}  # job id -> job (waiting or running)
         self._stopping = threading.Event()
@@ -120,32 +118,28 @@ class MLXEngine:
         # Measured now, before the engine thread owns MLX (one forward of one token).
         limit = self.config.kv_memory_limit
         cost = measure_kv_cost(model.model) if limit is not None else None
-        self.budget = KVBudget(limit, cost.per_token, cost) if cost is not None else None
-        self._epoch = 0  # bumped whenever the running set changes (memory verdicts expire)
-        self._memory_blocked = False  # the head of the queue waits for KV memory
-        self._count_lock = threading.Lock()
-        self._submitted = 0  # written under the lock by submitters
-        self._dequeued = 0  # written by the engine thread only
-        self.active = 0  # in the batch
+        budget = KVBudget(limit, cost.per_token, cost) if cost is not None else None
+        self.scheduler = Scheduler(self.config.max_concurrent, budget, account, model.model_id)
         self.last_step_at = time.monotonic()
 
     @property
-    def queued(self) -> int:
-        """Requests waiting for a batch slot (read by the app for 429s, /health, metrics).
+    def budget(self) -> KVBudget | None:
+        return self.scheduler.budget
 
-        Submitted but not yet admitted, less those that free slots will take at the
-        engine's next look: two requests arriving together at an idle server do not
-        count as a queue. While the head of the queue waits for memory, all of them do.
-        """
-        pending = self._submitted - self._dequeued
-        if self._memory_blocked:
-            return pending
-        return max(0, pending - max(0, self.config.max_concurrent - self.active))
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a batch slot (read by the app for 429s, /health, metrics)."""
+        return self.scheduler.queued
+
+    @property
+    def active(self) -> int:
+        """Requests in the running batch."""
+        return self.scheduler.active
 
     @property
     def kv_token_capacity(self) -> int | None:
         """The most positions (prompt + max_tokens) one request may use; None: no guard."""
-        return None if self.budget is None else self.budget.token_capacity
+        return self.scheduler.kv_token_capacity
 
     # ---- any thread -------------------------------------------------------
 
@@ -162,8 +156,7 @@ class MLXEngine:
     def submit(self, request: GenerationRequest, emit: Emit) -> int:
         """Queue a request; returns its id for ``cancel``."""
         job_id = next(self._ids)
-        with self._count_lock:
-            self._submitted += 1
+        self.scheduler.note_submitted()
         self._inbox.put(("submit", _Job(job_id, request, emit, time.monotonic())))
         return job_id
 
@@ -180,7 +173,7 @@ class MLXEngine:
         self._generator = self._new_generator()
         while not self._stopping.is_set():
             busy = bool(self._running)
-            self._drain_inbox(block=not busy and not self._waiting)
+            self._drain_inbox(block=not busy and not self.scheduler.has_waiting)
             self._admit_waiting()
             if not self._running:
                 continue
@@ -211,7 +204,7 @@ class MLXEngine:
             kind, arg = command
             if kind == "submit":
                 self._jobs[arg.id] = arg
-                self._waiting.append(arg)
+                self.scheduler.enqueue(arg)
             elif kind == "cancel":
                 job = self._jobs.get(arg)
                 if job is not None and not job.done:
@@ -222,20 +215,9 @@ class MLXEngine:
                 return
 
     def _admit_waiting(self) -> None:
-        """First come, first served, up to ``max_concurrent`` in the batch and within the KV limit.
-
-        The head of the queue waits for memory rather than being overtaken, so a large
-        request is never starved by a stream of small ones.
-        """
-        while self._waiting and len(self._running) < self.config.max_concurrent:
-            job = self._waiting[0]
-            verdict = self._memory_verdict(job)
-            self._memory_blocked = verdict == _WAIT
-            if verdict == _WAIT:
-                return
-            self._waiting.popleft()
-            self._dequeued += 1
-            if verdict == _REFUSE:
+        """Start what the scheduler lets leave the queue (FCFS, within the KV memory)."""
+        for job, verdict in self.scheduler.admissible(self._make_room if self.prefix_cache else None):
+            if verdict is Verdict.REFUSE:
                 self._refuse(job)
                 continue
             try:
@@ -245,53 +227,33 @@ class MLXEngine:
                 self._release(job)
                 self._jobs.pop(job.id, None)
                 job.emit(Failed(f"could not start generation: {exc}"))
+                continue
+            self.scheduler.started(job)
+            self._report_memory()
 
-    def _memory_verdict(self, job: _Job) -> str:
-        """Admit, wait (fits alone, not beside the running ones) or refuse (never fits)."""
-        budget = self.budget
-        if budget is None:
-            return _ADMIT
-        if not budget.fits_alone(job.length):
-            return _REFUSE
-        if job.waited_epoch == self._epoch:
-            return _WAIT  # nothing finished since the last look
-        need = budget.batch_bytes([j.length for j in self._running.values()] + [job.length])
-        if need > budget.limit_bytes:
-            return self._wait(job, need, "the running requests")
-        hot = self.prefix_cache.hot if self.prefix_cache is not None else None
-        room = budget.limit_bytes - need
-        if hot is not None and hot.stats().bytes > room:
-            if job.hit is None:  # pin its own prefix first: the shrink must not evict it
-                job.hit = self.prefix_cache.lookup(job.request.prompt_tokens)
-            freed = hot.shrink(room)
-            if freed:
-                log.info("memory guard: the hot tier gave back %s for request %d", format_bytes(freed), job.id)
-            if hot.stats().bytes > room and self._running:
-                return self._wait(job, need, "the running requests and pinned cache blocks")
-        return _ADMIT
+    def _make_room(self, job: _Job, room: int) -> int:
+        """The hot tier gives RAM back for ``job`` (its own prefix pinned first); bytes left."""
+        assert self.prefix_cache is not None
+        if job.hit is None:  # pin its prefix: the shrink must not evict what it will restore
+            job.hit = self.prefix_cache.lookup(job.request.prompt_tokens)
+        before = self.prefix_cache.hot_bytes()
+        left = self.prefix_cache.make_room(room)
+        if left < before:
+            log.info("memory guard: the hot tier gave back %s for request %d", format_bytes(before - left), job.id)
+        return left
 
-    def _wait(self, job: _Job, need: int, beside: str) -> str:
-        if job.waited_epoch < 0:
-            log.info(
-                "memory guard: request %d waits: %s of KV beside %s exceeds kv_memory_limit %s",
-                job.id, format_bytes(need), beside, format_bytes(self.budget.limit_bytes),
-            )
-        job.waited_epoch = self._epoch
-        return _WAIT
+    def _report_memory(self) -> None:
+        """What this model's KV holds now, for the process-wide account (several models)."""
+        account = self.scheduler.account
+        if account is not None:
+            hot = self.prefix_cache.hot_bytes() if self.prefix_cache is not None else 0
+            account.set_kv(self.model.model_id, self.scheduler.reserved_bytes() + hot)
 
     def _refuse(self, job: _Job) -> None:
-        budget = self.budget
-        prompt, new = len(job.request.prompt_tokens), job.request.max_tokens
+        message = self.scheduler.refusal(job, len(job.request.prompt_tokens), job.request.max_tokens)
         self._release(job)
         self._jobs.pop(job.id, None)
-        job.emit(
-            Failed(
-                f"this request needs {format_bytes(budget.batch_bytes([job.length]))} of KV cache "
-                f"({prompt} prompt + {new} max_tokens tokens), more than kv_memory_limit "
-                f"({format_bytes(budget.limit_bytes)}) allows; at most {budget.token_capacity} "
-                "tokens in all: lower max_tokens or shorten the prompt"
-            )
-        )
+        job.emit(Failed(message))
 
     def _sampler(self, params: Any) -> Sampler:
         if params.seed is not None:
@@ -328,8 +290,6 @@ class MLXEngine:
         job.detok = self.model.tokenizer.detokenizer
         job.stops = StopStringMatcher(job.request.stop)
         self._running[job.uid] = job
-        self._epoch += 1
-        self.active = len(self._running)
         job.emit(PrefillStarted(job.cached_tokens, len(tokens)))
 
     def _segments(self, tokens: list[int], start: int, plan: tuple[int, ...]) -> list[list[int]]:
@@ -418,9 +378,10 @@ class MLXEngine:
         """
         job.done = True
         self._release(job)
-        if job.uid is not None and self._running.pop(job.uid, None) is not None:
-            self._epoch += 1
-        self.active = len(self._running)
+        if job.uid is not None:
+            self._running.pop(job.uid, None)
+        self.scheduler.ended(job.id)
+        self._report_memory()
         job.emit(
             Finished(
                 reason,
@@ -470,10 +431,7 @@ class MLXEngine:
 
     def _cancel(self, job: _Job) -> None:
         if job.uid is None:
-            self._waiting.remove(job)
-            self._dequeued += 1
-            if not self._waiting:
-                self._memory_blocked = False
+            self.scheduler.withdraw(job)
             self._finish(job, "cancelled", cache=None, tokens=None)
             return
         # Keep what it computed: a client that left (a timeout, Esc) usually comes back.
@@ -492,7 +450,6 @@ class MLXEngine:
             self._jobs.pop(job.id, None)
             job.emit(Failed(message))
         self._running.clear()
-        self._epoch += 1
-        self.active = 0
+        self.scheduler.clear()
         self._generator = self._new_generator()
         mx.clear_cache()

@@ -1,25 +1,29 @@
-"""The KV memory guard: what a request's cache will cost, and whether it fits now.
+"""The KV memory guard's measurements: physical RAM, and what one request's cache costs.
 
-mlx-lm's batch caches are rectangular: every row of a ``BatchKVCache`` is as long
-as the longest row (shorter ones are left-padded), and the buffer grows in steps
-of 256 positions. So a batch of ``n`` requests whose longest one may reach ``L``
-positions (prompt + max_tokens) holds up to ``n * ceil256(L)`` positions of KV,
-whatever the others' lengths. The guard reserves that upper bound.
-
-The limit covers the running requests' KV plus the hot tier's blocks (both are KV
-in RAM): when a request needs room, the hot tier gives memory back first (LRU,
-unpinned blocks); what still does not fit waits in the queue; what cannot fit
-even alone is refused.
+The guard's arithmetic (``KVBudget``: rectangular batches, growth steps) is pure and
+lives in ``omlx.domain.memory``; its decisions in ``omlx.domain.scheduler``. The limit
+covers the running requests' KV plus the hot tier's blocks (both are KV in RAM): when a
+request needs room, the hot tier gives memory back first (LRU, unpinned blocks); what
+still does not fit waits in the queue; what cannot fit even alone is refused.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass
 
-# BatchKVCache.step in mlx_lm.models.cache: rows grow in chunks of this many positions.
-CACHE_STEP = 256
+# The arithmetic is pure and lives in the domain; measuring a model's cost needs MLX.
+from omlx.domain.memory import CACHE_STEP, KVBudget, KVCost, format_bytes
+
+__all__ = [
+    "CACHE_STEP",
+    "KVBudget",
+    "KVCost",
+    "auto_limit_bytes",
+    "format_bytes",
+    "measure_kv_cost",
+    "total_ram_bytes",
+]
+
 AUTO_LIMIT_FRACTION = 0.5
 
 
@@ -38,26 +42,6 @@ def auto_limit_bytes(fraction: float = AUTO_LIMIT_FRACTION) -> int | None:
     """The default limit: ``fraction`` of physical RAM; None (no guard) when RAM is unknown."""
     ram = total_ram_bytes()
     return None if ram is None else int(ram * fraction)
-
-
-@dataclass(frozen=True, slots=True)
-class KVCost:
-    """What one request's cache costs, by what each layout really holds.
-
-    ``per_token``: bytes per position of the full-attention layers (they keep every
-    position); ``window_per_token``: bytes per position of the sliding layers, which keep
-    at most ``window`` positions plus a prefill chunk; ``fixed``: the recurrent layers'
-    state, the same at any length.
-    """
-
-    per_token: int
-    window_per_token: int = 0
-    window: int = 0
-    fixed: int = 0
-
-    def row_bytes(self, positions: int) -> int:
-        windowed = min(positions, self.window + CACHE_STEP) if self.window else 0
-        return positions * self.per_token + windowed * self.window_per_token + self.fixed
 
 
 def measure_kv_cost(model) -> KVCost:
@@ -99,47 +83,3 @@ def measure_kv_cost(model) -> KVCost:
 def kv_bytes_per_token(model) -> int:
     """Bytes of KV one position costs in the layers that keep every position."""
     return measure_kv_cost(model).per_token
-
-
-@dataclass(frozen=True, slots=True)
-class KVBudget:
-    """The guard's arithmetic; pure Python so it is cheap to call every step."""
-
-    limit_bytes: int
-    bytes_per_token: int
-    cost: KVCost | None = None  # the whole layout's; None: full attention only
-
-    @property
-    def _cost(self) -> KVCost:
-        return self.cost if self.cost is not None else KVCost(self.bytes_per_token)
-
-    def positions(self, length: int) -> int:
-        """Cache positions a row of ``length`` tokens occupies (rounded up to the growth step)."""
-        return -(-max(length, 1) // CACHE_STEP) * CACHE_STEP
-
-    def batch_bytes(self, lengths: Iterable[int]) -> int:
-        """Upper bound of the KV of requests that may each reach ``lengths`` positions together."""
-        lengths = list(lengths)
-        if not lengths:
-            return 0
-        return len(lengths) * self._cost.row_bytes(self.positions(max(lengths)))
-
-    def fits_alone(self, length: int) -> bool:
-        return self.batch_bytes([length]) <= self.limit_bytes
-
-    @property
-    def token_capacity(self) -> int:
-        """The most positions (prompt + max_tokens) one request may reserve on its own."""
-        cost = self._cost
-        room = self.limit_bytes - cost.fixed - (cost.window + CACHE_STEP) * cost.window_per_token
-        if cost.per_token <= 0:
-            return 1 << 62 if room >= 0 else 0
-        steps = max(room, 0) // (cost.per_token * CACHE_STEP)
-        return steps * CACHE_STEP
-
-
-def format_bytes(n: int) -> str:
-    for unit, size in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
