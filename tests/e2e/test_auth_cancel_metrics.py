@@ -174,11 +174,13 @@ def test_metrics_parse_and_move(tiny_server):
     assert after[("omlx_cached_prompt_tokens_total", ())] > before.get(
         ("omlx_cached_prompt_tokens_total", ()), 0
     )
-    assert after[("omlx_cache_block_hits_total", (("tier", "hot"),))] > 0
+    model = next(dict(labels)["model"] for name, labels in after if name == "omlx_engine_active_requests")
+    assert after[("omlx_cache_block_hits_total", (("model", model), ("tier", "hot")))] > 0
     assert (
         "omlx_http_request_duration_seconds_count",
         (("route", "/v1/chat/completions"),),
     ) in after
-    assert ("omlx_cache_blocks_written_total", (("tier", "ssd"),)) in after  # from the SSD writer
+    # from the SSD writer, which every model shares
+    assert ("omlx_cache_blocks_written_total", (("model", "all"), ("tier", "ssd"))) in after
     for gauge in ("omlx_engine_active_requests", "omlx_engine_queued_requests", "omlx_cache_bytes"):
         assert any(name == gauge for name, _ in after), gauge

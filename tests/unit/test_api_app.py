@@ -134,7 +134,8 @@ def test_metrics_count_requests_tokens_and_first_tokens():
     assert after[("omlx_cached_prompt_tokens_total", ())] == 2
     assert after[("omlx_time_to_first_token_seconds_count", ())] == 1
     assert after[("omlx_generations_total", (("reason", "stop"),))] == 1
-    assert after[("omlx_engine_queued_requests", ())] == 0
+    assert after[("omlx_engine_queued_requests", (("model", MODEL),))] == 0
+    assert after[("omlx_models_loaded", ())] == 1
 
 
 def test_metrics_read_cache_tiers_at_scrape_time():
@@ -168,18 +169,22 @@ def test_metrics_read_cache_tiers_at_scrape_time():
         writer = Writer()
 
     container = fake_container()
-    container.prefix_cache, container.cold_tier = Prefix(), Cold()
+    (served,) = container.pool.loaded()
+    served.prefix_cache, served.cold_tier = Prefix(), Cold()
+    container.writer = Cold.writer
     with TestClient(create_app(container)) as c:
         got = samples(c)
-    assert got[("omlx_cache_block_hits_total", (("tier", "hot"),))] == 5
-    assert got[("omlx_cache_block_hits_total", (("tier", "ssd"),))] == 1
-    assert got[("omlx_cache_blocks_written_total", (("tier", "ssd"),))] == 4
-    assert got[("omlx_cache_bytes_written_total", (("tier", "ssd"),))] == 400
-    assert got[("omlx_cache_blocks_evicted_total", (("tier", "hot"),))] == 2
-    assert got[("omlx_cache_blocks_dropped_total", (("reason", "no_space"), ("tier", "ssd")))] == 2
-    assert got[("omlx_cache_blocks_rejected_total", (("reason", "corrupt"), ("tier", "ssd")))] == 1
-    assert got[("omlx_cache_bytes", (("tier", "hot"),))] == 300
-    assert got[("omlx_cache_write_queue_blocks", ())] == 1
+    # each model's tiers under its name; the writer every model shares as "all"
+    m, shared = ("model", MODEL), ("model", "all")
+    assert got[("omlx_cache_block_hits_total", (m, ("tier", "hot")))] == 5
+    assert got[("omlx_cache_block_hits_total", (m, ("tier", "ssd")))] == 1
+    assert got[("omlx_cache_blocks_written_total", (shared, ("tier", "ssd")))] == 4
+    assert got[("omlx_cache_bytes_written_total", (shared, ("tier", "ssd")))] == 400
+    assert got[("omlx_cache_blocks_evicted_total", (m, ("tier", "hot")))] == 2
+    assert got[("omlx_cache_blocks_dropped_total", (shared, ("reason", "no_space"), ("tier", "ssd")))] == 2
+    assert got[("omlx_cache_blocks_rejected_total", (m, ("reason", "corrupt"), ("tier", "ssd")))] == 1
+    assert got[("omlx_cache_bytes", (m, ("tier", "hot")))] == 300
+    assert got[("omlx_cache_write_queue_blocks", (shared,))] == 1
 
 
 def test_openapi_documents_each_route_and_its_bodies():
@@ -197,6 +202,8 @@ def test_openapi_documents_each_route_and_its_bodies():
         "getResponse",
         "deleteResponse",
         "listResponseInputItems",
+        "createEmbedding",
+        "rerank",
         "metrics",
     }
     responses = ops[("post", "/v1/responses")]

@@ -12,71 +12,67 @@ from typing import Any
 from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas
 from omlx.app.chat import ChatPipeline
 from omlx.app.container import Container
+from omlx.app.model_loader import SharedCold
 from omlx.app.model_names import ModelNames
 from omlx.app.normalize import PromptNormalizer
+from omlx.app.pool import ModelPool, Served
 from omlx.app.responses_store import MemoryResponseStore, ResponseStore
 from omlx.app.sealing import ReasoningSeal
 from omlx.app.service import GenerationService
 from omlx.app.settings import Settings
 from omlx.app.templates import ChatRenderer
+from omlx.domain.memory import MemoryAccount
 
 log = logging.getLogger(__name__)
 
 
 def bootstrap(settings: Settings, **overrides: Any) -> Container:
-    """Load the model, build the cache tiers and start the engine thread.
+    """Find the models, open the shared cache tiers, load the models asked for at start.
 
-    ``overrides`` replace built parts in tests (``model=``).
+    ``overrides`` replace built parts in tests (``model=``: an already loaded model).
     """
     load_optimized_blas()  # before the first import of mlx below
     log.info(describe_blas())
-    from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-    from omlx.adapters.mlx.loader import load_model
+    from omlx.adapters.mlx.memory import total_ram_bytes
+    from omlx.app.catalog import catalog
+    from omlx.app.model_loader import ModelLoader
 
     closers: list = []
     try:
+        specs = catalog(list(settings.model_list), settings.model_dir)
+        names = ModelNames([s.id for s in specs], settings.model_aliases, settings.answer_any_model)
+        account = MemoryAccount(settings.max_model_memory_bytes(total_ram_bytes()))
         ssd = _open_ssd(settings, closers) if settings.cache_enabled and settings.ssd_cache_enabled else None
-        model = overrides.get("model") or load_model(
-            settings.model or None, digest_cache=_digest_cache(ssd.index) if ssd else None
+        pool_ref: list[ModelPool] = []  # the writer asks the pool, built just below, about pins
+        cold = _start_shared_cold(settings, ssd, lambda key: pool_ref[0].is_pinned(key), closers) if ssd else None
+        loader = ModelLoader(
+            settings, cold, account, _kv_memory_limit(settings),
+            digest_cache=_digest_cache(ssd.index) if ssd else None,
         )
-        prefix_cache = cold_tier = None
-        if not settings.cache_enabled:
-            log.info("prefix cache: off (--no-cache)")
-        elif not model.cache_supported:
-            log.warning("prefix cache: off for %s: %s", model.model_id, model.cache_unsupported_reason)
-        else:
-            prefix_cache, cold_tier = _build_cache(settings, model, ssd, closers)
-    except BaseException:
-        _close_all(closers)
-        raise
-
-    engine = MLXEngine(
-        model,
-        prefix_cache,
-        EngineConfig(
-            max_concurrent=settings.max_concurrent_requests,
-            prefill_step_size=settings.prefill_step_size,
-            kv_memory_limit=_kv_memory_limit(settings),
-        ),
-    )
-    if engine.budget is not None:
-        log.info(
-            "memory guard: kv_memory_limit %d bytes, %d bytes of KV per token, at most %d tokens per request",
-            engine.budget.limit_bytes, engine.budget.bytes_per_token, engine.budget.token_capacity,
+        pool = ModelPool(
+            specs, names, load=loader.load, estimate=loader.estimate, account=account,
+            pinned=settings.pin_models, idle_timeout=settings.model_idle_timeout or None,
         )
-    engine.start()
-    closers.append(engine.stop)  # closed first: no block is stored after the writer drains
-    try:
+        pool_ref.append(pool)
+        closers.append(pool.close)  # after the engines stop, the writer drains (closers reversed)
+        preloaded = overrides.get("model")
+        for spec in specs:
+            if spec.id in pool.pinned or settings.model_list or len(specs) == 1:
+                if preloaded is not None and preloaded.model_id == spec.id:
+                    pool.add(_served_chat(settings, spec, preloaded, loader))
+                else:
+                    pool.preload(spec)
         seal = ReasoningSeal.for_folder(settings.cache_dir if ssd is not None else None)
-        return wire_services(
-            settings,
-            model,
-            engine,
+        return Container(
+            settings=settings,
+            pool=pool,
+            names=names,
+            normalizer=PromptNormalizer(settings.prompt_normalizations),
             seal=seal,
             responses=_response_store(settings, ssd),
-            prefix_cache=prefix_cache,
-            cold_tier=cold_tier,
+            started_at=int(time.time()),
             blas=describe_blas(),
+            writer=cold.writer if cold is not None else None,
             closers=closers,
         )
     except BaseException:
@@ -84,21 +80,45 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
         raise
 
 
-def wire_services(settings: Settings, model: Any, engine: Any, *, seal: ReasoningSeal | None = None, responses: ResponseStore | None = None, **parts: Any) -> Container:
-    """The app's services over a loaded model and a started engine (tests pass fakes of both)."""
+def _served_chat(settings: Settings, spec: Any, model: Any, loader: Any) -> Served:
+    """An already loaded chat model wired as the loader would (tests pass one in)."""
+    return loader.wire_chat(spec, model)
+
+
+def wire_services(
+    settings: Settings,
+    model: Any,
+    engine: Any,
+    *,
+    seal: ReasoningSeal | None = None,
+    responses: ResponseStore | None = None,
+    **parts: Any,
+) -> Container:
+    """The app's services over one loaded chat model and a started engine (tests pass fakes)."""
+    from omlx.app.catalog import ModelSpec
+
     generation = GenerationService(
         engine,
         model,
         max_queued=settings.max_queued_requests,
         default_max_tokens=settings.default_max_tokens,
     )
-    return Container(
-        settings=settings,
-        model=model,
-        engine=engine,
+    served = Served(
+        ModelSpec(model.model_id, getattr(model, "path", None)),
+        model,
+        engine,
         generation=generation,
         chat=ChatPipeline(generation, ChatRenderer(model.tokenizer, model.model_id)),
-        names=ModelNames([model.model_id], settings.model_aliases, settings.answer_any_model),
+        prefix_cache=parts.pop("prefix_cache", None),
+        cold_tier=parts.pop("cold_tier", None),
+    )
+    names = ModelNames([model.model_id], settings.model_aliases, settings.answer_any_model)
+    pool = ModelPool([served.spec], names)
+    pool.add(served)
+    return Container(
+        settings=settings,
+        pool=pool,
+        names=names,
         normalizer=PromptNormalizer(settings.prompt_normalizations),
         seal=seal or ReasoningSeal.for_folder(None),
         responses=responses or MemoryResponseStore(settings.responses_retention),
@@ -201,49 +221,23 @@ def _digest_cache(index: Any):
     return cached
 
 
-def _build_cache(settings: Settings, model: Any, ssd: SsdParts | None, closers: list):
-    from omlx.adapters.mlx.kv_codec import MLXKVCodec
-    from omlx.domain.hot_tier import HotTier
-    from omlx.domain.prefix_cache import PrefixCache
-
-    namespace = model.namespace(settings.block_size)
-    codec = MLXKVCodec(model.layout)
-    hot = HotTier(settings.hot_cache_bytes)
-    cold = _build_cold_tier(settings, namespace, hot, codec, ssd, closers) if ssd else None
-    layout = model.layout.domain if model.layout is not None else None
-    prefix_cache = PrefixCache(namespace=namespace, codec=codec, hot=hot, cold=cold, layout=layout)
-    log.info(
-        "prefix cache: hot tier %s, SSD tier %s, block size %d, namespace %s",
-        settings.hot_cache_max_size,
-        f"{settings.paged_ssd_cache_max_size} in {ssd.dir} ({ssd.index.label})" if ssd else "off",
-        settings.block_size,
-        namespace.digest[:12],
-    )
-    return prefix_cache, cold
-
-
-def _build_cold_tier(settings, namespace, hot, codec, ssd: SsdParts, closers):
+def _start_shared_cold(settings: Settings, ssd: SsdParts, is_pinned: Any, closers: list) -> SharedCold:
+    """The writer, recency and start-up reconcile every model's cold tier shares."""
     from omlx.adapters.blockfiles import BlockWriter, DiskBudget
-    from omlx.domain.cold_tier import ColdTier, RecencyBuffer
+    from omlx.domain.cold_tier import RecencyBuffer
 
-    index, store = ssd.index, ssd.store
-    index.upsert_namespace(namespace)
-    recency = RecencyBuffer(index)
+    recency = RecencyBuffer(ssd.index)
     writer = BlockWriter(
-        store,
-        index,
+        ssd.store,
+        ssd.index,
         DiskBudget(ssd.dir, settings.ssd_cache_bytes),
-        is_pinned=hot.is_pinned,
+        is_pinned=is_pinned,
         tick=recency.maybe_flush,
         shared=ssd.shared,
         lease=settings.eviction_lease_seconds,
     )
-    cold = ColdTier(
-        namespace, store, index, writer, codec.decode, recency=recency,
-        drop_missing_rows=not ssd.shared,
-    )
     # Closed in reverse: drain the writer, then flush recency so LRU order survives.
-    closers.append(cold.flush)
+    closers.append(recency.flush)
     closers.append(lambda: writer.close(30))
     # Start-up reads the index, not the folder; the reconcile of what a crash left
     # runs beside serving.
@@ -251,8 +245,7 @@ def _build_cold_tier(settings, namespace, hot, codec, ssd: SsdParts, closers):
     threading.Thread(
         target=_reconcile_quietly, args=(settings, ssd, started), name="omlx-reconcile", daemon=True
     ).start()
-    cold.writer = writer
-    return cold
+    return SharedCold(ssd, writer, recency)
 
 
 def _reconcile_quietly(settings: Settings, ssd: SsdParts, started: float) -> None:

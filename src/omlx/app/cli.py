@@ -19,7 +19,11 @@ def main() -> None:
 
 def _serve_options(fn):
     options = [
-        click.option("--model", default=None, help="mlx-lm model folder or .gguf file (default: bundled SmolLM2-135M-Instruct)."),
+        click.option("--model", "model_args", multiple=True, help="mlx-lm model folder or .gguf file; repeatable (default: the bundled SmolLM2-135M-Instruct)."),
+        click.option("--model-dir", default=None, help="Serve every mlx-lm folder and .gguf file under this folder (loaded on first use)."),
+        click.option("--max-model-memory", default=None, help='Weights + KV of all loaded models: a size, "auto" (RAM less 8 GB) or "off".'),
+        click.option("--pin-model", "pin_models", multiple=True, help="A model id never unloaded (loaded at start); repeatable."),
+        click.option("--model-idle-timeout", type=float, default=None, help="Unload a model idle this many seconds (0: never)."),
         click.option("--host", default=None, help="Address to bind (default 127.0.0.1)."),
         click.option("--port", type=int, default=None, help="Port (default 8000)."),
         click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="A TOML settings file (see config/omlx.toml)."),
@@ -57,6 +61,10 @@ def _serve(**flags) -> None:
     if flags.pop("no_prompt_normalization"):
         flags["prompt_normalizations"] = []
     flags["model_aliases"] = list(flags["model_aliases"]) or None  # none given: the settings' own
+    flags["pin_models"] = list(flags["pin_models"]) or None
+    models = list(flags.pop("model_args"))
+    if models:
+        flags["model"], flags["models"] = models[0], models[1:]
     try:
         settings = load_settings(config_file, flags=flags)
     except ValueError as exc:

@@ -6,11 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from omlx.app.chat import ChatPipeline
 from omlx.app.model_names import ModelNames
 from omlx.app.normalize import PromptNormalizer
+from omlx.app.pool import ModelPool, Served
 from omlx.app.sealing import ReasoningSeal
-from omlx.app.service import GenerationService
 from omlx.app.settings import Settings
 from omlx.domain.responses import ResponseStore
 
@@ -18,48 +17,76 @@ from omlx.domain.responses import ResponseStore
 @dataclass(slots=True)
 class Container:
     settings: Settings
-    model: Any  # LoadedModel
-    engine: Any  # MLXEngine
-    generation: GenerationService
-    chat: ChatPipeline
+    pool: ModelPool  # the served models, loaded on demand
     names: ModelNames
     normalizer: PromptNormalizer
     seal: ReasoningSeal
     responses: ResponseStore  # stored Responses-API responses (index.db, or memory)
     started_at: int
-    prefix_cache: Any = None  # PrefixCache | None
-    cold_tier: Any = None  # ColdTier | None
     blas: str = ""
+    writer: Any = None  # the cold tier's block writer, shared by every model (metrics)
     metrics: Any = None  # api.metrics.Metrics, set by create_app (one registry per app)
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
-        """Stop in reverse order of start: engine first, then the writer and the index."""
+        """Stop in reverse order of start: engines first, then the writer and the index."""
         while self.closers:
             closer = self.closers.pop()
             closer()
 
     def health(self) -> dict[str, Any]:
-        model = self.model
-        cache: dict[str, Any] = {"enabled": self.prefix_cache is not None}
-        if not model.cache_supported:
-            cache["disabled_reason"] = model.cache_unsupported_reason
-        elif not self.settings.cache_enabled:
-            cache["disabled_reason"] = "turned off (--no-cache)"
-        layout = getattr(model, "layout", None)
-        if layout is not None:  # what each layer keeps: kv, window W, state
-            cache["layout"] = layout.counts()
-        if self.prefix_cache is not None:
-            cache["block_size"] = self.settings.block_size
-            cache["hot"] = _asdict(self.prefix_cache.hot.stats())
-            cache["ssd"] = self.cold_tier is not None
+        pool = self.pool
+        models = {spec_id: self._model_health(spec_id) for spec_id in pool.specs}
+        loaded = pool.loaded()
+        first = next((s for s in loaded if s.task == "chat"), None)
+        engine = {
+            "active": sum(getattr(s.engine, "active", 0) for s in loaded),
+            "queued": sum(getattr(s.engine, "queued", 0) for s in loaded),
+        }
+        account = pool.account
         return {
             "status": "ok",
-            "model": model.model_id,
-            "engine": {"active": self.engine.active, "queued": self.engine.queued},
-            "cache": cache,
+            "model": first.id if first is not None else next(iter(pool.specs)),
+            "engine": engine,
+            "cache": models[first.id]["cache"] if first is not None else {"enabled": False},
+            "models": models,
+            "memory": {
+                "max_model_memory": account.limit_bytes,
+                "held": account.held(),
+                "by_model": account.snapshot(),
+            },
             "blas": self.blas,
         }
+
+    def _model_health(self, model_id: str) -> dict[str, Any]:
+        spec = self.pool.specs[model_id]
+        out: dict[str, Any] = {"state": self.pool.state(model_id), "task": spec.task}
+        served = next((s for s in self.pool.loaded() if s.id == model_id), None)
+        if served is None:
+            return out
+        out["engine"] = {"active": getattr(served.engine, "active", 0), "queued": getattr(served.engine, "queued", 0)}
+        out["weights_bytes"] = served.weights
+        out["load_seconds"] = round(served.load_seconds, 3)
+        if served.task == "chat":
+            out["cache"] = _cache_health(self.settings, served)
+        return out
+
+
+def _cache_health(settings: Settings, served: Served) -> dict[str, Any]:
+    model, prefix_cache = served.model, served.prefix_cache
+    cache: dict[str, Any] = {"enabled": prefix_cache is not None}
+    if not getattr(model, "cache_supported", True):
+        cache["disabled_reason"] = model.cache_unsupported_reason
+    elif not settings.cache_enabled:
+        cache["disabled_reason"] = "turned off (--no-cache)"
+    layout = getattr(model, "layout", None)
+    if layout is not None:  # what each layer keeps: kv, window W, state
+        cache["layout"] = layout.counts()
+    if prefix_cache is not None:
+        cache["block_size"] = settings.block_size
+        cache["hot"] = _asdict(prefix_cache.hot.stats())
+        cache["ssd"] = served.cold_tier is not None
+    return cache
 
 
 def _asdict(value: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ def run_server(settings: Settings) -> None:
 
     container = bootstrap(settings)
     app = create_app(container)
-    log.info("serving %s on http://%s:%d", container.model.model_id, settings.host, settings.port)
+    log.info("serving %s on http://%s:%d", ", ".join(container.pool.specs), settings.host, settings.port)
     try:
         uvicorn.run(
             app,

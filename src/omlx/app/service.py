@@ -58,6 +58,7 @@ class GenerationService:
         self.max_queued = max_queued
         self.default_max_tokens = default_max_tokens
         self.observer: GenerationObserver | None = None
+        self.in_flight = 0  # generations being streamed (the event loop's count: the pool reads it)
 
     # ---- prompts ----------------------------------------------------------
 
@@ -162,6 +163,7 @@ class GenerationService:
 
         started = time.monotonic()
         job_id = self.engine.submit(request, emit)
+        self.in_flight += 1
         finished = first = False
         # One pending get, reused across quiet spells, so a timeout never loses an event.
         getter: asyncio.Future[GenerationEvent] | None = None
@@ -187,6 +189,7 @@ class GenerationService:
                 if finished:
                     return
         finally:
+            self.in_flight -= 1
             if getter is not None:
                 getter.cancel()
             if not finished:

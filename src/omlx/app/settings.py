@@ -43,6 +43,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     kv_memory_limit: str = "auto"
     default_max_tokens: int = 1024
     max_request_body_bytes: int = 16_000_000
+    models: tuple[str, ...] = ()  # more models beside ``model`` (--model, repeated)
+    model_dir: str = ""
+    max_model_memory: str = "auto"
+    pin_models: tuple[str, ...] = ()
+    model_idle_timeout: float = 0.0  # seconds; 0: never unload for idleness
     model_aliases: tuple[str, ...] = ("claude-*",)
     answer_any_model: bool = False
     prompt_normalizations: tuple[str, ...] = ("claude_code_billing_header",)
@@ -72,6 +77,21 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return Retention(self.responses_max_stored, self.responses_max_age_days)
 
     @property
+    def model_list(self) -> tuple[str, ...]:
+        """Every model named (``model`` then ``models``); empty: the default or ``model_dir``."""
+        return tuple(m for m in (self.model, *self.models) if m)
+
+    def max_model_memory_bytes(self, ram: int | None) -> int | None:
+        """The limit on loaded models' weights plus KV: "auto" is RAM less 8 GB (at least
+        half of RAM), "off" none, else a size."""
+        value = str(self.max_model_memory).strip().lower()
+        if value == "off":
+            return None
+        if value == "auto":
+            return None if ram is None else max(ram - 8 * 10**9, ram // 2)
+        return parse_size(self.max_model_memory)
+
+    @property
     def cache_dir(self) -> Path:
         return Path(self.paged_ssd_cache_dir).expanduser()
 
@@ -95,6 +115,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         from omlx.app.normalize import PromptNormalizer
 
         PromptNormalizer(self.prompt_normalizations)  # raises naming an unknown rule
+        if self.model_idle_timeout < 0:
+            raise ValueError("model_idle_timeout must be >= 0 seconds (0: never)")
+        if str(self.max_model_memory).strip().lower() not in ("auto", "off"):
+            parse_size(self.max_model_memory)  # a bad size fails at start
         if self.eviction_lease_seconds < 0 or self.reconcile_grace_seconds < 0:
             raise ValueError("eviction_lease_seconds and reconcile_grace_seconds must be >= 0")
         if self.index_url and not _URL.match(self.index_url):

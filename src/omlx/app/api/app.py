@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from litestar import Litestar
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
@@ -9,6 +11,7 @@ from litestar.openapi import OpenAPIConfig
 from omlx import __version__
 from omlx.app.api.anthropic import AnthropicController
 from omlx.app.api.auth import api_key_guard
+from omlx.app.api.encoding import EncodingController
 from omlx.app.api.errors import EXCEPTION_HANDLERS
 from omlx.app.api.health import HealthController
 from omlx.app.api.metrics import Metrics, MetricsController, RequestMetrics, count_unmatched
@@ -20,9 +23,26 @@ from omlx.app.container import Container
 def create_app(container: Container) -> Litestar:
     metrics = Metrics(container)
     container.metrics = metrics
-    container.generation.observer = metrics
-    container.chat.observer = metrics
     settings = container.settings
+
+    def observe(served) -> None:  # every model, loaded now or later, reports to these metrics
+        if served.generation is not None:
+            served.generation.observer = metrics
+        if served.chat is not None:
+            served.chat.observer = metrics
+
+    container.pool.observers.append(observe)
+    for served in container.pool.loaded():
+        observe(served)
+    reaper: list[asyncio.Task] = []
+
+    async def start_reaper() -> None:
+        if container.pool.idle_timeout:
+            reaper.append(asyncio.create_task(container.pool.reap_idle()))
+
+    async def stop_reaper() -> None:
+        for task in reaper:
+            task.cancel()
 
     def provide_container() -> Container:
         return container
@@ -36,6 +56,7 @@ def create_app(container: Container) -> Litestar:
             OpenAIController,
             ResponsesController,
             AnthropicController,
+            EncodingController,
             MetricsController,
         ],
         dependencies={
@@ -53,6 +74,7 @@ def create_app(container: Container) -> Litestar:
             path="/schema",
             description="OpenAI- and Anthropic-compatible inference on MLX with a persistent prefix cache.",
         ),
-        on_shutdown=[container.close],
+        on_startup=[start_reaper],
+        on_shutdown=[stop_reaper, container.close],
         debug=False,
     )

@@ -164,14 +164,29 @@ class StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         c = self.container
-        yield GaugeMetricFamily(
-            "omlx_engine_active_requests", "Requests in the running batch", value=c.engine.active
+        loaded = c.pool.loaded()
+        active = GaugeMetricFamily(
+            "omlx_engine_active_requests", "Requests in a model's running batch", labels=["model"]
         )
-        yield GaugeMetricFamily(
-            "omlx_engine_queued_requests",
-            "Requests waiting for a batch slot",
-            value=c.engine.queued,
+        queued = GaugeMetricFamily(
+            "omlx_engine_queued_requests", "Requests waiting for a batch slot", labels=["model"]
         )
+        memory = GaugeMetricFamily(
+            "omlx_model_memory_bytes",
+            "What a loaded model holds against max_model_memory: its weights, its KV",
+            labels=["model", "kind"],
+        )
+        for served in loaded:
+            active.add_metric([served.id], getattr(served.engine, "active", 0))
+            queued.add_metric([served.id], getattr(served.engine, "queued", 0))
+        for model, held in c.pool.account.snapshot().items():
+            memory.add_metric([model, "weights"], held["weights"])
+            memory.add_metric([model, "kv"], held["kv"])
+        yield active
+        yield queued
+        yield memory
+        yield GaugeMetricFamily("omlx_models_loaded", "Models loaded now", value=len(loaded))
+        yield CounterMetricFamily("omlx_model_loads", "Models loaded since start", value=c.pool.loads)
         normalized = CounterMetricFamily(
             "omlx_prompt_normalizations",
             "System text blocks a prompt normalization rewrote or removed, by rule",
@@ -180,8 +195,7 @@ class StateCollector(Collector):
         for rule, count in c.normalizer.applied().items():
             normalized.add_metric([rule], count)
         yield normalized
-        if c.prefix_cache is not None:
-            yield from _cache_families(c)
+        yield from _cache_families(c, [s for s in loaded if s.prefix_cache is not None])
 
 
 _FAMILIES = {
@@ -261,9 +275,10 @@ _FAMILIES = {
 }
 
 
-def _cache_families(c: Any) -> Iterator[Metric]:
+def _cache_families(c: Any, served: list[Any]) -> Iterator[Metric]:
+    """Each loaded model's tiers under its ``model`` label; the shared writer's as ``all``."""
     families = {
-        name: kind(name, doc, labels=list(labels))
+        name: kind(name, doc, labels=["model", *labels])
         for name, (kind, doc, labels) in _FAMILIES.items()
     }
 
@@ -271,47 +286,40 @@ def _cache_families(c: Any) -> Iterator[Metric]:
         if isinstance(value, int | float):
             families[name].add_metric(list(labels), value)
 
-    s = c.prefix_cache.stats()
-    put("omlx_cache_lookups", s.lookups)
-    put("omlx_cache_lookup_tokens", s.lookup_tokens)
-    put("omlx_cache_hit_tokens", s.hit_tokens)
-    put("omlx_cache_block_hits", s.hot_hits, "hot")
-    put("omlx_cache_block_hits", s.cold_hits, "ssd")
-    put("omlx_cache_blocks_written", s.stored_blocks, "hot")
-    put("omlx_cache_pinned_requests", s.active_leases)
-    put("omlx_cache_restore_objects_stored", s.stored_objects)
-    put("omlx_cache_restore_object_bytes", s.object_bytes)
-    put("omlx_cache_lost_tokens", s.lost_tokens)
-    put("omlx_cache_store_seconds", s.store_seconds)
-    hot = c.prefix_cache.hot.stats()
-    put("omlx_cache_blocks_read", hot.hits, "hot")
-    put("omlx_cache_blocks_evicted", hot.evictions, "hot")
-    put("omlx_cache_blocks", hot.blocks, "hot")
-    put("omlx_cache_bytes", hot.bytes, "hot")
-    put("omlx_cache_max_bytes", hot.max_bytes, "hot")
-    cold = _stats(getattr(c, "cold_tier", None))
-    put("omlx_cache_blocks_read", cold.get("hits"), "ssd")
-    put("omlx_cache_blocks_dropped", cold.get("dropped"), "ssd", "rejected")
-    put("omlx_cache_blocks_rejected", cold.get("corrupt_blocks"), "ssd", "corrupt")
-    put("omlx_cache_blocks_rejected", cold.get("missing_files"), "ssd", "missing_file")
-    writer = _stats(_writer_of(c))
-    put("omlx_cache_blocks_written", writer.get("written"), "ssd")
-    put("omlx_cache_bytes_written", writer.get("written_bytes"), "ssd")
-    put("omlx_cache_blocks_evicted", writer.get("evicted_blocks"), "ssd")
-    put("omlx_cache_bytes_evicted", writer.get("evicted_bytes"), "ssd")
+    for one in served:
+        m, s = one.id, one.prefix_cache.stats()
+        put("omlx_cache_lookups", s.lookups, m)
+        put("omlx_cache_lookup_tokens", s.lookup_tokens, m)
+        put("omlx_cache_hit_tokens", s.hit_tokens, m)
+        put("omlx_cache_block_hits", s.hot_hits, m, "hot")
+        put("omlx_cache_block_hits", s.cold_hits, m, "ssd")
+        put("omlx_cache_blocks_written", s.stored_blocks, m, "hot")
+        put("omlx_cache_pinned_requests", s.active_leases, m)
+        put("omlx_cache_restore_objects_stored", s.stored_objects, m)
+        put("omlx_cache_restore_object_bytes", s.object_bytes, m)
+        put("omlx_cache_lost_tokens", s.lost_tokens, m)
+        put("omlx_cache_store_seconds", s.store_seconds, m)
+        put("omlx_cache_blocks_queued", s.queued_blocks, m, "ssd")
+        hot = one.prefix_cache.hot.stats()
+        put("omlx_cache_blocks_read", hot.hits, m, "hot")
+        put("omlx_cache_blocks_evicted", hot.evictions, m, "hot")
+        put("omlx_cache_blocks", hot.blocks, m, "hot")
+        put("omlx_cache_bytes", hot.bytes, m, "hot")
+        put("omlx_cache_max_bytes", hot.max_bytes, m, "hot")
+        cold = _stats(one.cold_tier)
+        put("omlx_cache_blocks_read", cold.get("hits"), m, "ssd")
+        put("omlx_cache_blocks_dropped", cold.get("dropped"), m, "ssd", "rejected")
+        put("omlx_cache_blocks_rejected", cold.get("corrupt_blocks"), m, "ssd", "corrupt")
+        put("omlx_cache_blocks_rejected", cold.get("missing_files"), m, "ssd", "missing_file")
+    writer = _stats(c.writer)
+    put("omlx_cache_blocks_written", writer.get("written"), "all", "ssd")
+    put("omlx_cache_bytes_written", writer.get("written_bytes"), "all", "ssd")
+    put("omlx_cache_blocks_evicted", writer.get("evicted_blocks"), "all", "ssd")
+    put("omlx_cache_bytes_evicted", writer.get("evicted_bytes"), "all", "ssd")
     for reason in ("queue_full", "no_space", "closed", "error"):
-        put("omlx_cache_blocks_dropped", writer.get(f"dropped_{reason}"), "ssd", reason)
-    put("omlx_cache_blocks_queued", s.queued_blocks, "ssd")
-    put("omlx_cache_write_queue_blocks", writer.get("queued"))
+        put("omlx_cache_blocks_dropped", writer.get(f"dropped_{reason}"), "all", "ssd", reason)
+    put("omlx_cache_write_queue_blocks", writer.get("queued"), "all")
     yield from (f for f in families.values() if f.samples)
-
-
-def _writer_of(c: Any) -> Any:
-    """The SSD tier's block writer (bootstrap hangs it on the cold tier), or None."""
-    for owner, name in ((c, "block_writer"), (c.cold_tier, "writer")):
-        if owner is not None and (found := getattr(owner, name, None)) is not None:
-            return found
-    return None
 
 
 def _stats(source: Any) -> dict[str, Any]:

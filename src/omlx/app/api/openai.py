@@ -57,9 +57,15 @@ class OpenAIController(Controller):
         responses=error_responses(OpenAIErrorResponse, 401),
     )
     async def list_models(self, container: Container) -> ModelList:
-        names = container.names
+        names, pool = container.names, container.pool
         cards = [
-            ModelCard(m, container.started_at, aliases=names.aliases_of(m) or msgspec.UNSET)
+            ModelCard(
+                m,
+                container.started_at,
+                aliases=names.aliases_of(m) or msgspec.UNSET,
+                state=pool.state(m),
+                task=pool.specs[m].task,
+            )
             for m in names.served
         ]
         cards += [
@@ -82,17 +88,17 @@ class OpenAIController(Controller):
     async def chat_completions(
         self, data: ChatCompletionRequest, container: Container, request: Request
     ) -> ChatCompletion:
-        model_id = container.names.resolve(data.model)
         check_n(data.n)
-        chat = chat_request(data, model_id, container.normalizer)
+        served = await container.pool.acquire(data.model)
+        chat = chat_request(data, served.id, container.normalizer)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        turn = await container.chat.prepare(chat, rid)
+        turn = await served.chat.prepare(chat, rid)
         if data.stream:
-            container.generation.check_capacity()  # a 429 is possible only before the 200
+            served.generation.check_capacity()  # a 429 is possible only before the 200
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
             stream = ChatStream(rid, created, data.model, include_usage)
-            return EventStream(stream.run(container.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
-        result = await unless_disconnected(request.receive, container.chat.complete(turn))
+            return EventStream(stream.run(served.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
+        result = await unless_disconnected(request.receive, served.chat.complete(turn))
         text, reasoning, calls = collect(result.pieces)
         message = ResponseMessage(
             role="assistant",
@@ -129,9 +135,8 @@ class OpenAIController(Controller):
     async def completions(
         self, data: CompletionRequest, container: Container, request: Request
     ) -> TextCompletion:
-        container.names.resolve(data.model)
         check_n(data.n)
-        service = container.generation
+        service = (await container.pool.acquire(data.model)).generation
         prompt = _one_prompt(data.prompt)
         tokens = service.encode_text(prompt) if isinstance(prompt, str) else prompt
         gen = service.build_request(

@@ -187,6 +187,8 @@ class ModelCard(Struct):
     # omlx's extras: the names that answer with this model, or the model an alias answers with
     aliases: list[str] | UnsetType = UNSET
     alias_of: str | UnsetType = UNSET
+    state: str | UnsetType = UNSET  # loaded | loading | available (loaded on its first request)
+    task: str | UnsetType = UNSET  # chat | embedding | rerank
 
 
 class ModelList(Struct):

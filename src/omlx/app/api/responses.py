@@ -27,17 +27,18 @@ from omlx.app.api.responses_translate import Translator
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
 from omlx.app.container import Container
 from omlx.app.errors import InvalidRequest, NotFound
+from omlx.app.pool import Served
 from omlx.domain.responses import StoredResponse
 
 _ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404, 413, 429, 500)
 _READ_ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404)
 
 
-def translator(container: Container) -> Translator:
+def translator(container: Container, served: Served) -> Translator:
     return Translator(
         container.normalizer,
         container.seal,
-        effort_kwarg=container.chat.renderer.accepts_reasoning_effort,
+        effort_kwarg=served.chat.renderer.accepts_reasoning_effort,
     )
 
 
@@ -81,24 +82,24 @@ class ResponsesController(Controller):
     async def create_response(
         self, data: ResponsesRequest, container: Container, request: Request
     ) -> ResponseObject:
-        model_id = container.names.resolve(data.model)
+        served = await container.pool.acquire(data.model)
         past = await history(container, data.previous_response_id)
-        translated = translator(container).translate(data, model_id, past)
+        translated = translator(container, served).translate(data, served.id, past)
         rid = new_id("resp")
-        turn = await container.chat.prepare(translated.chat, rid, data.previous_response_id)
-        service = container.generation
+        turn = await served.chat.prepare(translated.chat, rid, data.previous_response_id)
+        service = served.generation
         run = ResponseRun(
             base=base_response(rid, int(time.time()), data),
             builder=OutputBuilder(container.seal, translated.encrypted_reasoning),
             items=translated.items,
             store=container.responses if data.store else None,
-            caching=container.prefix_cache is not None,
+            caching=served.prefix_cache is not None,
             count_tokens=lambda text: len(service.encode_text(text)),
         )
         if data.stream:
             service.check_capacity()  # a 429 is possible only before the 200
-            return EventStream(run.stream(container.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
-        result = await unless_disconnected(request.receive, container.chat.complete(turn))
+            return EventStream(run.stream(served.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
+        result = await unless_disconnected(request.receive, served.chat.complete(turn))
         for piece in result.pieces:
             run.builder.feed(piece)
         _, final = run.complete(result.finished)

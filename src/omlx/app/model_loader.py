@@ -1,0 +1,183 @@
+"""The composition root's per-model half: one model's engine, cache namespace and services.
+
+``bootstrap`` builds what every model shares (the cold tier's folder, index, writer and
+budget, the memory account); ``ModelLoader.load`` builds what one model needs, on the
+pool's loading thread: the weights, its engine thread, its hot tier, its cold tier over
+the shared parts, and the services its API endpoints call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omlx.app.catalog import CHAT, EMBEDDING, RERANK, ModelSpec
+from omlx.app.chat import ChatPipeline
+from omlx.app.pool import Served
+from omlx.app.service import GenerationService
+from omlx.app.settings import Settings
+from omlx.app.templates import ChatRenderer
+from omlx.domain.memory import MemoryAccount
+
+log = logging.getLogger(__name__)
+
+# A GGUF's weights are dequantized to float32 on the CPU: up to ~8x its file (Q4).
+_GGUF_ON_CPU_FACTOR = 8
+
+
+@dataclass(slots=True)
+class SharedCold:
+    """The cold tier's parts every model shares: store, index, one writer, batched recency."""
+
+    ssd: Any  # bootstrap.SsdParts
+    writer: Any  # BlockWriter
+    recency: Any  # RecencyBuffer
+
+
+class ModelLoader:
+    def __init__(
+        self,
+        settings: Settings,
+        cold: SharedCold | None,
+        account: MemoryAccount,
+        kv_memory_limit: int | None,
+        digest_cache: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.cold = cold
+        self.account = account
+        self.kv_memory_limit = kv_memory_limit
+        self.digest_cache = digest_cache
+
+    def estimate(self, spec: ModelSpec) -> int:
+        """An upper bound of what loading ``spec`` will take, from its files."""
+        import mlx.core as mx
+
+        from omlx.adapters.mlx.gguf import default_model_path
+
+        path = spec.path or default_model_path()
+        if path.is_file():
+            on_cpu = mx.default_device().type == mx.cpu
+            return path.stat().st_size * (_GGUF_ON_CPU_FACTOR if on_cpu else 1)
+        return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+
+    def load(self, spec: ModelSpec) -> Served:
+        if spec.task == CHAT:
+            return self._chat(spec)
+        if spec.task in (EMBEDDING, RERANK):
+            return self._encoder(spec)
+        raise ValueError(f"{spec.id}: unknown task {spec.task!r}")
+
+    def _chat(self, spec: ModelSpec) -> Served:
+        from omlx.adapters.mlx.loader import load_model
+
+        model = load_model(
+            str(spec.path) if spec.path is not None else None,
+            digest_cache=self.digest_cache,
+            model_id=spec.id,
+        )
+        return self.wire_chat(spec, model)
+
+    def wire_chat(self, spec: ModelSpec, model: Any) -> Served:
+        """A loaded chat model's cache tiers, engine thread and services."""
+        from omlx.adapters.mlx.encoders import weights_bytes
+        from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
+
+        settings = self.settings
+        served = Served(spec, model, engine=None, weights=weights_bytes(model.model))
+        prefix_cache = cold_tier = None
+        if not settings.cache_enabled:
+            log.info("prefix cache of %s: off (--no-cache)", spec.id)
+        elif not model.cache_supported:
+            log.warning("prefix cache of %s: off: %s", spec.id, model.cache_unsupported_reason)
+        else:
+            prefix_cache, cold_tier = self._cache(model, served)
+        engine = MLXEngine(
+            model,
+            prefix_cache,
+            EngineConfig(
+                max_concurrent=settings.max_concurrent_requests,
+                prefill_step_size=settings.prefill_step_size,
+                kv_memory_limit=self.kv_memory_limit,
+            ),
+            account=self.account,
+        )
+        if engine.budget is not None:
+            log.info(
+                "memory guard of %s: kv_memory_limit %d bytes, %d bytes of KV per token, "
+                "at most %d tokens per request",
+                spec.id, engine.budget.limit_bytes, engine.budget.bytes_per_token,
+                engine.budget.token_capacity,
+            )
+        engine.start()
+        served.closers.append(engine.stop)  # last added, closed first: nothing is stored after
+        generation = GenerationService(
+            engine, model, max_queued=settings.max_queued_requests,
+            default_max_tokens=settings.default_max_tokens,
+        )
+        served.engine = engine
+        served.generation = generation
+        served.chat = ChatPipeline(generation, ChatRenderer(model.tokenizer, model.model_id))
+        served.prefix_cache, served.cold_tier = prefix_cache, cold_tier
+        return served
+
+    def _cache(self, model: Any, served: Served) -> tuple[Any, Any]:
+        from omlx.adapters.mlx.kv_codec import MLXKVCodec
+        from omlx.domain.cold_tier import ColdTier
+        from omlx.domain.hot_tier import HotTier
+        from omlx.domain.prefix_cache import PrefixCache
+
+        settings = self.settings
+        namespace = model.namespace(settings.block_size)
+        codec = MLXKVCodec(model.layout)
+        hot = HotTier(settings.hot_cache_bytes)
+        cold_tier = None
+        if self.cold is not None:
+            ssd = self.cold.ssd
+            ssd.index.upsert_namespace(namespace)
+            cold_tier = ColdTier(
+                namespace, ssd.store, ssd.index, self.cold.writer, codec.decode,
+                recency=self.cold.recency, drop_missing_rows=not ssd.shared,
+            )
+            cold_tier.writer = self.cold.writer
+            served.closers.append(cold_tier.flush)
+        layout = model.layout.domain if model.layout is not None else None
+        prefix_cache = PrefixCache(
+            namespace=namespace, codec=codec, hot=hot, cold=cold_tier, layout=layout
+        )
+        log.info(
+            "prefix cache of %s: hot tier %s, SSD tier %s, block size %d, namespace %s",
+            model.model_id,
+            settings.hot_cache_max_size,
+            f"{settings.paged_ssd_cache_max_size} in {self.cold.ssd.dir}" if self.cold else "off",
+            settings.block_size,
+            namespace.digest[:12],
+        )
+        return prefix_cache, cold_tier
+
+    def _encoder(self, spec: ModelSpec) -> Served:
+        from omlx.adapters.mlx.encoders import (
+            load_embedding_model,
+            load_rerank_model,
+            weights_bytes,
+        )
+        from omlx.adapters.mlx.runner import MLXRunner
+        from omlx.app.encoding import EmbeddingService, RerankService
+
+        assert spec.path is not None
+        started = time.monotonic()
+        if spec.task == EMBEDDING:
+            model = load_embedding_model(spec.path, spec.id)
+            service_type: Any = EmbeddingService
+        else:
+            model = load_rerank_model(spec.path, spec.id)
+            service_type = RerankService
+        runner = MLXRunner(spec.id).start()
+        served = Served(spec, model, engine=runner, weights=weights_bytes(model.model))
+        served.encoder = service_type(runner, model)
+        served.closers.append(runner.stop)
+        log.info("%s model %s ready in %.1f s", spec.task, spec.id, time.monotonic() - started)
+        return served

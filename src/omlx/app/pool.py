@@ -1,0 +1,283 @@
+"""The models a server serves: loaded on demand, unloaded least recently used under one limit.
+
+Every spec of the catalog is *available*; a request for it loads it (concurrent requests
+for it wait for that one load), and it stays *loaded* until the memory it needs goes to
+another model, or it has been idle longer than ``idle_timeout``. The limit
+(``MemoryAccount``: weights plus KV of every loaded model) is checked before a load with
+an estimate from the files and after it with the real weights. A model in use (running,
+queued, or asked for in the last few seconds) is never unloaded, nor is a pinned one.
+Each loaded model has its own engine, services and cache namespace; the cold tier's
+folder, index, writer and budget are shared, so an unloaded model's blocks stay on disk
+for when it comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from omlx.app.catalog import CHAT, ModelSpec
+from omlx.app.errors import Busy, InvalidRequest
+from omlx.app.model_names import ModelNames
+from omlx.domain.memory import MemoryAccount, format_bytes
+
+log = logging.getLogger(__name__)
+
+# A model asked for this recently is in use: the gap between choosing it and submitting.
+IN_USE_GRACE_S = 5.0
+
+
+@dataclass(slots=True)
+class Served:
+    """A loaded model and what serves it."""
+
+    spec: ModelSpec
+    model: Any
+    engine: Any  # MLXEngine (chat) or MLXRunner (embedding, rerank)
+    weights: int = 0
+    generation: Any = None  # GenerationService (chat)
+    chat: Any = None  # ChatPipeline (chat)
+    encoder: Any = None  # EmbeddingService / RerankService
+    prefix_cache: Any = None
+    cold_tier: Any = None
+    loaded_at: float = 0.0
+    load_seconds: float = 0.0
+    last_used: float = 0.0
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def task(self) -> str:
+        return self.spec.task
+
+    def busy(self, now: float) -> bool:
+        if now - self.last_used < IN_USE_GRACE_S:
+            return True
+        engine = self.engine
+        running = getattr(engine, "active", 0) + getattr(engine, "queued", 0)
+        in_flight = getattr(self.generation, "in_flight", 0)
+        return bool(running or in_flight)
+
+    def close(self) -> None:
+        while self.closers:
+            try:
+                self.closers.pop()()
+            except Exception:
+                log.exception("error while unloading %s", self.id)
+
+
+Loader = Callable[[ModelSpec], Served]
+# What a spec's weights will take before it is loaded (an upper bound from its files).
+Estimate = Callable[[ModelSpec], int]
+
+
+class ModelPool:
+    def __init__(
+        self,
+        specs: Sequence[ModelSpec],
+        names: ModelNames,
+        *,
+        load: Loader | None = None,
+        estimate: Estimate | None = None,
+        account: MemoryAccount | None = None,
+        pinned: Sequence[str] = (),
+        idle_timeout: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.specs = {s.id: s for s in specs}
+        self.names = names
+        self._load = load
+        self._estimate = estimate or (lambda spec: 0)
+        self.account = account or MemoryAccount(None)
+        unknown = sorted(set(pinned) - set(self.specs))
+        if unknown:
+            raise ValueError(f"--pin-model {', '.join(unknown)}: no such model (served: {', '.join(self.specs)})")
+        self.pinned = frozenset(pinned)
+        self.idle_timeout = idle_timeout
+        self._clock = clock
+        self._loaded: dict[str, Served] = {}
+        self._loading: dict[str, asyncio.Future[Served]] = {}  # one load per model at a time
+        self.observers: list[Callable[[Served], None]] = []  # told of every load (metrics)
+        self.loads = 0
+
+    # ---- what is there --------------------------------------------------------------
+
+    def state(self, model_id: str) -> str:
+        if model_id in self._loaded:
+            return "loaded"
+        return "loading" if model_id in self._loading else "available"
+
+    def loaded(self) -> list[Served]:
+        return list(self._loaded.values())
+
+    def add(self, served: Served) -> None:
+        """Hold an already loaded model (start-up, tests)."""
+        served.loaded_at = served.last_used = self._clock()
+        self._loaded[served.id] = served
+        self.account.set_weights(served.id, served.weights)
+        for observe in self.observers:
+            observe(served)
+
+    def is_pinned(self, key: str) -> bool:
+        """Whether a running request of any loaded model holds ``key`` (the shared writer asks)."""
+        return any(
+            s.prefix_cache is not None and s.prefix_cache.is_pinned(key) for s in list(self._loaded.values())
+        )
+
+    # ---- a request's model --------------------------------------------------------------
+
+    async def acquire(self, requested: str, task: str = CHAT) -> Served:
+        """The loaded model ``requested`` names (loading it first if need be), for ``task``."""
+        model_id = self.names.resolve(requested)
+        spec = self.specs[model_id]
+        if spec.task != task:
+            raise InvalidRequest(
+                f"the model {requested!r} is a {spec.task} model; this endpoint needs a {task} model",
+                param="model",
+                code="model_task_mismatch",
+            )
+        served = self._loaded.get(model_id)
+        if served is None:
+            served = await self._load_once(spec)
+        served.last_used = self._clock()
+        return served
+
+    async def _load_once(self, spec: ModelSpec) -> Served:
+        pending = self._loading.get(spec.id)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_future()
+            self._loading[spec.id] = pending
+            try:
+                pending.set_result(await self._load_new(spec))
+            except BaseException as exc:
+                pending.set_exception(exc)
+                pending.exception()  # retrieved: a lone failure is not logged as unhandled
+            finally:
+                self._loading.pop(spec.id, None)
+        return await asyncio.shield(pending)
+
+    def preload(self, spec: ModelSpec) -> Served:
+        """Load ``spec`` now, on this thread (start-up: no event loop yet)."""
+        if self._load is None:
+            raise InvalidRequest(f"the model {spec.id!r} cannot be loaded here", param="model")
+        self._make_room(spec, self._estimate(spec))
+        started = time.monotonic()
+        served = self._load(spec)
+        served.load_seconds = time.monotonic() - started
+        self.loads += 1
+        self.add(served)
+        log.info("loaded %s in %.1f s: %s of weights", spec.id, served.load_seconds, format_bytes(served.weights))
+        return served
+
+    async def _load_new(self, spec: ModelSpec) -> Served:
+        if self._load is None:
+            raise InvalidRequest(f"the model {spec.id!r} cannot be loaded here", param="model")
+        self._make_room(spec, self._estimate(spec))
+        started = time.monotonic()
+        log.info("loading %s (%s) from %s", spec.id, spec.task, spec.label)
+        served = await anyio.to_thread.run_sync(self._load, spec)
+        served.load_seconds = time.monotonic() - started
+        self.loads += 1
+        self.add(served)
+        log.info(
+            "loaded %s in %.1f s: %s of weights; %s of the %s limit held",
+            spec.id,
+            served.load_seconds,
+            format_bytes(served.weights),
+            format_bytes(self.account.held()),
+            format_bytes(self.account.limit_bytes) if self.account.limit_bytes else "unbounded",
+        )
+        limit = self.account.limit_bytes
+        if limit is not None and self.account.held() > limit:
+            try:
+                self._make_room(spec, 0, beside=spec.id)
+            except Exception:
+                self.unload(spec.id, force=True)
+                raise
+        return served
+
+    def _make_room(self, spec: ModelSpec, need: int, beside: str | None = None) -> None:
+        """Unload idle, unpinned models (least recently used first) until ``need`` more fits."""
+        limit = self.account.limit_bytes
+        if limit is None:
+            return
+        if need > limit:
+            raise InvalidRequest(
+                f"the model {spec.id!r} ({spec.label}) needs about {format_bytes(need)}, more "
+                f"than max_model_memory ({format_bytes(limit)}) allows alone",
+                param="model",
+                code="model_too_large",
+            )
+        now = self._clock()
+        for victim in sorted(self._loaded.values(), key=lambda s: s.last_used):
+            if self.account.held() + need <= limit:
+                return
+            if victim.id == beside or victim.id in self.pinned or victim.busy(now):
+                continue
+            log.info("unloading %s (least recently used) to make room for %s", victim.id, spec.id)
+            self.unload(victim.id)
+        if self.account.held() + need > limit:
+            held = ", ".join(
+                f"{m} {format_bytes(v['weights'] + v['kv'])}" for m, v in self.account.snapshot().items()
+            )
+            raise Busy(
+                f"the model {spec.id!r} needs about {format_bytes(need)} beside what loaded models "
+                f"in use or pinned hold ({held}) under max_model_memory {format_bytes(limit)}; "
+                "retry when they are idle",
+                retry_after=5,
+                code="model_memory_busy",
+            )
+
+    def unload(self, model_id: str, force: bool = False) -> bool:
+        """Stop serving ``model_id`` (its cold blocks stay); False when it is in use."""
+        served = self._loaded.get(model_id)
+        if served is None or (not force and (model_id in self.pinned or served.busy(self._clock()))):
+            return False
+        del self._loaded[model_id]
+        served.close()
+        self.account.drop(model_id)
+        del served
+        gc.collect()  # the weights go now, not at the next collection
+        _clear_mlx_cache()
+        log.info("unloaded %s", model_id)
+        return True
+
+    async def reap_idle(self, every: float = 10.0) -> None:
+        """Unload models idle for longer than ``idle_timeout`` (a background task)."""
+        while True:
+            await asyncio.sleep(every)
+            self.unload_idle()
+
+    def unload_idle(self) -> list[str]:
+        if self.idle_timeout is None:
+            return []
+        now = self._clock()
+        idle = [
+            s.id
+            for s in list(self._loaded.values())
+            if s.id not in self.pinned and now - s.last_used > self.idle_timeout and not s.busy(now)
+        ]
+        return [m for m in idle if self.unload(m)]
+
+    def close(self) -> None:
+        for model_id in list(self._loaded):
+            self.unload(model_id, force=True)
+
+
+def _clear_mlx_cache() -> None:
+    """Hand the freed buffers back to the system (MLX keeps a cache of them)."""
+    import sys
+
+    core = sys.modules.get("mlx.core")
+    if core is not None:
+        core.clear_cache()
