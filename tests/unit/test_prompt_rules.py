@@ -73,6 +73,11 @@ def test_names_resolve_to_served_models_through_aliases():
     assert ModelNames(["smol"], answer_any_model=True).resolve("anything") == "smol"
 
 
+def test_a_bare_alias_means_the_default_model_when_several_are_served():
+    names = ModelNames(["a", "emb", "b"], ["claude-*"], default="a")
+    assert names.resolve("claude-sonnet-4") == "a" and names.resolve("b") == "b"
+
+
 def test_bad_aliases_are_refused_at_start():
     with pytest.raises(ValueError, match="not served"):
         ModelNames(["smol"], ["claude-*=other"])

@@ -34,13 +34,17 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
     load_optimized_blas()  # before the first import of mlx below
     log.info(describe_blas())
     from omlx.adapters.mlx.memory import total_ram_bytes
-    from omlx.app.catalog import catalog
+    from omlx.app.catalog import CHAT, catalog
     from omlx.app.model_loader import ModelLoader
 
     closers: list = []
     try:
         specs = catalog(list(settings.model_list), settings.model_dir)
-        names = ModelNames([s.id for s in specs], settings.model_aliases, settings.answer_any_model)
+        chat_ids = [s.id for s in specs if s.task == CHAT]
+        names = ModelNames(
+            [s.id for s in specs], settings.model_aliases, settings.answer_any_model,
+            default=chat_ids[0] if chat_ids else None,
+        )
         account = MemoryAccount(settings.max_model_memory_bytes(total_ram_bytes()))
         ssd = _open_ssd(settings, closers) if settings.cache_enabled and settings.ssd_cache_enabled else None
         pool_ref: list[ModelPool] = []  # the writer asks the pool, built just below, about pins

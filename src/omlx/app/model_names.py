@@ -2,7 +2,8 @@
 
 Agents ask for their own model names (Claude Code: ``claude-opus-…``, ``claude-haiku-…``).
 An alias ``NAME=ID`` answers ``NAME`` with the served model ``ID``; ``NAME`` may be a glob
-(``claude-*``), and a bare ``NAME`` means the one served model. ``answer_any_model`` (one
+(``claude-*``), and a bare ``NAME`` means the default model: the one served model, or with
+several the first chat model named (``--model``) or found (``--model-dir``, in name order). ``answer_any_model`` (one
 served model only) answers every name with it.
 """
 
@@ -28,20 +29,24 @@ class Alias:
         return fnmatch.fnmatchcase(requested, self.name) if self.is_glob else requested == self.name
 
 
-def parse_aliases(specs: Sequence[str], served: Sequence[str]) -> tuple[Alias, ...]:
-    """``NAME=ID`` or ``NAME`` (the only served model); ValueError naming the bad spec."""
+def parse_aliases(
+    specs: Sequence[str], served: Sequence[str], default: str | None = None
+) -> tuple[Alias, ...]:
+    """``NAME=ID`` or ``NAME`` (the default model); ValueError naming the bad spec."""
     aliases = []
     for spec in specs:
         name, eq, target = (part.strip() for part in spec.partition("="))
         if not name:
             raise ValueError(f"model alias {spec!r}: give NAME=MODEL_ID")
         if not eq:
-            if len(served) != 1:
+            if len(served) == 1:
+                default = served[0]
+            if default is None:
                 raise ValueError(
                     f"model alias {spec!r} names no model, and this server serves several: "
                     f"write {name}=MODEL_ID"
                 )
-            target = served[0]
+            target = default
         if target not in served:
             raise ValueError(
                 f"model alias {spec!r} points at {target!r}, which is not served "
@@ -53,10 +58,14 @@ def parse_aliases(specs: Sequence[str], served: Sequence[str]) -> tuple[Alias, .
 
 class ModelNames:
     def __init__(
-        self, served: Sequence[str], aliases: Sequence[str] = (), answer_any_model: bool = False
+        self,
+        served: Sequence[str],
+        aliases: Sequence[str] = (),
+        answer_any_model: bool = False,
+        default: str | None = None,
     ) -> None:
         self.served = tuple(served)
-        self.aliases = parse_aliases(aliases, self.served)
+        self.aliases = parse_aliases(aliases, self.served, default)
         if answer_any_model and len(self.served) != 1:
             raise ValueError("answer_any_model needs exactly one served model")
         self.answer_any_model = answer_any_model

@@ -31,7 +31,11 @@ from omlx.domain.memory import MemoryAccount, format_bytes
 log = logging.getLogger(__name__)
 
 # A model asked for this recently is in use: the gap between choosing it and submitting.
-IN_USE_GRACE_S = 5.0
+IN_USE_GRACE_S = 2.0
+# How long a load waits for busy models to go idle and make room before answering 429:
+# a request for another model queues behind a running one rather than failing at once.
+ROOM_WAIT_S = 120.0
+ROOM_POLL_S = 0.2
 
 
 @dataclass(slots=True)
@@ -92,6 +96,7 @@ class ModelPool:
         account: MemoryAccount | None = None,
         pinned: Sequence[str] = (),
         idle_timeout: float | None = None,
+        room_wait: float = ROOM_WAIT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.specs = {s.id: s for s in specs}
@@ -104,6 +109,7 @@ class ModelPool:
             raise ValueError(f"--pin-model {', '.join(unknown)}: no such model (served: {', '.join(self.specs)})")
         self.pinned = frozenset(pinned)
         self.idle_timeout = idle_timeout
+        self.room_wait = room_wait
         self._clock = clock
         self._loaded: dict[str, Served] = {}
         self._loading: dict[str, asyncio.Future[Served]] = {}  # one load per model at a time
@@ -182,7 +188,7 @@ class ModelPool:
     async def _load_new(self, spec: ModelSpec) -> Served:
         if self._load is None:
             raise InvalidRequest(f"the model {spec.id!r} cannot be loaded here", param="model")
-        self._make_room(spec, self._estimate(spec))
+        await self._wait_for_room(spec, self._estimate(spec))
         started = time.monotonic()
         log.info("loading %s (%s) from %s", spec.id, spec.task, spec.label)
         served = await anyio.to_thread.run_sync(self._load, spec)
@@ -205,6 +211,29 @@ class ModelPool:
                 self.unload(spec.id, force=True)
                 raise
         return served
+
+    async def _wait_for_room(self, spec: ModelSpec, need: int) -> None:
+        """``_make_room``, retried while loaded models are busy, up to ``room_wait`` seconds."""
+        deadline = self._clock() + self.room_wait
+        announced = False
+        while True:
+            try:
+                self._make_room(spec, need)
+                return
+            except Busy:
+                if self._clock() >= deadline or not self._room_after_idle(need):
+                    raise
+                if not announced:
+                    log.info("%s waits for a model in use to go idle and make room", spec.id)
+                    announced = True
+                await asyncio.sleep(ROOM_POLL_S)
+
+    def _room_after_idle(self, need: int) -> bool:
+        """Whether ``need`` would fit once every unpinned model went idle (else waiting is futile)."""
+        limit = self.account.limit_bytes
+        usage = self.account.snapshot()
+        pinned = sum(v["weights"] + v["kv"] for m, v in usage.items() if m in self.pinned)
+        return limit is None or pinned + need <= limit
 
     def _make_room(self, spec: ModelSpec, need: int, beside: str | None = None) -> None:
         """Unload idle, unpinned models (least recently used first) until ``need`` more fits."""
@@ -230,10 +259,14 @@ class ModelPool:
             held = ", ".join(
                 f"{m} {format_bytes(v['weights'] + v['kv'])}" for m, v in self.account.snapshot().items()
             )
+            remedy = (
+                "retry when they are idle"
+                if self._room_after_idle(need)
+                else "pinned models alone leave too little: unpin one (--pin-model) or raise it"
+            )
             raise Busy(
                 f"the model {spec.id!r} needs about {format_bytes(need)} beside what loaded models "
-                f"in use or pinned hold ({held}) under max_model_memory {format_bytes(limit)}; "
-                "retry when they are idle",
+                f"in use or pinned hold ({held}) under max_model_memory {format_bytes(limit)}; {remedy}",
                 retry_after=5,
                 code="model_memory_busy",
             )
