@@ -302,6 +302,7 @@ class FakeBlockSink:
                 rel,
                 now,
                 now,
+                kind=meta.kind,
             )
             self.index.upsert_namespace(namespace)
             if not self.index.add_block(row) and self.index.blocks[meta.key].relpath != rel:

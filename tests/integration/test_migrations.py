@@ -29,7 +29,12 @@ from omlx.adapters.sqlindex.migrate import migrations_dir
 from omlx.adapters.sqlindex.models import Base
 from omlx.adapters.sqlindex.postgres import make_pg_engine
 from omlx.domain.blocks import StoredBlock
-from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace
+from tests.storage_checks import (
+    assert_cache_invariants,
+    make_chain,
+    make_namespace,
+    record_block,
+)
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -243,4 +248,48 @@ def test_concurrent_upgrades_from_two_processes(tmp_path: Path, index_url: str) 
     ]
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], errors
+    assert current_revision(index_url) == head_revision()
+
+
+def test_external_blocks_count_in_cache_usage_and_go_on_downgrade(
+    tmp_path: Path, index_url: str
+) -> None:
+    from alembic import command
+
+    from omlx.adapters.blockfiles.format import RawTensor, pack_layers
+    from omlx.adapters.sqlindex.migrate import alembic_config
+    from omlx.domain.blocks import BlockMeta
+    from omlx.domain.keys import EXTERNAL, external_key
+
+    index, store = connect_index(index_url), FileBlockStore(tmp_path)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    ((meta, _, data),) = make_chain(ns, 1)
+    kv = record_block(store, index, ns, meta, data)
+    h = b"h" * 32
+    ext_meta = BlockMeta(external_key(ns.digest, h), h.hex(), ns.digest, 3, EXTERNAL)
+    ext_data = pack_layers(ext_meta, [(RawTensor("U8", (2,), b"ab"), RawTensor("U8", (1,), b"c"))])
+    checksum = hashlib.sha256(ext_data).hexdigest()
+    rel = store.relpath(ns, ext_meta.key, checksum)
+    store.write(rel, ext_data)
+    ext = StoredBlock(
+        ext_meta.key, ns.digest, h.hex(), 3, len(ext_data), checksum, rel, 2.0, 2.0, kind=EXTERNAL
+    )
+    assert index.add_block(ext)
+    index.close()
+    assert_cache_invariants(tmp_path, index_url=index_url)
+    engine = _engine(index_url)
+    query = text("SELECT blocks, tokens, external_objects, external_bytes FROM cache_usage")
+    with engine.connect() as conn:
+        assert tuple(conn.execute(query).one()) == (2, ns.block_size + 3, 1, len(ext_data))
+    engine.dispose()
+
+    command.downgrade(alembic_config(index_url), "0010")
+    engine = _engine(index_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT key FROM blocks")).scalars().all() == [kv.key]
+        usage = conn.execute(text("SELECT blocks, tokens FROM cache_usage")).one()
+        assert tuple(usage) == (1, ns.block_size)
+    engine.dispose()
+    upgrade(index_url)
     assert current_revision(index_url) == head_revision()

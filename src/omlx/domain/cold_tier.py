@@ -1,7 +1,9 @@
 """The cold tier (DESIGN §4): verified blocks from the store, write-through puts, batched recency.
 
 A block is served only when the store found its file matching the index row's size
-and checksum and its tokens rehash to its key; anything else is logged, counted,
+and checksum and its tokens rehash to its key (an ``external`` block, saved by the
+library API under its caller's hash, has no tokens: its key must follow from that
+hash, and its checksum is the check of its bytes); anything else is logged, counted,
 removed (row, then file) and recomputed by the caller. A prefix's blocks are asked
 for in one batch (``get_many``): one index query, then the store's ``read_many``, which
 reads ahead as its medium suits while this thread decodes in order. Pure: how files
@@ -26,7 +28,7 @@ from omlx.domain.blocks import (
     ReadFailure,
     StoredBlock,
 )
-from omlx.domain.keys import KV, block_key, object_key
+from omlx.domain.keys import EXTERNAL, KV, rederives
 from omlx.domain.ports import BlockIndex, BlockSink, BlockStore, Clock, IndexUnavailable
 
 log = logging.getLogger(__name__)
@@ -190,7 +192,9 @@ class ColdTier:
         self._store.close()
 
     def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> None:
-        if meta.namespace != self.namespace.digest or len(tokens) != meta.token_count:
+        # An external block covers token_count positions but carries none of the tokens.
+        carried = 0 if meta.kind == EXTERNAL else meta.token_count
+        if meta.namespace != self.namespace.digest or len(tokens) != carried:
             log.error("block %s does not match this namespace or its tokens; not stored", meta.key)
             self._count("dropped")
             return
@@ -295,13 +299,18 @@ class ColdTier:
             decoded = self._decode(read.data)
         except Exception as exc:  # a codec bug on a bad file must not fail the request
             return None, f"it cannot be decoded ({exc})"
-        # A restore point's object is named by its kind and the key of the tokens up to it.
-        if object_key(row.kind, block_key(parent_key, decoded.tokens)) != row.key:
+        # A restore point's object is named by its kind and the key of the tokens up to it;
+        # an external block by its namespace and its caller's hash.
+        if not rederives(row.kind, row.key, parent_key, decoded.tokens, row.namespace):
+            if row.kind == EXTERNAL:
+                return None, "its key does not follow from its caller's hash"
             return None, "its tokens do not rehash to its key"
         if decoded.metadata.get("kind", KV) != row.kind:
             return None, f"its file holds a {decoded.metadata.get('kind')!r} object, the row a {row.kind!r}"
         if decoded.metadata.get("key", row.key) != row.key:
             return None, "its metadata names another key"
+        if row.kind == EXTERNAL and decoded.metadata.get("parent_key") != parent_key:
+            return None, "its metadata names another caller's hash"
         return decoded, ""
 
     def _drop(self, row: StoredBlock, problem: str, counter: str) -> None:

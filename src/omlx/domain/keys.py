@@ -24,11 +24,15 @@ from typing import Any
 CACHE_FORMAT_VERSION = 2  # 2: cache layouts (state and window objects), grouped KV layers
 
 # Kinds of stored objects. ``kv``: a block's KV of the full-attention layers, named by its
-# block key. The others belong to a *restore point* (a position, named by the chain key
-# of the tokens up to it, its *anchor*): ``window`` holds a block's KV of the sliding-window
-# layers, ``state`` the recurrent layers' state after the anchor's last token.
-KV, WINDOW, STATE = "kv", "window", "state"
-KINDS = (KV, WINDOW, STATE)
+# block key. ``window`` and ``state`` belong to a *restore point* (a position, named by the
+# chain key of the tokens up to it, its *anchor*): ``window`` holds a block's KV of the
+# sliding-window layers, ``state`` the recurrent layers' state after the anchor's last token.
+# ``external``: a block saved through the library API (``omlx.cache``) under a hash its
+# caller chose; it carries no tokens, so nothing rehashes to its key and the checksum the
+# index records is its integrity check (``external_key`` says how its key is made).
+KV, WINDOW, STATE, EXTERNAL = "kv", "window", "state", "external"
+KINDS = (KV, WINDOW, STATE, EXTERNAL)
+EXTERNAL_HASH_MAX = 32  # bytes of a caller's block hash: its hex must fit the parent_key column
 
 
 def namespace_digest(identity: Mapping[str, Any]) -> str:
@@ -57,6 +61,35 @@ def object_key(kind: str, anchor: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"unknown object kind {kind!r}")
     return hashlib.sha256(kind.encode() + b"\0" + bytes.fromhex(anchor)).hexdigest()
+
+
+def external_key(namespace: str, block_hash: bytes) -> str:
+    """The index key of the block a caller names ``block_hash`` in ``namespace``.
+
+    The caller's hash is scoped by the namespace (two models may use one hash) and kept,
+    as hex, in the row's ``parent_key``: the key re-derives from the row alone.
+    """
+    if not 0 < len(block_hash) <= EXTERNAL_HASH_MAX:
+        raise ValueError(
+            f"a block hash must be 1 to {EXTERNAL_HASH_MAX} bytes, got {len(block_hash)}"
+        )
+    anchor = hashlib.sha256(bytes.fromhex(namespace) + bytes(block_hash)).hexdigest()
+    return object_key(EXTERNAL, anchor)
+
+
+def rederives(kind: str, key: str, parent_key: str, tokens: Sequence[int], namespace: str) -> bool:
+    """Whether a stored object's ``key`` follows from what names it: the integrity check by kind.
+
+    A KV block or restore-point object: its tokens rehash, from ``parent_key``, to the key.
+    An external block has no tokens: its key must follow from its namespace and its
+    caller's hash (``parent_key``); its bytes are checked by their checksum alone.
+    """
+    if kind == EXTERNAL:
+        try:
+            return not tokens and external_key(namespace, bytes.fromhex(parent_key)) == key
+        except ValueError:  # a parent_key that is no caller's hash
+            return False
+    return object_key(kind, block_key(parent_key, tokens)) == key
 
 
 def chain_keys(namespace: str, tokens: Sequence[int], block_size: int) -> list[str]:

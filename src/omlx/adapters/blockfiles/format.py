@@ -5,20 +5,24 @@ Layout: 8-byte little-endian header length, a JSON header (``dtype``, ``shape``,
 8-byte boundary, then the tensors' bytes back to back. Any safetensors reader loads it.
 Block files put ``tokens`` first, then every ``k.<i>``, then every ``v.<i>``, so each
 side's layers are one span a reader can take whole (``joined``); readers accept any order.
+External blocks (the library API's, ``pack_layers``) hold their caller's per-layer entries
+as ``e.<entry>.<n>`` tensors, the entries' shape in their ``layers`` metadata.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import struct
 import sys
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from omlx.domain.blocks import BlockMeta
-from omlx.domain.keys import CACHE_FORMAT_VERSION
+from omlx.domain.keys import CACHE_FORMAT_VERSION, EXTERNAL
 
 # Bytes per element, in safetensors' own dtype spelling.
 DTYPE_SIZES: dict[str, int] = {
@@ -41,6 +45,7 @@ DTYPE_SIZES: dict[str, int] = {
 
 METADATA_KEYS = ("format_version", "namespace", "key", "parent_key", "token_count", "layer_count")
 _MAX_HEADER = 100_000_000  # safetensors' own limit; a larger length means a broken file
+MAX_LAYER_DEPTH = 8  # nesting of an external block's entries (an mlx-lm CacheList's state: 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,10 +237,15 @@ def unpack_block(data: bytes) -> tuple[tuple[int, ...], dict[str, RawTensor], di
         token_count, layer_count = int(metadata["token_count"]), int(metadata["layer_count"])
     except ValueError:
         raise ValueError("token_count and layer_count must be integers") from None
-    if token_count != len(tokens):
-        raise ValueError(f"metadata says {token_count} tokens, tensor has {len(tokens)}")
     kind = metadata.get("kind", "kv")
-    if kind == "state":
+    if kind == EXTERNAL:
+        # It covers token_count positions its caller keyed; the tokens are not its to keep.
+        if tokens or token_count < 0:
+            raise ValueError("an external block carries no tokens and a token count >= 0")
+        unpack_layers(tensors, metadata)  # raises on a missing or stray tensor
+    elif token_count != len(tokens):
+        raise ValueError(f"metadata says {token_count} tokens, tensor has {len(tokens)}")
+    elif kind == "state":
         try:
             slots = json.loads(metadata["state_slots"])
             names = {f"s.{leaf}.{j}" for leaf, count in slots for j in range(count)}
@@ -266,3 +276,89 @@ def kv_layers(
     if len(tensors) != 2 * len(leaves):
         raise ValueError("block file has tensors its leaves do not list")
     return layers
+
+
+def pack_layers(meta: BlockMeta, layers: Sequence[Any]) -> bytearray:
+    """An external block file: empty ``tokens``, each entry's tensors, the entries' shape.
+
+    ``layers`` holds one entry per layer: a tree of ``RawTensor``, ``None``, ints, strings,
+    tuples and lists (a ``(keys, values)`` pair, an mlx-lm cache's ``state``, which for a
+    ``CacheList`` names its caches' classes). The ``layers``
+    metadata records each tree with tensor names in the tensors' places, so
+    :func:`unpack_layers` gives back the very same shape, tuples as tuples.
+    """
+    if meta.kind != EXTERNAL:
+        raise ValueError(f"pack_layers writes external blocks, not {meta.kind!r} objects")
+    tensors: dict[str, RawTensor] = {"tokens": tokens_tensor(())}
+    docs = []
+    for i, layer in enumerate(layers):
+        docs.append(_layer_doc(layer, _namer(tensors, i), f"entry {i}", 0))
+    layers_json = json.dumps(docs, separators=(",", ":"))
+    return encode_block(tensors, block_metadata(meta, len(layers), layers=layers_json))
+
+
+def unpack_layers(tensors: Mapping[str, RawTensor], metadata: Mapping[str, str]) -> list[Any]:
+    """An external block's entries, ``RawTensor`` in the tensors' places; every tensor used once."""
+    try:
+        docs = json.loads(metadata["layers"])
+    except (KeyError, ValueError):
+        raise ValueError("an external block needs its layers") from None
+    if not isinstance(docs, list) or len(docs) != int(metadata["layer_count"]):
+        raise ValueError("an external block's layers do not match its layer_count")
+    used: set[str] = set()
+    layers = [_layer_of(doc, tensors, used, f"entry {i}", 0) for i, doc in enumerate(docs)]
+    if used != set(tensors):
+        raise ValueError(f"tensors {sorted(set(tensors) - used)} are in no layer")
+    return layers
+
+
+def _namer(tensors: dict[str, RawTensor], entry: int) -> Callable[[RawTensor], str]:
+    """Adds an entry's tensors to ``tensors`` as ``e.<entry>.<n>``, in depth-first order."""
+    count = itertools.count()
+
+    def name_of(tensor: RawTensor) -> str:
+        name = f"e.{entry}.{next(count)}"
+        tensors[name] = tensor
+        return name
+
+    return name_of
+
+
+def _layer_doc(value: Any, name_of: Callable[[RawTensor], str], where: str, depth: int) -> Any:
+    """JSON for one entry: a tensor's name, null, an int, ``{"s": text}`` (a string), a list,
+    or ``{"t": [...]}`` (a tuple)."""
+    if depth > MAX_LAYER_DEPTH:
+        raise ValueError(f"{where} nests deeper than {MAX_LAYER_DEPTH} levels")
+    if isinstance(value, RawTensor):
+        return name_of(value)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, str):
+        return {"s": value}
+    if isinstance(value, tuple | list):
+        items = [_layer_doc(v, name_of, f"{where}[{j}]", depth + 1) for j, v in enumerate(value)]
+        return {"t": items} if isinstance(value, tuple) else items
+    raise ValueError(f"{where}: a {type(value).__name__} cannot be stored in a block")
+
+
+def _layer_of(
+    doc: Any, tensors: Mapping[str, RawTensor], used: set[str], where: str, depth: int
+) -> Any:
+    if depth > MAX_LAYER_DEPTH:
+        raise ValueError(f"{where} nests deeper than {MAX_LAYER_DEPTH} levels")
+    if isinstance(doc, str):
+        if doc not in tensors or doc in used:
+            raise ValueError(f"{where} names tensor {doc!r}, missing or named twice")
+        used.add(doc)
+        return tensors[doc]
+    if doc is None or (isinstance(doc, int) and not isinstance(doc, bool)):
+        return doc
+    if isinstance(doc, dict) and set(doc) == {"s"} and isinstance(doc["s"], str):
+        return doc["s"]
+    if isinstance(doc, dict) and set(doc) == {"t"} and isinstance(doc["t"], list):
+        return tuple(
+            _layer_of(d, tensors, used, f"{where}[{j}]", depth + 1) for j, d in enumerate(doc["t"])
+        )
+    if isinstance(doc, list):
+        return [_layer_of(d, tensors, used, f"{where}[{j}]", depth + 1) for j, d in enumerate(doc)]
+    raise ValueError(f"{where}: {doc!r} is not part of a layer")

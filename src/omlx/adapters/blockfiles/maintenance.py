@@ -18,7 +18,7 @@ from typing import Protocol, TypeVar
 from omlx.adapters.blockfiles.format import unpack_block
 from omlx.adapters.blockfiles.store import FileBlockStore, key_of
 from omlx.domain.blocks import StoredBlock
-from omlx.domain.keys import block_key, object_key
+from omlx.domain.keys import EXTERNAL, rederives
 from omlx.domain.ports import BlockIndex
 
 T = TypeVar("T")
@@ -65,10 +65,16 @@ def check_block(store: FileBlockStore, block: StoredBlock) -> str | None:
         tokens, _, metadata = unpack_block(data)
     except ValueError as exc:
         return f"malformed: {exc}"
-    if object_key(block.kind, block_key(block.parent_key, tokens)) != block.key:
+    # An external block (the library API's) has no tokens: its key must follow from its
+    # caller's hash, and the checksum above was the check of its bytes.
+    if not rederives(block.kind, block.key, block.parent_key, tokens, block.namespace):
+        if block.kind == EXTERNAL:
+            return "the key does not follow from the caller's hash"
         return "tokens do not rehash to the key"
     if metadata["key"] != block.key or metadata["namespace"] != block.namespace:
         return "metadata names another block"
+    if block.kind == EXTERNAL and metadata["parent_key"] != block.parent_key:
+        return "metadata names another caller's hash"
     if metadata.get("kind", "kv") != block.kind:
         return f"the file holds a {metadata.get('kind')!r} object, the row a {block.kind!r}"
     return None
