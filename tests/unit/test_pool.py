@@ -21,6 +21,7 @@ GB = 10**9
 class Engine:
     def __init__(self) -> None:
         self.active = self.queued = 0
+        self.last_submitted = 0.0
         self.stopped = False
 
     def stop(self) -> None:
@@ -134,6 +135,17 @@ def test_a_load_waits_for_a_busy_model_to_go_idle():
         return await asyncio.wait_for(load_b, 5)
 
     assert run(scenario()).id == "b" and pool.state("a") == "available"
+
+
+def test_a_model_is_in_use_from_its_choice_until_its_request_reaches_the_engine():
+    pool, _, clock = pool_of({"a": 3 * GB, "b": 3 * GB}, limit=4 * GB)
+    pool.room_wait = 0
+    a = run(pool.acquire("a"))
+    with pytest.raises(Busy):  # chosen, not submitted yet: rendering or tokenizing
+        run(pool.acquire("b"))
+    a.engine.last_submitted = clock.now()  # submitted and already finished
+    run(pool.acquire("b"))
+    assert pool.state("a") == "available"
 
 
 def test_a_load_that_only_pinned_models_block_fails_at_once():

@@ -33,7 +33,7 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
     """
     load_optimized_blas()  # before the first import of mlx below
     log.info(describe_blas())
-    from omlx.adapters.mlx.memory import total_ram_bytes
+    from omlx.adapters.mlx.memory import return_freed_memory, total_ram_bytes
     from omlx.app.catalog import CHAT, catalog
     from omlx.app.model_loader import ModelLoader
 
@@ -56,6 +56,7 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
         pool = ModelPool(
             specs, names, load=loader.load, estimate=loader.estimate, account=account,
             pinned=settings.pin_models, idle_timeout=settings.model_idle_timeout or None,
+            release_memory=return_freed_memory,
         )
         pool_ref.append(pool)
         closers.append(pool.close)  # after the engines stop, the writer drains (closers reversed)

@@ -30,8 +30,10 @@ from omlx.domain.memory import MemoryAccount, format_bytes
 
 log = logging.getLogger(__name__)
 
-# A model asked for this recently is in use: the gap between choosing it and submitting.
-IN_USE_GRACE_S = 2.0
+# A model is in use from the moment a request chooses it until that request reaches its
+# engine (rendering and tokenizing come between); a request that fails before it gets
+# there holds the model this long at most.
+IN_USE_GRACE_S = 5.0
 # How long a load waits for busy models to go idle and make room before answering 429:
 # a request for another model queues behind a running one rather than failing at once.
 ROOM_WAIT_S = 120.0
@@ -65,8 +67,11 @@ class Served:
         return self.spec.task
 
     def busy(self, now: float) -> bool:
-        if now - self.last_used < IN_USE_GRACE_S:
-            return True
+        submitted = max(
+            getattr(self.generation, "last_submitted", 0.0), getattr(self.engine, "last_submitted", 0.0)
+        )
+        if submitted < self.last_used and now - self.last_used < IN_USE_GRACE_S:
+            return True  # chosen by a request that has not reached the engine yet
         engine = self.engine
         running = getattr(engine, "active", 0) + getattr(engine, "queued", 0)
         in_flight = getattr(self.generation, "in_flight", 0)
@@ -97,6 +102,7 @@ class ModelPool:
         pinned: Sequence[str] = (),
         idle_timeout: float | None = None,
         room_wait: float = ROOM_WAIT_S,
+        release_memory: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.specs = {s.id: s for s in specs}
@@ -110,6 +116,7 @@ class ModelPool:
         self.pinned = frozenset(pinned)
         self.idle_timeout = idle_timeout
         self.room_wait = room_wait
+        self._release_memory = release_memory  # after an unload: freed buffers back to the OS
         self._clock = clock
         self._loaded: dict[str, Served] = {}
         self._loading: dict[str, asyncio.Future[Served]] = {}  # one load per model at a time
@@ -281,7 +288,7 @@ class ModelPool:
         self.account.drop(model_id)
         del served
         gc.collect()  # the weights go now, not at the next collection
-        _clear_mlx_cache()
+        self._release_memory()
         log.info("unloaded %s", model_id)
         return True
 
@@ -305,12 +312,3 @@ class ModelPool:
     def close(self) -> None:
         for model_id in list(self._loaded):
             self.unload(model_id, force=True)
-
-
-def _clear_mlx_cache() -> None:
-    """Hand the freed buffers back to the system (MLX keeps a cache of them)."""
-    import sys
-
-    core = sys.modules.get("mlx.core")
-    if core is not None:
-        core.clear_cache()

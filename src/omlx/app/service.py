@@ -59,6 +59,7 @@ class GenerationService:
         self.default_max_tokens = default_max_tokens
         self.observer: GenerationObserver | None = None
         self.in_flight = 0  # generations being streamed (the event loop's count: the pool reads it)
+        self.last_submitted = 0.0  # time.monotonic() of the latest submit (read by the pool)
 
     # ---- prompts ----------------------------------------------------------
 
@@ -164,6 +165,7 @@ class GenerationService:
         started = time.monotonic()
         job_id = self.engine.submit(request, emit)
         self.in_flight += 1
+        self.last_submitted = time.monotonic()
         finished = first = False
         # One pending get, reused across quiet spells, so a timeout never loses an event.
         getter: asyncio.Future[GenerationEvent] | None = None

