@@ -56,8 +56,9 @@ def build_tokenizer(out: Path, vocab_size: int = 384) -> None:
     )
 
 
-def build_tiny_model(out: Path, seed: int = 0, layers: int = 2) -> Path:
-    """Write an mlx-lm llama folder with seeded random weights into ``out``."""
+def build_tiny_model(out: Path, seed: int = 0, layers: int = 2, **config_overrides: object) -> Path:
+    """Write an mlx-lm llama folder with seeded random weights into ``out``
+    (``config_overrides``: other config.json values, e.g. a wider model)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
@@ -77,6 +78,7 @@ def build_tiny_model(out: Path, seed: int = 0, layers: int = 2) -> Path:
         "rope_theta": 10000.0,
         "max_position_embeddings": 2048,
         "tie_word_embeddings": False,
+        **config_overrides,
     }
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(config))
