@@ -69,9 +69,14 @@ def run_conversation(
     turns: list[str],
     max_tokens: int = 12,
     prompts: list | None = None,
+    keep_finished: int = 2,
+    engines: list | None = None,
 ):
     cache = make_prefix_cache(model, block_size) if block_size else None
-    engine = MLXEngine(model, cache, EngineConfig(max_concurrent=4, prefill_step_size=64))
+    config = EngineConfig(max_concurrent=4, prefill_step_size=64, keep_finished=keep_finished)
+    engine = MLXEngine(model, cache, config)
+    if engines is not None:
+        engines.append(engine)
     engine.start()
     try:
         return converse(model, engine, turns, max_tokens, prompts), cache
@@ -107,6 +112,16 @@ def test_three_turns_identical_with_and_without_cache_tiny(tiny, block_size):
     stats = cache.stats()
     assert stats.partial_hits == 2 and stats.hit_tokens == sum(c for _, _, c in cached)
     assert cache.hot.stats().bytes <= cache.hot.stats().max_bytes
+    assert cache.hot.stats().pinned == 0
+
+
+def test_a_next_turn_continues_the_previous_cache_in_place_to_the_same_output(tiny):
+    engines: list = []
+    restored, _ = run_conversation(tiny, 16, TURNS, keep_finished=0, engines=engines)
+    continued, cache = run_conversation(tiny, 16, TURNS, engines=engines)
+    assert continued == restored  # texts, prompt lengths and cached tokens alike
+    assert engines[0].finished_caches.continued == 0
+    assert engines[1].finished_caches.continued == len(TURNS) - 1
     assert cache.hot.stats().pinned == 0
 
 

@@ -8,7 +8,9 @@ reasoning, answer and tool calls) happens here once.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,7 +149,9 @@ class ChatPipeline:
         ``previous_id`` names the conversation's previous turn for diagnostics; without
         it, the recent turn sharing the longest prompt prefix is taken.
         """
+        started = time.monotonic()
         prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
+        rendered = time.monotonic() - started
         s = chat.sampling
         request = self.service.build_request(
             prompt.tokens,
@@ -159,6 +163,7 @@ class ChatPipeline:
             stop=s.stop,
             max_tokens_param=s.max_tokens_param,
         )
+        request = dataclasses.replace(request, render_seconds=rendered)
         splitter = OutputSplitter(
             self.format,
             tools=chat.tools,

@@ -85,6 +85,7 @@ class ModelLoader:
         """A loaded chat model's cache tiers, engine thread and services."""
         from omlx.adapters.mlx.encoders import weights_bytes
         from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
+        from omlx.adapters.mlx.prompt_tokens import PrefixReusingEncoder, fast_backend
 
         settings = self.settings
         served = Served(spec, model, engine=None, weights=weights_bytes(model.model))
@@ -102,6 +103,8 @@ class ModelLoader:
                 max_concurrent=settings.max_concurrent_requests,
                 prefill_step_size=settings.prefill_step_size,
                 kv_memory_limit=self.kv_memory_limit,
+                # Kept finished caches duplicate hot-tier blocks: a quarter of the guard at most.
+                keep_finished_bytes=min(2 << 30, self.kv_memory_limit // 4) if self.kv_memory_limit else 2 << 30,
             ),
             account=self.account,
         )
@@ -114,9 +117,11 @@ class ModelLoader:
             )
         engine.start()
         served.closers.append(engine.stop)  # last added, closed first: nothing is stored after
+        backend = fast_backend(model.tokenizer)
         generation = GenerationService(
             engine, model, max_queued=settings.max_queued_requests,
             default_max_tokens=settings.default_max_tokens,
+            encode=PrefixReusingEncoder(backend).encode if backend is not None else None,
         )
         served.engine = engine
         served.generation = generation

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,11 +50,20 @@ class GenerationService:
     """What the HTTP controllers call; knows the model's tokenizer and the engine."""
 
     def __init__(
-        self, engine: Any, model: Any, *, max_queued: int, default_max_tokens: int
+        self,
+        engine: Any,
+        model: Any,
+        *,
+        max_queued: int,
+        default_max_tokens: int,
+        encode: Callable[[str], list[int]] | None = None,
     ) -> None:
         self.engine = engine
         self.model = model
         self.tokenizer = model.tokenizer
+        # The tokenizer's own encode unless a faster equal one is given (a growing
+        # conversation's tokens reused: adapters.mlx.prompt_tokens).
+        self._encode = encode or (lambda text: list(self.tokenizer.encode(text, add_special_tokens=False)))
         self.max_queued = max_queued
         self.default_max_tokens = default_max_tokens
         self.observer: GenerationObserver | None = None
@@ -66,7 +75,7 @@ class GenerationService:
     def encode_text(self, text: str, param: str = "messages") -> list[int]:
         # The rendered template already holds its special tokens; don't add a BOS twice.
         try:
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
+            return self._encode(text)
         except Exception as exc:  # e.g. lone surrogates from a JSON \ud800 escape
             raise InvalidRequest(f"the text cannot be tokenized: {exc}", param=param) from exc
 

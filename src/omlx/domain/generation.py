@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# A request's time to first token, phase by phase: the app's rendering and tokenizing,
+# the wait for a batch slot, the prefix lookup, the restore of the matched blocks into a
+# fresh cache, admission into the batch, the prefill of the uncached tail, and the step
+# from the prefilled prompt to the first token.
+PHASES = ("render", "queue", "lookup", "restore", "admit", "prefill", "first_step")
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -19,6 +25,9 @@ class GenerationRequest:
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
+    # Seconds the app spent turning the request into tokens (template, tokenizer), so the
+    # engine's per-request breakdown covers what the client waited for.
+    render_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +56,8 @@ class Finished:
     completion_tokens: int
     cached_tokens: int
     stop_sequence: str | None = None  # the stop string that ended it, if one did
+    # Where its time to first token went, in PHASES order (seconds; empty: no token came).
+    phases: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

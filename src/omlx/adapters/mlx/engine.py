@@ -32,12 +32,14 @@ from omlx.adapters.mlx.loader import LoadedModel
 from omlx.adapters.mlx.memory import measure_kv_cost
 from omlx.adapters.mlx.sampling import Sampler, make_sampler
 from omlx.domain.generation import (
+    PHASES,
     Failed,
     Finished,
     GenerationEvent,
     GenerationRequest,
     PrefillProgress,
     PrefillStarted,
+    SamplingParams,
     StopStringMatcher,
     TextDelta,
 )
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Emit = Callable[[GenerationEvent], None]
+_GREEDY = SamplingParams()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,15 @@ class EngineConfig:
     prefill_step_size: int = 256
     # Bytes of KV for the running requests plus the hot tier; None: no memory guard.
     kv_memory_limit: int | None = None
+    # Run a tiny generation on the engine thread before the first request (see _warm_up).
+    warm_up: bool = True
+    # Finished requests' caches kept to be continued in place by the next turn of their
+    # conversation (see ``FinishedCaches``); 0 turns it off.
+    keep_finished: int = 2
+    keep_finished_bytes: int = 2 << 30
+    # Idle this long, the engine hands MLX's freed buffers back to the system; sooner, an
+    # agent's next turn reuses them instead of faulting fresh pages in.
+    release_buffers_after_s: float = 60.0
 
 
 @dataclass(slots=True)
@@ -79,9 +91,11 @@ class _Job:
     hit_lost: int = 0  # KV-matched tokens recomputed for want of a restore point (hybrids)
     prefilled: int = 0  # prompt positions in its cache so far (restored or computed)
     capture: RequestCapture | None = None
+    continued: bool = False  # its cache is a finished request's, continued in place
     done: bool = False
     waited_epoch: int = -1  # the batch state in which it last had to wait for memory
-    times: dict[str, float] = field(default_factory=dict)
+    times: dict[str, float] = field(default_factory=dict)  # time.monotonic() marks
+    spent: dict[str, float] = field(default_factory=dict)  # seconds of lookup, restore, admit
 
     @property
     def length(self) -> int:
@@ -121,6 +135,8 @@ class MLXEngine:
         budget = KVBudget(limit, cost.per_token, cost) if cost is not None else None
         self.scheduler = Scheduler(self.config.max_concurrent, budget, account, model.model_id)
         self.last_step_at = time.monotonic()
+        self.finished_caches = FinishedCaches(self.config.keep_finished, self.config.keep_finished_bytes)
+        self._buffers_held = False  # MLX holds freed buffers worth releasing when idle
 
     @property
     def budget(self) -> KVBudget | None:
@@ -171,9 +187,14 @@ class MLXEngine:
 
     def _run(self) -> None:
         self._generator = self._new_generator()
+        if self.config.warm_up:
+            self._warm_up()
         while not self._stopping.is_set():
             busy = bool(self._running)
-            self._drain_inbox(block=not busy and not self.scheduler.has_waiting)
+            idle = not busy and not self.scheduler.has_waiting
+            if idle:
+                self._release_buffers_if_idle()
+            self._drain_inbox(block=idle)
             self._admit_waiting()
             if not self._running:
                 continue
@@ -184,6 +205,42 @@ class MLXEngine:
                 self._fail_all(f"generation failed: {exc}")
         for job in list(self._jobs.values()):
             self._finish(job, "cancelled", cache=None, tokens=None)
+
+    def _warm_up(self) -> None:
+        """Pay the one-time costs before a request does: the weights' pages (safetensors
+        are mapped, not read, until a forward pass touches them), MLX's compiled kernels
+        (sampling, activations), the batcher's restored-cache and decode paths and their
+        buffers. Two rows, one continuing a restored cache, one sampling at a temperature;
+        nothing reaches the prefix cache, the metrics or a client. Requests that arrive
+        meanwhile wait in the inbox.
+        """
+        started = time.monotonic()
+        try:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            model, token = self.model.model, self._eos[0] if self._eos else 0
+            restored = make_prompt_cache(model)
+            model(mx.array([[token] * 8]), cache=restored)
+            mx.eval([c.state for c in restored])
+            uids = self._generator.insert_segments(
+                [[[token] * 4], [[token] * 12]],
+                max_tokens=[2, 2],
+                caches=[restored, None],
+                all_tokens=[[token] * 8, []],
+                samplers=[self._sampler(_GREEDY), make_sampler(0.7, 0.95, 20, seed=0)],
+            )
+            pending = set(uids)
+            for _ in range(64):  # a bound: two rows of two tokens need a handful of steps
+                _, generated = self._generator.next()
+                pending -= {r.uid for r in generated if r.finish_reason is not None}
+                if not pending:
+                    break
+            self._generator.remove(list(pending))
+        except Exception:  # a model the warm-up cannot drive still serves requests
+            log.warning("warm-up of %s failed; the first request pays its costs", self.model.model_id, exc_info=True)
+            self._generator = self._new_generator()
+            return
+        log.info("warmed up %s in %.2f s", self.model.model_id, time.monotonic() - started)
 
     def _new_generator(self) -> BatchGenerator:
         return BatchGenerator(
@@ -235,7 +292,8 @@ class MLXEngine:
         """The hot tier gives RAM back for ``job`` (its own prefix pinned first); bytes left."""
         assert self.prefix_cache is not None
         if job.hit is None:  # pin its prefix: the shrink must not evict what it will restore
-            job.hit = self.prefix_cache.lookup(job.request.prompt_tokens)
+            job.hit = self._lookup(job)
+        self.finished_caches.clear()  # copies of what the hot tier holds: they go first
         before = self.prefix_cache.hot_bytes()
         left = self.prefix_cache.make_room(room)
         if left < before:
@@ -247,7 +305,8 @@ class MLXEngine:
         account = self.scheduler.account
         if account is not None:
             hot = self.prefix_cache.hot_bytes() if self.prefix_cache is not None else 0
-            account.set_kv(self.model.model_id, self.scheduler.reserved_bytes() + hot)
+            kept = self.finished_caches.nbytes
+            account.set_kv(self.model.model_id, self.scheduler.reserved_bytes() + hot + kept)
 
     def _refuse(self, job: _Job) -> None:
         message = self.scheduler.refusal(job, len(job.request.prompt_tokens), job.request.max_tokens)
@@ -266,16 +325,30 @@ class MLXEngine:
             sampler = self._samplers[key] = make_sampler(params.temperature, params.top_p, params.top_k)
         return sampler
 
+    def _lookup(self, job: _Job) -> PrefixHit:
+        started = time.monotonic()
+        job.times.setdefault("considered", started)
+        hit = self.prefix_cache.lookup(job.request.prompt_tokens)
+        job.spent["lookup"] = job.spent.get("lookup", 0.0) + time.monotonic() - started
+        return hit
+
     def _admit(self, job: _Job) -> None:
         tokens = list(job.request.prompt_tokens)
+        job.times.setdefault("considered", time.monotonic())
         cache = None
         if self.prefix_cache is not None:
             if job.hit is None:
-                job.hit = self.prefix_cache.lookup(tokens)
+                job.hit = self._lookup(job)
             job.cached_tokens = job.hit.cached_tokens
             job.hit_lost = job.hit.lost_tokens
             if job.cached_tokens:
-                cache = self.prefix_cache.restore(job.hit)
+                started = time.monotonic()
+                cache = self.finished_caches.take(tokens, job.cached_tokens)
+                if cache is None:
+                    cache = self.prefix_cache.restore(job.hit)
+                else:
+                    job.continued = True
+                job.spent["restore"] = time.monotonic() - started
             job.capture = self.prefix_cache.capture(tokens, job.hit)
         job.times["admitted"] = time.monotonic()
         plan = job.capture.plan if job.capture is not None else ()
@@ -289,6 +362,7 @@ class MLXEngine:
         )
         job.detok = self.model.tokenizer.detokenizer
         job.stops = StopStringMatcher(job.request.stop)
+        job.times["inserted"] = time.monotonic()
         self._running[job.uid] = job
         job.emit(PrefillStarted(job.cached_tokens, len(tokens)))
 
@@ -313,7 +387,9 @@ class MLXEngine:
         self.last_step_at = time.monotonic()
         for r in prompt_responses:
             job = self._running.get(r.uid)
-            if job is not None and not r.end_of_prompt:
+            if job is not None and r.end_of_prompt:
+                job.times.setdefault("prefilled", self.last_step_at)
+            elif job is not None:
                 done, total = r.progress
                 job.prefilled = done + job.cached_tokens
                 job.emit(PrefillProgress(job.prefilled, total + job.cached_tokens))
@@ -389,6 +465,7 @@ class MLXEngine:
                 job.completion_tokens,
                 job.cached_tokens,
                 job.stops.matched if job.stops is not None else None,
+                phases_of(job),
             )
         )
         self._log_finished(job, reason)
@@ -404,10 +481,30 @@ class MLXEngine:
             finally:
                 self.prefix_cache.record_store(time.perf_counter() - started)
         self._jobs.pop(job.id, None)
-        if not self._running:
-            mx.clear_cache()  # idle: hand the freed KV buffers back, not just to MLX's pool
+        if cache is not None and tokens and self.prefix_cache is not None and self.prefix_cache.layout.plain:
+            self.finished_caches.keep(tokens, cache)
+            self._report_memory()
+        self._buffers_held = True
+
+    def _release_buffers_if_idle(self) -> None:
+        """Idle past ``release_buffers_after_s``: MLX's buffer pool and kept caches go back."""
+        if self._buffers_held and time.monotonic() - self.last_step_at > self.config.release_buffers_after_s:
+            self.finished_caches.clear()
+            mx.clear_cache()
+            self._buffers_held = False
+            self._report_memory()
 
     def _log_finished(self, job: _Job, reason: str) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            phases = phases_of(job)
+            if phases:
+                log.debug(
+                    "request %d time to first token: %s", job.id,
+                    ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in phases),
+                )
+        self._log_summary(job, reason)
+
+    def _log_summary(self, job: _Job, reason: str) -> None:
         """One line per request: what it cost, what the cache saved, how long it waited."""
         t = job.times
         first = t.get("first_token")
@@ -451,5 +548,83 @@ class MLXEngine:
             job.emit(Failed(message))
         self._running.clear()
         self.scheduler.clear()
+        self.finished_caches.clear()
         self._generator = self._new_generator()
         mx.clear_cache()
+
+
+def phases_of(job: _Job) -> tuple[tuple[str, float], ...]:
+    """Its time to first token by phase (``PHASES``); empty when no token came.
+
+    The marks are taken on the engine thread: ``considered`` when the scheduler first
+    looked at it, ``admitted`` after lookup and restore, ``inserted`` once in the
+    batcher, ``prefilled`` at the step that finished its prompt, ``first_token``.
+    """
+    t = job.times
+    if "first_token" not in t or "inserted" not in t:
+        return ()
+    lookup, restore = job.spent.get("lookup", 0.0), job.spent.get("restore", 0.0)
+    prefilled = t.get("prefilled", t["first_token"])
+    spans = {
+        "render": job.request.render_seconds,
+        "queue": max(t["admitted"] - job.submitted - lookup - restore, 0.0),
+        "lookup": lookup,
+        "restore": restore,
+        "admit": t["inserted"] - t["admitted"],
+        "prefill": max(prefilled - t["inserted"], 0.0),
+        "first_step": max(t["first_token"] - prefilled, 0.0),
+    }
+    return tuple((name, spans[name]) for name in PHASES)
+
+
+class FinishedCaches:
+    """The last few finished requests' caches, for the next turn to continue in place.
+
+    An agent's next turn extends its previous prompt and reply; restoring that prefix
+    from the hot tier's blocks copies all of it into a fresh cache, while the finished
+    request's own cache already holds it. A request whose restored prefix (as the prefix
+    cache matched it: blocks pinned, capture keyed as usual) lies within a kept cache
+    takes that cache, cut back to the prefix. Plain KV layouts only: a state cache
+    cannot be cut back. Taken caches leave: the batcher writes into them.
+    """
+
+    def __init__(self, entries: int, max_bytes: int) -> None:
+        self.entries = entries
+        self.max_bytes = max_bytes
+        self._kept: list[tuple[tuple[int, ...], list[Any], int]] = []  # oldest first
+        self.continued = 0  # requests that took one (for tests and /metrics)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for _, _, n in self._kept)
+
+    def keep(self, tokens: list[int], cache: list[Any]) -> None:
+        if self.entries <= 0 or not _cuttable(cache) or cache[0].offset != len(tokens):
+            return
+        nbytes = sum(c.nbytes for c in cache)
+        if nbytes > self.max_bytes:
+            return
+        self._kept.append((tuple(tokens), cache, nbytes))
+        while len(self._kept) > self.entries or self.nbytes > self.max_bytes:
+            self._kept.pop(0)
+
+    def take(self, prompt: list[int], prefix: int) -> list[Any] | None:
+        """A kept cache holding ``prompt[:prefix]``, cut back to it; None when none does."""
+        for i in range(len(self._kept) - 1, -1, -1):
+            tokens, cache, _ = self._kept[i]
+            if len(tokens) >= prefix and tokens[:prefix] == tuple(prompt[:prefix]):
+                del self._kept[i]
+                for layer in cache:
+                    layer.trim(layer.offset - prefix)
+                self.continued += 1
+                return cache
+        return None
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+
+def _cuttable(cache: list[Any]) -> bool:
+    from mlx_lm.models.cache import KVCache
+
+    return bool(cache) and all(type(c) is KVCache and c.keys is not None for c in cache)

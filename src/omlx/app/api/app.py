@@ -77,4 +77,7 @@ def create_app(container: Container) -> Litestar:
         on_startup=[start_reaper],
         on_shutdown=[stop_reaper, container.close],
         debug=False,
+        # The CLI configures logging (format, --log-level); Litestar's default config would
+        # replace it with its own at INFO and drop the engine's debug lines.
+        logging_config=None,
     )

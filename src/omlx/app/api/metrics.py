@@ -30,6 +30,7 @@ from omlx.domain.generation import Finished
 UNMATCHED = "unmatched"  # the route label of 404/405 answers, whatever the path
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+_PHASE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60)
 
 
 class Metrics:
@@ -55,6 +56,14 @@ class Metrics:
             "omlx_time_to_first_token_seconds",
             "Submission to the first generated text",
             buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.phases = Histogram(
+            "omlx_request_phase_seconds",
+            "Where time to first token goes, by phase: render (template and tokenizer), "
+            "queue, lookup, restore, admit, prefill (the uncached tail), first_step",
+            ["phase"],
+            buckets=_PHASE_BUCKETS,
             registry=r,
         )
         self.prompt_tokens = Counter(
@@ -90,6 +99,8 @@ class Metrics:
         self.cached_tokens.inc(event.cached_tokens)
         self.generated_tokens.inc(event.completion_tokens)
         self.generations.labels(event.reason).inc()
+        for phase, seconds in event.phases:
+            self.phases.labels(phase).observe(seconds)
 
     def cache_miss(self, part: str) -> None:
         self.cache_misses.labels(part).inc()
