@@ -155,8 +155,10 @@ REFUSED = [
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"context_management": [{"type": "compaction"}]}, "context_management"),
     ({"moderation": {"model": "m"}}, "moderation"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+    # a schema the grammar compiler cannot enforce (the fake refuses on "refuse")
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"refuse": 1}}}}, "text.format"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}}, "tool_choice"),

@@ -74,6 +74,7 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
             engine,
             seal=seal,
             responses=_response_store(settings, ssd),
+            grammars=_grammar_compiler(model),
             prefix_cache=prefix_cache,
             cold_tier=cold_tier,
             blas=describe_blas(),
@@ -84,13 +85,14 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
         raise
 
 
-def wire_services(settings: Settings, model: Any, engine: Any, *, seal: ReasoningSeal | None = None, responses: ResponseStore | None = None, **parts: Any) -> Container:
+def wire_services(settings: Settings, model: Any, engine: Any, *, seal: ReasoningSeal | None = None, responses: ResponseStore | None = None, grammars: Any = None, **parts: Any) -> Container:
     """The app's services over a loaded model and a started engine (tests pass fakes of both)."""
     generation = GenerationService(
         engine,
         model,
         max_queued=settings.max_queued_requests,
         default_max_tokens=settings.default_max_tokens,
+        grammars=grammars,
     )
     return Container(
         settings=settings,
@@ -104,6 +106,15 @@ def wire_services(settings: Settings, model: Any, engine: Any, *, seal: Reasonin
         responses=responses or MemoryResponseStore(settings.responses_retention),
         started_at=int(time.time()),
         **parts,
+    )
+
+
+def _grammar_compiler(model: Any) -> Any:
+    """Constrained decoding for the model's tokenizer (its vocabulary view builds in the background)."""
+    from omlx.adapters.grammar import LLGuidanceCompiler
+
+    return LLGuidanceCompiler(
+        model.tokenizer, sorted(model.tokenizer.eos_token_ids), model.config.get("vocab_size")
     )
 
 

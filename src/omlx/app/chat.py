@@ -15,9 +15,11 @@ from typing import Any
 
 import anyio
 
+from omlx.app.constraints import ResponseFormat, output_grammar
 from omlx.app.diagnostics import Divergence, Fingerprint, FingerprintStore, compare, fingerprint
 from omlx.app.errors import GenerationFailed, InvalidRequest
 from omlx.app.output import OutputFormat, OutputSplitter, Piece, ToolCallPiece
+from omlx.app.sampling import Sampling
 from omlx.app.service import GenerationService
 from omlx.app.templates import ChatRenderer, RenderedPrompt
 from omlx.domain.generation import (
@@ -26,7 +28,21 @@ from omlx.domain.generation import (
     GenerationRequest,
     PrefillStarted,
     TextDelta,
+    TokenLogprob,
 )
+
+__all__ = [
+    "ChatEvent",
+    "ChatPipeline",
+    "ChatRequest",
+    "Done",
+    "Error",
+    "Output",
+    "ResponseFormat",
+    "Sampling",
+    "Started",
+    "ToolChoice",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +53,6 @@ class ToolChoice:
 
     mode: str = "auto"
     name: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    max_tokens_param: str = "max_tokens"  # the request field named in errors
 
 
 @dataclass(slots=True)
@@ -66,6 +71,7 @@ class ChatRequest:
     sampling: Sampling = field(default_factory=Sampling)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None  # the answer as JSON (structured output)
 
 
 @dataclass(slots=True)
@@ -94,6 +100,7 @@ class Started:
 @dataclass(frozen=True, slots=True)
 class Output:
     pieces: list[Piece]
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens since the previous event
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +123,7 @@ class ChatResult:
     pieces: list[Piece]
     finished: Finished
     tool_calls: int
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class ChatPipeline:
@@ -148,22 +156,26 @@ class ChatPipeline:
         it, the recent turn sharing the longest prompt prefix is taken.
         """
         prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
-        s = chat.sampling
-        request = self.service.build_request(
-            prompt.tokens,
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            seed=s.seed,
-            stop=s.stop,
-            max_tokens_param=s.max_tokens_param,
+        request = self.service.build_request(prompt.tokens, chat.sampling)
+        in_reasoning = self.format.opens_in_reasoning(prompt.text)
+        wanted = output_grammar(
+            fmt=self.format,
+            in_reasoning=in_reasoning,
+            response_format=chat.response_format,
+            tool_mode=chat.tool_choice.mode,
+            tool_name=chat.tool_choice.name,
+            tools=chat.tools,
+            parallel=chat.parallel_tool_calls,
         )
+        if wanted is not None:
+            grammar, param = wanted
+            request = await self.service.constrain(request, grammar, param)
         splitter = OutputSplitter(
             self.format,
             tools=chat.tools,
             parse_tools=chat.tool_choice.mode != "none" and bool(chat.tools),
-            in_reasoning=self.format.opens_in_reasoning(prompt.text),
+            in_reasoning=in_reasoning,
+            bare_call=wanted is not None and bool(grammar.tools) and grammar.call_markers is None,
         )
         turn = ChatTurn(prompt, request, splitter, chat.parallel_tool_calls, fp)
         self._diagnose(turn, previous_id, last_label=chat.labels[-1] if chat.labels else "")
@@ -231,8 +243,8 @@ class ChatPipeline:
                 yield Started(event.prompt_tokens, event.cached_tokens)
             elif isinstance(event, TextDelta):
                 pieces = self._limit_calls(turn, turn.splitter.feed(event.text))
-                if pieces:
-                    yield Output(pieces)
+                if pieces or event.logprobs:
+                    yield Output(pieces, event.logprobs)
             elif isinstance(event, Finished):
                 pieces = self._limit_calls(turn, turn.splitter.finish())
                 yield Done(event, pieces, turn.tool_calls)
@@ -242,13 +254,17 @@ class ChatPipeline:
     async def complete(self, turn: ChatTurn) -> ChatResult:
         """Run to the end: every piece, and how it finished."""
         pieces: list[Piece] = []
+        logprobs: list[TokenLogprob] = []
         events = self.run(turn)
         try:
             async for event in events:
                 if isinstance(event, Output):
                     pieces.extend(event.pieces)
+                    logprobs.extend(event.logprobs)
                 elif isinstance(event, Done):
-                    return ChatResult([*pieces, *event.pieces], event.finished, event.tool_calls)
+                    return ChatResult(
+                        [*pieces, *event.pieces], event.finished, event.tool_calls, tuple(logprobs)
+                    )
                 elif isinstance(event, Error):
                     raise GenerationFailed(event.message)
         finally:

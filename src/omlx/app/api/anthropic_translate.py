@@ -17,6 +17,7 @@ from omlx.app.api.anthropic_schemas import (
     InputBlock,
     InputMessage,
     MessagesRequest,
+    OutputConfig,
     ResultPart,
     SystemBlock,
     ToolParam,
@@ -24,7 +25,7 @@ from omlx.app.api.anthropic_schemas import (
 from omlx.app.api.anthropic_schemas import (
     ToolChoice as AnthropicToolChoice,
 )
-from omlx.app.chat import ChatRequest, Sampling, ToolChoice, check_tool_choice
+from omlx.app.chat import ChatRequest, ResponseFormat, Sampling, ToolChoice, check_tool_choice
 from omlx.app.errors import InvalidRequest
 from omlx.app.normalize import PromptNormalizer
 from omlx.app.sealing import ReasoningSeal
@@ -87,6 +88,7 @@ class Translator:
             ),
             template_kwargs=kwargs,
             parallel_tool_calls=parallel,
+            response_format=output_format(data.output_config),
         )
 
     def messages_to_template(
@@ -271,6 +273,21 @@ def tool_choice_of(choice: AnthropicToolChoice | None) -> ToolChoice:
     return ToolChoice("none")
 
 
+def output_format(config: OutputConfig | None) -> ResponseFormat | None:
+    """``output_config.format`` (structured outputs): ``{type: json_schema, schema}``, enforced."""
+    raw = config.format if config is not None else None
+    if raw is None:
+        return None
+    param = "output_config.format"
+    if raw.get("type") != "json_schema":
+        raise InvalidRequest(f"{param} type {raw.get('type')!r} is not 'json_schema'", param=param)
+    schema = raw.get("schema")
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"{param}.schema must be a JSON schema object", param=param)
+    # Anthropic's structured outputs promise the schema: what cannot be enforced is a 400.
+    return ResponseFormat(schema, strict=True, param=param)
+
+
 def thinking_turns_kept(data: Any) -> int | None:
     """How many recent assistant turns keep their thinking (context_management); None: all."""
     edits = data.context_management.edits if getattr(data, "context_management", None) else None
@@ -299,11 +316,6 @@ def thinking_turns_kept(data: Any) -> int | None:
 
 def _refuse_unsupported(data: MessagesRequest) -> None:
     """Parameters that would change the output and that omlx does not honour: 400, named."""
-    if data.output_config is not None and data.output_config.format is not None:
-        raise InvalidRequest(
-            "output_config.format (structured outputs) is not supported yet",
-            param="output_config.format",
-        )
     if data.mcp_servers:
         raise InvalidRequest(
             "mcp_servers are not supported: omlx runs no MCP client", param="mcp_servers"
