@@ -38,7 +38,8 @@ def writes_json_calls(fmt: OutputFormat) -> bool:
 
 
 def canonical(schema: Any) -> str:
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # Key order kept: JSON objects are generated in the schema's property order.
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
 def output_grammar(

@@ -15,7 +15,7 @@ from typing import Any
 from omlx.domain.grammar import GrammarError, OutputGrammar, ToolSpec
 
 # Between a marker and what it frames (``<tool_call>\n{...}\n</tool_call>``, ``</think>\n\n``).
-_GAP = r"/[ \t\r\n]{0,4}/"
+_GAP = r"/[ \n]{0,2}/"
 
 
 def json_options(strict: bool) -> dict[str, Any]:
