@@ -13,13 +13,22 @@ from mlx_lm.sample_utils import make_logits_processors
 from omlx.adapters.grammar import LLGuidanceCompiler
 from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.loader import load_model
-from omlx.domain.generation import GenerationRequest, Penalties, SamplingParams, TextDelta
+from omlx.domain.generation import (
+    GenerationRequest,
+    Penalties,
+    ReasoningBudget,
+    SamplingParams,
+    TextDelta,
+)
 from omlx.domain.grammar import OutputGrammar
 from tests.engine_helpers import generate, submit
 
 SCHEMA = {
     "type": "object",
-    "properties": {"n": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+    "properties": {
+        "n": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
     "required": ["n", "tags"],
     "additionalProperties": False,
 }
@@ -32,7 +41,9 @@ def tiny(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def grammars(tiny):
-    return LLGuidanceCompiler(tiny.tokenizer, sorted(tiny.tokenizer.eos_token_ids), tiny.config["vocab_size"])
+    return LLGuidanceCompiler(
+        tiny.tokenizer, sorted(tiny.tokenizer.eos_token_ids), tiny.config["vocab_size"]
+    )
 
 
 @pytest.fixture()
@@ -123,7 +134,10 @@ def test_min_p_one_keeps_only_the_best_token(tiny, engine):
     for seed in (1, 2):
         request = GenerationRequest(tuple(prompt), 16, SamplingParams(1.0, seed=seed, min_p=1.0))
         assert generate(engine, request).text == greedy_text
-    free = {generate(engine, GenerationRequest(tuple(prompt), 16, SamplingParams(1.0, seed=s))).text for s in (1, 2, 3)}
+    free = {
+        generate(engine, GenerationRequest(tuple(prompt), 16, SamplingParams(1.0, seed=s))).text
+        for s in (1, 2, 3)
+    }
     assert free != {greedy_text}  # without min_p, sampling differs: the test can tell
 
 
@@ -134,7 +148,10 @@ def test_a_constrained_and_a_free_row_in_one_batch_each_produce_their_solo_text(
     prompts = [prompt_of(tiny, "Give me JSON"), prompt_of(tiny, "Say something " * 3)]
 
     def requests():
-        return [greedy(prompts[0], 24, constraint=grammars.constraint(grammar)), greedy(prompts[1], 24)]
+        return [
+            greedy(prompts[0], 24, constraint=grammars.constraint(grammar)),
+            greedy(prompts[1], 24),
+        ]
 
     solo = [generate(engine, r).text for r in requests()]
     assert solo[0].startswith('{"n": ')
@@ -148,8 +165,34 @@ def test_a_constrained_and_a_free_row_in_one_batch_each_produce_their_solo_text(
 def test_a_finished_grammar_ends_the_row_with_end_of_sequence(tiny, engine, grammars):
     schema = {"enum": ["yes", "no"]}
     request = greedy(
-        prompt_of(tiny, "Answer"), 30, constraint=grammars.constraint(OutputGrammar(json_schema=json.dumps(schema)))
+        prompt_of(tiny, "Answer"),
+        30,
+        constraint=grammars.constraint(OutputGrammar(json_schema=json.dumps(schema))),
     )
     run = generate(engine, request)
     assert json.loads(run.text) in ("yes", "no")
     assert run.finished.reason == "stop" and run.finished.completion_tokens < 30
+
+
+def test_a_spent_reasoning_budget_forces_the_end_marker(tiny, engine):
+    """The tiny model has no reasoning markers: two tokens it never writes here stand in."""
+    prompt = prompt_of(tiny, "Think about it")
+    free = [e.token for e in entries(generate(engine, greedy(prompt, 12, logprobs=0)))]
+    unused = [
+        t
+        for t in range(3, len(tiny.tokenizer))
+        if t not in free and t not in tiny.tokenizer.eos_token_ids
+    ]
+    end = (unused[0], unused[1])
+    budget = ReasoningBudget(3, start=(unused[2],), end=end, opened=True)
+    got = [
+        e.token
+        for e in entries(generate(engine, greedy(prompt, 12, logprobs=0, reasoning_budget=budget)))
+    ]
+    assert got[:3] == free[:3] and tuple(got[3:5]) == end
+    # Not yet opened: the budget counts only once the start marker is written.
+    closed = ReasoningBudget(3, start=(unused[2],), end=end, opened=False)
+    assert [
+        e.token
+        for e in entries(generate(engine, greedy(prompt, 12, logprobs=0, reasoning_budget=closed)))
+    ] == free

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -27,6 +27,7 @@ from omlx.domain.generation import (
     Finished,
     GenerationRequest,
     PrefillStarted,
+    ReasoningBudget,
     TextDelta,
     TokenLogprob,
 )
@@ -72,6 +73,7 @@ class ChatRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None  # the answer as JSON (structured output)
+    reasoning_budget: int | None = None  # most reasoning tokens before the end marker is forced
 
 
 @dataclass(slots=True)
@@ -170,6 +172,8 @@ class ChatPipeline:
         if wanted is not None:
             grammar, param = wanted
             request = await self.service.constrain(request, grammar, param)
+        if chat.reasoning_budget is not None and self.format.think is not None:
+            request = replace(request, reasoning_budget=self._budget(chat.reasoning_budget, in_reasoning))
         splitter = OutputSplitter(
             self.format,
             tools=chat.tools,
@@ -181,6 +185,11 @@ class ChatPipeline:
         self._diagnose(turn, previous_id, last_label=chat.labels[-1] if chat.labels else "")
         self.fingerprints.record(response_id, fp)
         return turn
+
+    def _budget(self, tokens: int, opened: bool) -> ReasoningBudget:
+        start, end = self.format.think
+        encode = self.service.encode_text
+        return ReasoningBudget(tokens, tuple(encode(start)), tuple(encode(end)), opened)
 
     def _render(self, chat: ChatRequest) -> tuple[RenderedPrompt, Fingerprint]:
         text = self.renderer.render(chat.messages, chat.tools, chat.template_kwargs)

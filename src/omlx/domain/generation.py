@@ -43,6 +43,20 @@ class SamplingParams:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningBudget:
+    """At most ``tokens`` tokens of reasoning: then the engine writes the end marker itself.
+
+    ``start`` and ``end`` are the model's reasoning markers as token ids; ``opened``: the
+    prompt already opened the section.
+    """
+
+    tokens: int
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+    opened: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     prompt_tokens: tuple[int, ...]
     max_tokens: int
@@ -54,6 +68,7 @@ class GenerationRequest:
     # A fresh grammar state for this request (``ports.TokenConstraint``), made off the
     # engine thread; the engine masks each step's logits with it. None: unconstrained.
     constraint: Any = field(default=None, compare=False)
+    reasoning_budget: ReasoningBudget | None = None
 
 
 @dataclass(frozen=True, slots=True)

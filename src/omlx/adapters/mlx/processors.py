@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.sample_utils import make_logits_processors
 
-from omlx.domain.generation import GenerationRequest, TokenLogprob
+from omlx.domain.generation import GenerationRequest, ReasoningBudget, TokenLogprob
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
@@ -53,6 +53,54 @@ class GrammarMask:
         return mx.where(mx.array(allowed), logits, -mx.inf)
 
 
+class BudgetEnforcer:
+    """Counts a row's reasoning tokens; once ``budget.tokens`` are spent, forces the end marker.
+
+    The section opens with the start marker's tokens (or at once when the prompt opened
+    it) and ends with the end marker's, written by the model or forced here token by token.
+    """
+
+    def __init__(self, budget: ReasoningBudget) -> None:
+        self._budget = budget
+        self._state = "thinking" if budget.opened else "before"
+        self._recent: list[int] = []
+        self._spent = 0
+        self._forced = 0  # end-marker tokens forced so far
+        self._started = False
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self._started and self._state != "after":
+            self._see(int(tokens[-1].item()))
+        self._started = True
+        if self._state != "forcing":
+            return logits
+        allowed = np.zeros(logits.shape[-1], dtype=np.bool_)
+        allowed[self._budget.end[self._forced]] = True
+        return mx.where(mx.array(allowed), logits, -mx.inf)
+
+    def _see(self, token: int) -> None:
+        b = self._budget
+        keep = max(len(b.start), len(b.end))
+        self._recent = [*self._recent, token][-keep:]
+        if self._state == "before":
+            if _ends_with(self._recent, b.start):
+                self._state, self._spent = "thinking", 0
+        elif self._state == "thinking":
+            self._spent += 1
+            if _ends_with(self._recent, b.end):
+                self._state = "after"
+            elif self._spent >= b.tokens:
+                self._state, self._forced = "forcing", 0
+        elif self._state == "forcing":
+            self._forced += 1
+            if self._forced == len(b.end):
+                self._state = "after"
+
+
+def _ends_with(seq: list[int], tail: tuple[int, ...]) -> bool:
+    return bool(tail) and tuple(seq[-len(tail) :]) == tail
+
+
 def request_processors(
     request: GenerationRequest, eos_token_ids: Sequence[int]
 ) -> list[LogitsProcessor]:
@@ -69,6 +117,8 @@ def request_processors(
             frequency_penalty=penalties.frequency or None,
             frequency_context_size=penalties.context,
         )
+    if request.reasoning_budget is not None and request.reasoning_budget.end:
+        out.append(BudgetEnforcer(request.reasoning_budget))
     if request.constraint is not None:
         out.append(GrammarMask(request.constraint, eos_token_ids))
     return out

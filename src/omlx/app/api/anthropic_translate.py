@@ -89,6 +89,7 @@ class Translator:
             template_kwargs=kwargs,
             parallel_tool_calls=parallel,
             response_format=output_format(data.output_config),
+            reasoning_budget=thinking_budget(data),
         )
 
     def messages_to_template(
@@ -271,6 +272,20 @@ def tool_choice_of(choice: AnthropicToolChoice | None) -> ToolChoice:
     if choice.type == "tool":
         return ToolChoice("function", choice.name)
     return ToolChoice("none")
+
+
+def thinking_budget(data: MessagesRequest) -> int | None:
+    """``thinking.budget_tokens`` (with ``type: enabled``): reasoning is cut there."""
+    thinking = data.thinking
+    if thinking is None or thinking.type != "enabled" or thinking.budget_tokens is None:
+        return None
+    budget = thinking.budget_tokens
+    if not 1 <= budget < data.max_tokens:
+        raise InvalidRequest(
+            "thinking.budget_tokens must be at least 1 and less than max_tokens",
+            param="thinking.budget_tokens",
+        )
+    return budget
 
 
 def output_format(config: OutputConfig | None) -> ResponseFormat | None:
