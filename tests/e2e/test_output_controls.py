@@ -95,6 +95,7 @@ def test_sampled_answers_always_match_the_schema(default_server, seed):
     jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
 
 
+@pytest.mark.slow
 def test_json_object_is_an_object(default_server):
     r = oai(default_server).chat.completions.create(
         model=DEFAULT,
@@ -137,6 +138,7 @@ def test_openai_forced_call_names_the_tool_with_valid_arguments(default_server, 
     jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[name])
 
 
+@pytest.mark.slow
 def test_openai_required_calls_one_of_the_tools(default_server):
     r = oai(default_server).chat.completions.create(
         model=DEFAULT, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=80

@@ -275,17 +275,19 @@ def tool_choice_of(choice: AnthropicToolChoice | None) -> ToolChoice:
 
 
 def thinking_budget(data: MessagesRequest) -> int | None:
-    """``thinking.budget_tokens`` (with ``type: enabled``): reasoning is cut there."""
+    """``thinking.budget_tokens`` (with ``type: enabled``): reasoning is cut there.
+
+    A budget at or past ``max_tokens`` is taken as it is (Anthropic refuses it): clients send
+    their usual budget with smaller limits, and ``max_tokens`` then cuts first.
+    """
     thinking = data.thinking
     if thinking is None or thinking.type != "enabled" or thinking.budget_tokens is None:
         return None
-    budget = thinking.budget_tokens
-    if not 1 <= budget < data.max_tokens:
+    if thinking.budget_tokens < 1:
         raise InvalidRequest(
-            "thinking.budget_tokens must be at least 1 and less than max_tokens",
-            param="thinking.budget_tokens",
+            "thinking.budget_tokens must be at least 1", param="thinking.budget_tokens"
         )
-    return budget
+    return thinking.budget_tokens
 
 
 def output_format(config: OutputConfig | None) -> ResponseFormat | None:
