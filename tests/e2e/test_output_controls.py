@@ -180,6 +180,7 @@ def test_anthropic_output_format_matches_the_schema(default_server):
     jsonschema.validate(json.loads(block.text), LEVEL)
 
 
+@pytest.mark.slow
 def test_responses_text_format_and_forced_function(default_server):
     c = oai(default_server)
     r = c.responses.create(
