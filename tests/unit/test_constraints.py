@@ -83,11 +83,17 @@ def test_response_formats():
         }
     )
     assert chat == ResponseFormat({"type": "integer"}, strict=True)
+    assert response_format_of(
+        {"type": "json_schema", "json_schema": {"name": "x"}}
+    ) == ResponseFormat({})
     inline = response_format_of(
         {"type": "json_schema", "name": "x", "schema": {}}, param="text.format"
     )
     assert inline == ResponseFormat({}, strict=False, param="text.format")
-    for bad in ({"type": "yaml"}, {"type": "json_schema", "json_schema": {"name": "x"}}):
+    for bad in (
+        {"type": "yaml"},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": "x"}},
+    ):
         with pytest.raises(InvalidRequest) as err:
             response_format_of(bad)
         assert err.value.param == "response_format"

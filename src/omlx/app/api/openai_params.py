@@ -55,6 +55,8 @@ def response_format_of(
         # Chat nests the schema under json_schema; Responses' text.format has it inline.
         spec = raw.get("json_schema") if "json_schema" in raw else raw
         schema = spec.get("schema") if isinstance(spec, dict) else None
+        if schema is None and "json_schema" in raw and isinstance(spec, dict):
+            schema = {}  # chat's schema is optional: then any JSON value
         if not isinstance(schema, dict):
             where = f"{param}.json_schema.schema" if "json_schema" in raw else f"{param}.schema"
             raise InvalidRequest(f"{where} must be a JSON schema object", param=param)
