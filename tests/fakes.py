@@ -377,3 +377,40 @@ class FakeColdSource:
 
     def touch(self, keys: Sequence[str]) -> None:
         self.touched.extend(keys)
+
+
+# --- GrammarCompiler / TokenConstraint ---------------------------------------------
+
+
+class FakeTokenConstraint:
+    """Allows every token; records the tokens it was given."""
+
+    def __init__(self, grammar: Any, vocab_size: int = 256) -> None:
+        self.grammar = grammar
+        self.vocab_size = vocab_size
+        self.tokens: list[int] = []
+
+    def fill_bitmask(self, out: Any) -> None:
+        out[:] = -1
+
+    def advance(self, token: int) -> bool:
+        self.tokens.append(token)
+        return True
+
+
+class FakeGrammarCompiler:
+    """Records the grammars asked for; refuses any whose JSON schema contains ``"refuse"``."""
+
+    def __init__(self) -> None:
+        self.grammars: list[Any] = []
+
+    def constraint(self, grammar: Any) -> FakeTokenConstraint:
+        from omlx.domain.grammar import GrammarError
+
+        if grammar.json_schema is not None and "refuse" in grammar.json_schema:
+            raise GrammarError("the fake compiler refuses this schema")
+        self.grammars.append(grammar)
+        return FakeTokenConstraint(grammar)
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token % 256])

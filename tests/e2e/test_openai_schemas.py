@@ -149,6 +149,75 @@ CASES = [
         CHUNK,
     ),
     (
+        "logprobs-chat",
+        "tiny",
+        "POST",
+        "/v1/chat/completions",
+        {"model": TINY, "messages": HI, "max_tokens": 4, "logprobs": True, "top_logprobs": 2},
+        200,
+        CHAT,
+    ),
+    (
+        "logprobs-chat-stream",
+        "tiny",
+        "POST",
+        "/v1/chat/completions",
+        {
+            "model": TINY,
+            "messages": HI,
+            "max_tokens": 4,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "stream": True,
+        },
+        200,
+        CHUNK,
+    ),
+    (
+        "logprobs-completion",
+        "tiny",
+        "POST",
+        "/v1/completions",
+        {"model": TINY, "prompt": "x", "max_tokens": 4, "logprobs": 2},
+        200,
+        COMPLETION,
+    ),
+    (
+        "logprobs-completion-stream",
+        "tiny",
+        "POST",
+        "/v1/completions",
+        {"model": TINY, "prompt": "x", "max_tokens": 4, "logprobs": 2, "stream": True},
+        200,
+        COMPLETION,
+    ),
+    (
+        "json-schema",
+        "tiny",
+        "POST",
+        "/v1/chat/completions",
+        {
+            "model": TINY,
+            "messages": HI,
+            "max_tokens": 6,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object"}},
+            },
+        },
+        200,
+        CHAT,
+    ),
+    (
+        "error-response-format",
+        "tiny",
+        "POST",
+        "/v1/chat/completions",
+        {"model": TINY, "messages": HI, "response_format": {"type": "yaml"}},
+        400,
+        ERROR,
+    ),
+    (
         "error-unknown-model",
         "tiny",
         "POST",
@@ -220,3 +289,8 @@ def test_body_matches_openai_schema(
         assert "get_weather" in json.dumps(bodies)
     if name.startswith("reasoning"):
         assert "reasoning_content" in json.dumps(bodies)
+    if name.startswith("logprobs"):
+        found = [c["logprobs"] for b in bodies for c in b["choices"] if c.get("logprobs")]
+        assert found, bodies
+    if name == "json-schema":
+        assert bodies[0]["choices"][0]["message"]["content"].startswith("{")

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from omlx.app.bootstrap import bootstrap
+from omlx.app.sampling import Sampling
 from omlx.app.settings import load_settings
 from tests.tiny_model import build_tiny_model
 
@@ -30,10 +31,7 @@ def test_unloading_a_model_gives_its_weights_back(tmp_path):
         async def one_request() -> None:
             served = await container.pool.acquire("wide")
             g = served.generation
-            request = g.build_request(
-                g.encode_text("hello " * 200), max_tokens=4,
-                temperature=0, top_p=None, top_k=None, seed=None, stop=None,
-            )
+            request = g.build_request(g.encode_text("hello " * 200), Sampling(max_tokens=4, temperature=0))
             await g.complete(request)
 
         samples = []

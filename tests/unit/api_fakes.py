@@ -22,6 +22,7 @@ from omlx.domain.generation import (
     PrefillStarted,
     TextDelta,
 )
+from tests.fakes import FakeGrammarCompiler
 
 MODEL = "fake"
 
@@ -126,4 +127,6 @@ class FakeEngine:
 def fake_container(engine: FakeEngine | None = None, **settings: Any) -> Container:
     settings.setdefault("max_queued_requests", 4)
     settings.setdefault("default_max_tokens", 16)
-    return wire_services(Settings(**settings), FakeModel(), engine or FakeEngine())
+    return wire_services(
+        Settings(**settings), FakeModel(), engine or FakeEngine(), grammars=FakeGrammarCompiler()
+    )

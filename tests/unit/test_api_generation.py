@@ -9,6 +9,7 @@ import pytest
 
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.errors import ClientGone
+from omlx.app.sampling import Sampling
 from omlx.app.service import GenerationService
 from omlx.domain.generation import Finished, PrefillStarted, TextDelta
 from tests.unit.api_fakes import FakeEngine, FakeModel
@@ -54,9 +55,7 @@ def service(engine: FakeEngine) -> GenerationService:
 
 
 def request(svc: GenerationService):
-    return svc.build_request(
-        [1, 2, 3], max_tokens=4, temperature=0, top_p=None, top_k=None, seed=-1, stop=None
-    )
+    return svc.build_request([1, 2, 3], Sampling(max_tokens=4, temperature=0, seed=-1))
 
 
 def test_quiet_spells_yield_keepalives_and_lose_no_event():

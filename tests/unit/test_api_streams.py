@@ -239,7 +239,7 @@ def test_openai_tool_history_reaches_the_template_as_dicts():
                 "model": MODEL,
                 "messages": HI,
                 "max_tokens": 5,
-                "output_config": {"format": {"type": "json_schema", "schema": {}}},
+                "output_config": {"format": {"type": "xml_schema", "schema": {}}},
             },
             "output_config.format",
         ),

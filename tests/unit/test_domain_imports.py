@@ -52,6 +52,8 @@ PORT_FAKES = [
     ("ColdSource", "FakeColdSource"),
     ("BlockSink", "FakeBlockSink"),
     ("EvictionPolicy", "LRUPolicy"),
+    ("GrammarCompiler", "FakeGrammarCompiler"),
+    ("TokenConstraint", "FakeTokenConstraint"),
 ]
 
 

@@ -155,8 +155,10 @@ REFUSED = [
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"context_management": [{"type": "compaction"}]}, "context_management"),
     ({"moderation": {"model": "m"}}, "moderation"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+    # a schema the grammar compiler cannot enforce (the fake refuses on "refuse")
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"refuse": 1}}}}, "text.format"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}}, "tool_choice"),
@@ -341,3 +343,21 @@ def test_cache_misses_name_the_part_that_changed():
         metrics = c.get("/metrics").text
     assert 'omlx_cache_misses_total{part="system"} 1.0' in metrics
     assert 'omlx_cache_misses_total{part="input"} 1.0' in metrics
+
+
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        {"type": "text"},
+        {"type": "json_object"},
+        {"type": "json_schema", "name": "x", "schema": {"type": "object"}, "strict": True},
+    ],
+)
+def test_text_format_is_echoed_and_json_ones_constrain(fmt):
+    engine = FakeEngine(reply("{}"))
+    client, _ = serve(engine)
+    with client as c:
+        r = c.post("/v1/responses", json={"model": MODEL, "input": "hi", "text": {"format": fmt}})
+    assert r.status_code == 200, r.text
+    assert r.json()["text"]["format"] == fmt
+    assert (engine.submitted[0].constraint is None) == (fmt["type"] == "text")

@@ -97,6 +97,7 @@ def wire_services(
     *,
     seal: ReasoningSeal | None = None,
     responses: ResponseStore | None = None,
+    grammars: Any = None,
     **parts: Any,
 ) -> Container:
     """The app's services over one loaded chat model and a started engine (tests pass fakes)."""
@@ -107,6 +108,7 @@ def wire_services(
         model,
         max_queued=settings.max_queued_requests,
         default_max_tokens=settings.default_max_tokens,
+        grammars=grammars,
     )
     served = Served(
         ModelSpec(model.model_id, getattr(model, "path", None)),

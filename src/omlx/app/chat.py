@@ -8,18 +8,19 @@ reasoning, answer and tool calls) happens here once.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
 
+from omlx.app.constraints import ResponseFormat, output_grammar
 from omlx.app.diagnostics import Divergence, Fingerprint, FingerprintStore, compare, fingerprint
 from omlx.app.errors import GenerationFailed, InvalidRequest
 from omlx.app.output import OutputFormat, OutputSplitter, Piece, ToolCallPiece
+from omlx.app.sampling import Sampling
 from omlx.app.service import GenerationService
 from omlx.app.templates import ChatRenderer, RenderedPrompt
 from omlx.domain.generation import (
@@ -27,8 +28,23 @@ from omlx.domain.generation import (
     Finished,
     GenerationRequest,
     PrefillStarted,
+    ReasoningBudget,
     TextDelta,
+    TokenLogprob,
 )
+
+__all__ = [
+    "ChatEvent",
+    "ChatPipeline",
+    "ChatRequest",
+    "Done",
+    "Error",
+    "Output",
+    "ResponseFormat",
+    "Sampling",
+    "Started",
+    "ToolChoice",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +55,6 @@ class ToolChoice:
 
     mode: str = "auto"
     name: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    max_tokens_param: str = "max_tokens"  # the request field named in errors
 
 
 @dataclass(slots=True)
@@ -68,6 +73,8 @@ class ChatRequest:
     sampling: Sampling = field(default_factory=Sampling)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None  # the answer as JSON (structured output)
+    reasoning_budget: int | None = None  # most reasoning tokens before the end marker is forced
 
 
 @dataclass(slots=True)
@@ -96,6 +103,7 @@ class Started:
 @dataclass(frozen=True, slots=True)
 class Output:
     pieces: list[Piece]
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens since the previous event
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +126,7 @@ class ChatResult:
     pieces: list[Piece]
     finished: Finished
     tool_calls: int
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class ChatPipeline:
@@ -151,29 +160,40 @@ class ChatPipeline:
         """
         started = time.monotonic()
         prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
-        rendered = time.monotonic() - started
-        s = chat.sampling
-        request = self.service.build_request(
-            prompt.tokens,
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            seed=s.seed,
-            stop=s.stop,
-            max_tokens_param=s.max_tokens_param,
+        request = self.service.build_request(prompt.tokens, chat.sampling)
+        in_reasoning = self.format.opens_in_reasoning(prompt.text)
+        wanted = output_grammar(
+            fmt=self.format,
+            in_reasoning=in_reasoning,
+            response_format=chat.response_format,
+            tool_mode=chat.tool_choice.mode,
+            tool_name=chat.tool_choice.name,
+            tools=chat.tools,
+            parallel=chat.parallel_tool_calls,
         )
-        request = dataclasses.replace(request, render_seconds=rendered)
+        if wanted is not None:
+            grammar, param = wanted
+            request = await self.service.constrain(request, grammar, param)
+        if chat.reasoning_budget is not None and self.format.think is not None:
+            request = replace(request, reasoning_budget=self._budget(chat.reasoning_budget, in_reasoning))
+        # Template, tokenizer and grammar: what came before the engine saw the request.
+        request = replace(request, render_seconds=time.monotonic() - started)
         splitter = OutputSplitter(
             self.format,
             tools=chat.tools,
             parse_tools=chat.tool_choice.mode != "none" and bool(chat.tools),
-            in_reasoning=self.format.opens_in_reasoning(prompt.text),
+            in_reasoning=in_reasoning,
+            bare_call=wanted is not None and bool(grammar.tools) and grammar.call_markers is None,
         )
         turn = ChatTurn(prompt, request, splitter, chat.parallel_tool_calls, fp)
         self._diagnose(turn, previous_id, last_label=chat.labels[-1] if chat.labels else "")
         self.fingerprints.record(response_id, fp)
         return turn
+
+    def _budget(self, tokens: int, opened: bool) -> ReasoningBudget:
+        start, end = self.format.think
+        encode = self.service.encode_text
+        return ReasoningBudget(tokens, tuple(encode(start)), tuple(encode(end)), opened)
 
     def _render(self, chat: ChatRequest) -> tuple[RenderedPrompt, Fingerprint]:
         text = self.renderer.render(chat.messages, chat.tools, chat.template_kwargs)
@@ -236,8 +256,8 @@ class ChatPipeline:
                 yield Started(event.prompt_tokens, event.cached_tokens)
             elif isinstance(event, TextDelta):
                 pieces = self._limit_calls(turn, turn.splitter.feed(event.text))
-                if pieces:
-                    yield Output(pieces)
+                if pieces or event.logprobs:
+                    yield Output(pieces, event.logprobs)
             elif isinstance(event, Finished):
                 pieces = self._limit_calls(turn, turn.splitter.finish())
                 yield Done(event, pieces, turn.tool_calls)
@@ -247,13 +267,17 @@ class ChatPipeline:
     async def complete(self, turn: ChatTurn) -> ChatResult:
         """Run to the end: every piece, and how it finished."""
         pieces: list[Piece] = []
+        logprobs: list[TokenLogprob] = []
         events = self.run(turn)
         try:
             async for event in events:
                 if isinstance(event, Output):
                     pieces.extend(event.pieces)
+                    logprobs.extend(event.logprobs)
                 elif isinstance(event, Done):
-                    return ChatResult([*pieces, *event.pieces], event.finished, event.tool_calls)
+                    return ChatResult(
+                        [*pieces, *event.pieces], event.finished, event.tool_calls, tuple(logprobs)
+                    )
                 elif isinstance(event, Error):
                     raise GenerationFailed(event.message)
         finally:

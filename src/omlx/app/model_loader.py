@@ -122,6 +122,7 @@ class ModelLoader:
             engine, model, max_queued=settings.max_queued_requests,
             default_max_tokens=settings.default_max_tokens,
             encode=PrefixReusingEncoder(backend).encode if backend is not None else None,
+            grammars=_grammar_compiler(model),
         )
         served.engine = engine
         served.generation = generation
@@ -186,3 +187,12 @@ class ModelLoader:
         served.closers.append(runner.stop)
         log.info("%s model %s ready in %.1f s", spec.task, spec.id, time.monotonic() - started)
         return served
+
+
+def _grammar_compiler(model: Any) -> Any:
+    """Constrained decoding for the model's tokenizer (its vocabulary view builds in the background)."""
+    from omlx.adapters.grammar import LLGuidanceCompiler
+
+    return LLGuidanceCompiler(
+        model.tokenizer, sorted(model.tokenizer.eos_token_ids), model.config.get("vocab_size")
+    )

@@ -94,10 +94,13 @@ class OutputSplitter:
         tools: list[dict] | None = None,
         parse_tools: bool = True,
         in_reasoning: bool = False,
+        bare_call: bool = False,
     ) -> None:
         self._fmt = fmt
         self._tools = tools
-        self._parse_tools = parse_tools and fmt.tool is not None
+        self._parse_tools = parse_tools and fmt.tool is not None and not bare_call
+        # The answer is one JSON call (a forced call for a model without JSON call markers).
+        self._bare_call = bare_call
         self._state = "reasoning" if in_reasoning and fmt.think else "text"
         self._held = ""
         self._tool_text = ""
@@ -144,12 +147,14 @@ class OutputSplitter:
         if self._state == "tool":
             self._close_tool(pieces, terminated=False)
             self._state = "text"
+        if self._bare_call:
+            self._close_bare_call(pieces)
         return pieces
 
     def _emit(self, text: str, pieces: list[Piece]) -> None:
         if not text:
             return
-        if self._state == "tool":
+        if self._state == "tool" or (self._bare_call and self._state == "text"):
             self._tool_text += text
             return
         if self._strip:
@@ -174,6 +179,21 @@ class OutputSplitter:
             return
         self.tool_calls += len(calls)
         pieces.extend(calls)
+
+
+    def _close_bare_call(self, pieces: list[Piece]) -> None:
+        body, self._tool_text = self._tool_text, ""
+        if not body.strip():
+            return
+        try:
+            call = json.loads(body)
+        except ValueError:
+            call = None  # cut short (max_tokens): the text as it came
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            pieces.append(Content(body))
+            return
+        self.tool_calls += 1
+        pieces.append(ToolCallPiece(call["name"], json.dumps(call.get("arguments", {}), ensure_ascii=False)))
 
 
 def _partial_suffix(buffer: str, markers: dict[str, str]) -> int:

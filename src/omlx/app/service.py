@@ -11,19 +11,25 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import anyio
+
 from omlx.app.errors import Busy, GenerationFailed, InvalidRequest
+from omlx.app.sampling import Sampling, sampling_params
+from omlx.app.sampling import logprobs_count as _logprobs
 from omlx.domain.generation import (
     Failed,
     Finished,
     GenerationEvent,
     GenerationRequest,
     PrefillProgress,
-    SamplingParams,
     TextDelta,
+    TokenLogprob,
 )
+from omlx.domain.grammar import GrammarError, OutputGrammar
+from omlx.domain.ports import GrammarCompiler
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +40,7 @@ class Completion:
     completion_tokens: int
     cached_tokens: int
     stop_sequence: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class GenerationObserver(Protocol):
@@ -57,8 +64,10 @@ class GenerationService:
         max_queued: int,
         default_max_tokens: int,
         encode: Callable[[str], list[int]] | None = None,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.engine = engine
+        self.grammars = grammars
         self.model = model
         self.tokenizer = model.tokenizer
         # The tokenizer's own encode unless a faster equal one is given (a growing
@@ -80,18 +89,10 @@ class GenerationService:
             raise InvalidRequest(f"the text cannot be tokenized: {exc}", param=param) from exc
 
     def build_request(
-        self,
-        prompt_tokens: Sequence[int],
-        *,
-        max_tokens: int | None,
-        temperature: float | None,
-        top_p: float | None,
-        top_k: int | None,
-        seed: int | None,
-        stop: str | list[str] | None,
-        max_tokens_param: str = "max_tokens",
+        self, prompt_tokens: Sequence[int], sampling: Sampling | None = None
     ) -> GenerationRequest:
         """Validate limits and sampling values into an engine request (400 on nonsense)."""
+        s = sampling or Sampling()
         if not prompt_tokens:
             raise InvalidRequest("the prompt is empty", param="messages")
         context = self.model.context_length
@@ -100,23 +101,15 @@ class GenerationService:
                 param="messages",
                 code="context_length_exceeded",
             )
+        max_tokens, param = s.max_tokens, s.max_tokens_param
         explicit_max_tokens = max_tokens is not None
         if max_tokens is None:
             max_tokens = self.default_max_tokens
         if max_tokens < 1:
-            raise InvalidRequest(f"{max_tokens_param} must be at least 1", param=max_tokens_param)
+            raise InvalidRequest(f"{param} must be at least 1", param=param)
         max_tokens = min(max_tokens, context - len(prompt_tokens))
-        max_tokens = self._fit_kv_memory(len(prompt_tokens), max_tokens, explicit_max_tokens, max_tokens_param)
-        temperature = 1.0 if temperature is None else temperature
-        if not 0 <= temperature <= 2:
-            raise InvalidRequest("temperature must be between 0 and 2", param="temperature")
-        top_p = 1.0 if top_p is None else top_p
-        if not 0 < top_p <= 1:
-            raise InvalidRequest("top_p must be in (0, 1]", param="top_p")
-        top_k = top_k or 0
-        if top_k < 0:
-            raise InvalidRequest("top_k must be >= 0", param="top_k")
-        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        max_tokens = self._fit_kv_memory(len(prompt_tokens), max_tokens, explicit_max_tokens, param)
+        stops = (s.stop,) if isinstance(s.stop, str) else tuple(s.stop or ())
         if len(stops) > 16:
             raise InvalidRequest("at most 16 stop sequences", param="stop")
         vocab = len(self.tokenizer)
@@ -125,12 +118,33 @@ class GenerationService:
         return GenerationRequest(
             prompt_tokens=tuple(prompt_tokens),
             max_tokens=max_tokens,
-            # OpenAI seeds are signed 64-bit; MLX keys take unsigned ones.
-            sampling=SamplingParams(
-                temperature, top_p, top_k, None if seed is None else seed % 2**64
-            ),
+            sampling=sampling_params(s, vocab),
             stop=stops,
+            logprobs=_logprobs(s.logprobs, s.logprobs_param),
         )
+
+    async def constrain(
+        self, request: GenerationRequest, grammar: OutputGrammar, param: str
+    ) -> GenerationRequest:
+        """``request`` with a fresh state of ``grammar``, compiled off the event loop and the
+        engine thread (milliseconds; cached by grammar). An unenforceable schema is a 400."""
+        if self.grammars is None:
+            raise InvalidRequest(
+                f"{param} needs constrained decoding, which this server does not have", param=param
+            )
+        try:
+            constraint = await anyio.to_thread.run_sync(self.grammars.constraint, grammar)
+        except GrammarError as exc:
+            raise InvalidRequest(f"{param} cannot be enforced: {exc}", param=param) from exc
+        return replace(request, constraint=constraint)
+
+    def token_text(self, token: int) -> tuple[str, bytes]:
+        """A generated token as text and as the bytes it stands for (log-probabilities)."""
+        if self.grammars is not None:
+            raw = self.grammars.token_bytes(token)
+        else:
+            raw = self.tokenizer.decode([token]).encode()
+        return raw.decode("utf-8", errors="replace"), raw
 
     def _fit_kv_memory(self, prompt: int, max_tokens: int, explicit: bool, param: str) -> int:
         """The engine's memory guard, up front: 400 when the request could never fit alone.
@@ -211,11 +225,13 @@ class GenerationService:
     async def complete(self, request: GenerationRequest) -> Completion:
         """Run to the end and collect the text (non-streaming responses)."""
         parts: list[str] = []
+        logprobs: list[TokenLogprob] = []
         events = self.events(request)
         try:
             async for event in events:
                 if isinstance(event, TextDelta):
                     parts.append(event.text)
+                    logprobs.extend(event.logprobs)
                 elif isinstance(event, Failed):
                     raise GenerationFailed(event.message)
                 elif isinstance(event, Finished):
@@ -226,6 +242,7 @@ class GenerationService:
                         event.completion_tokens,
                         event.cached_tokens,
                         event.stop_sequence,
+                        tuple(logprobs),
                     )
         finally:
             with contextlib.suppress(Exception):

@@ -3,6 +3,33 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Penalties:
+    """Changes to the logits before sampling, as mlx-lm's processors make them.
+
+    Over the last ``context`` tokens (prompt included): ``repetition`` divides the logits
+    of tokens seen (1.0: off), ``presence`` is subtracted once from each seen token's
+    logit, ``frequency`` once per occurrence (0.0: off). ``logit_bias`` adds to the
+    logits of the tokens it names, at every step.
+    """
+
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+    context: int = 20
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def active(self) -> bool:
+        return (
+            self.repetition != 1.0
+            or self.presence != 0.0
+            or self.frequency != 0.0
+            or bool(self.logit_bias)
+        )
 
 # A request's time to first token, phase by phase: the app's rendering and tokenizing,
 # the wait for a batch slot, the prefix lookup, the restore of the matched blocks into a
@@ -17,6 +44,22 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    min_p: float = 0.0
+    penalties: Penalties = field(default_factory=Penalties)
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningBudget:
+    """At most ``tokens`` tokens of reasoning: then the engine writes the end marker itself.
+
+    ``start`` and ``end`` are the model's reasoning markers as token ids; ``opened``: the
+    prompt already opened the section.
+    """
+
+    tokens: int
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+    opened: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +71,13 @@ class GenerationRequest:
     # Seconds the app spent turning the request into tokens (template, tokenizer), so the
     # engine's per-request breakdown covers what the client waited for.
     render_seconds: float = 0.0
+    # Log-probabilities to report per generated token: None: none; 0: the chosen token's;
+    # k > 0: also the k most likely tokens.
+    logprobs: int | None = None
+    # A fresh grammar state for this request (``ports.TokenConstraint``), made off the
+    # engine thread; the engine masks each step's logits with it. None: unconstrained.
+    constraint: Any = field(default=None, compare=False)
+    reasoning_budget: ReasoningBudget | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +95,23 @@ class PrefillProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability, and the most likely alternatives at its step.
+
+    The values are those the sampler saw: log-softmax of the logits after penalties and
+    any grammar mask, before temperature.
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token, logprob), most likely first
+
+
+@dataclass(frozen=True, slots=True)
 class TextDelta:
     text: str
+    # Entries for the tokens generated since the previous delta (requests that ask only).
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

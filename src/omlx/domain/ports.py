@@ -13,6 +13,7 @@ from omlx.domain.blocks import (
     NamespaceUsage,
     StoredBlock,
 )
+from omlx.domain.grammar import OutputGrammar
 
 # Chooses eviction victims: (bytes indexed now, candidates oldest first) -> the victims.
 EvictionPlan = Callable[[int, Iterable[StoredBlock]], list[StoredBlock]]
@@ -29,6 +30,33 @@ class IndexUnavailable(Exception):
 class Clock(Protocol):
     def now(self) -> float:
         """Seconds since the epoch."""
+        ...
+
+
+class TokenConstraint(Protocol):
+    """One request's grammar state; the engine uses it on its own thread only."""
+
+    vocab_size: int  # the mask covers token ids below it
+
+    def fill_bitmask(self, out: Any) -> None:
+        """Write the tokens allowed next into ``out``: ``ceil(vocab_size / 32)`` int32 words,
+        bit ``i`` (little-endian) allowing token ``i``."""
+        ...
+
+    def advance(self, token: int) -> bool:
+        """Take the token chosen; False when the grammar did not allow it."""
+        ...
+
+
+class GrammarCompiler(Protocol):
+    """Compiles output grammars for one model's tokenizer (slow: never on the engine thread)."""
+
+    def constraint(self, grammar: OutputGrammar) -> TokenConstraint:
+        """A fresh state of ``grammar``, compiled once and cached; raises ``GrammarError``."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (for log-probabilities' ``bytes``)."""
         ...
 
 

@@ -30,6 +30,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.loader import LoadedModel
 from omlx.adapters.mlx.memory import measure_kv_cost
+from omlx.adapters.mlx.processors import request_processors, token_logprob
 from omlx.adapters.mlx.sampling import Sampler, make_sampler
 from omlx.domain.generation import (
     PHASES,
@@ -42,6 +43,7 @@ from omlx.domain.generation import (
     SamplingParams,
     StopStringMatcher,
     TextDelta,
+    TokenLogprob,
 )
 from omlx.domain.memory import KVBudget, MemoryAccount, format_bytes
 from omlx.domain.scheduler import Scheduler, Verdict
@@ -92,6 +94,7 @@ class _Job:
     prefilled: int = 0  # prompt positions in its cache so far (restored or computed)
     capture: RequestCapture | None = None
     continued: bool = False  # its cache is a finished request's, continued in place
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent with a delta
     done: bool = False
     waited_epoch: int = -1  # the batch state in which it last had to wait for memory
     times: dict[str, float] = field(default_factory=dict)  # time.monotonic() marks
@@ -128,7 +131,7 @@ class MLXEngine:
         self._stop_tokens = StopSequences([[t] for t in self._eos])
         # Unseeded samplers are stateless: requests with equal parameters share one
         # object, so the batcher samples them in one call instead of row by row.
-        self._samplers: dict[tuple[float, float, int], Sampler] = {}
+        self._samplers: dict[tuple[float, float, int, float], Sampler] = {}
         # Measured now, before the engine thread owns MLX (one forward of one token).
         limit = self.config.kv_memory_limit
         cost = measure_kv_cost(model.model) if limit is not None else None
@@ -316,13 +319,13 @@ class MLXEngine:
 
     def _sampler(self, params: Any) -> Sampler:
         if params.seed is not None:
-            return make_sampler(params.temperature, params.top_p, params.top_k, params.seed)
-        key = (params.temperature, params.top_p, params.top_k) if params.temperature > 0 else (0.0, 1.0, 0)
+            return make_sampler(params.temperature, params.top_p, params.top_k, params.seed, params.min_p)
+        key = (params.temperature, params.top_p, params.top_k, params.min_p) if params.temperature > 0 else (0.0, 1.0, 0, 0.0)
         sampler = self._samplers.get(key)
         if sampler is None:
             if len(self._samplers) >= 64:  # clients choose the floats: keep the memo small
                 self._samplers.clear()
-            sampler = self._samplers[key] = make_sampler(params.temperature, params.top_p, params.top_k)
+            sampler = self._samplers[key] = make_sampler(*key[:3], min_p=key[3])
         return sampler
 
     def _lookup(self, job: _Job) -> PrefixHit:
@@ -358,6 +361,7 @@ class MLXEngine:
             caches=[cache],
             all_tokens=[tokens[: job.cached_tokens]],
             samplers=[self._sampler(job.request.sampling)],
+            logits_processors=[request_processors(job.request, self._eos)],
             stop_sequences=[self._stop_tokens],
         )
         job.detok = self.model.tokenizer.detokenizer
@@ -429,21 +433,31 @@ class MLXEngine:
         is_eos = r.finish_reason == "stop"
         if not is_eos:
             job.completion_tokens += 1
+            if job.request.logprobs is not None:
+                job.logprobs.append(token_logprob(r.token, r.logprobs, job.request.logprobs))
             job.detok.add_token(r.token)
             text = job.stops.feed(job.detok.last_segment)
             if text:
-                job.emit(TextDelta(text))
+                self._emit_text(job, text)
         if job.stops.stopped:
+            if job.logprobs:
+                self._emit_text(job, "")
             removed = self._generator.remove([job.uid], return_prompt_caches=True)
             cache, tokens = removed.get(job.uid, (None, None))
             self._finish(job, "stop", cache, tokens)
         elif r.finish_reason is not None:
             job.detok.finalize()
             tail = job.stops.feed(job.detok.last_segment) + job.stops.flush()
-            if tail:
-                job.emit(TextDelta(tail))
+            if tail or job.logprobs:
+                self._emit_text(job, tail)
             reason = "stop" if job.stops.stopped else r.finish_reason
             self._finish(job, reason, r.prompt_cache, r.all_tokens)
+
+    @staticmethod
+    def _emit_text(job: _Job, text: str) -> None:
+        """A text delta, with the log-probabilities of the tokens since the previous one."""
+        job.emit(TextDelta(text, tuple(job.logprobs)))
+        job.logprobs.clear()
 
     def _finish(self, job: _Job, reason: str, cache: Any, tokens: list[int] | None) -> None:
         """Unpin its prefix and drop its KV, tell the client, then store its new blocks.

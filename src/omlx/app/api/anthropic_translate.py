@@ -17,6 +17,7 @@ from omlx.app.api.anthropic_schemas import (
     InputBlock,
     InputMessage,
     MessagesRequest,
+    OutputConfig,
     ResultPart,
     SystemBlock,
     ToolParam,
@@ -24,7 +25,7 @@ from omlx.app.api.anthropic_schemas import (
 from omlx.app.api.anthropic_schemas import (
     ToolChoice as AnthropicToolChoice,
 )
-from omlx.app.chat import ChatRequest, Sampling, ToolChoice, check_tool_choice
+from omlx.app.chat import ChatRequest, ResponseFormat, Sampling, ToolChoice, check_tool_choice
 from omlx.app.errors import InvalidRequest
 from omlx.app.normalize import PromptNormalizer
 from omlx.app.sealing import ReasoningSeal
@@ -87,6 +88,8 @@ class Translator:
             ),
             template_kwargs=kwargs,
             parallel_tool_calls=parallel,
+            response_format=output_format(data.output_config),
+            reasoning_budget=thinking_budget(data),
         )
 
     def messages_to_template(
@@ -271,6 +274,37 @@ def tool_choice_of(choice: AnthropicToolChoice | None) -> ToolChoice:
     return ToolChoice("none")
 
 
+def thinking_budget(data: MessagesRequest) -> int | None:
+    """``thinking.budget_tokens`` (with ``type: enabled``): reasoning is cut there.
+
+    A budget at or past ``max_tokens`` is taken as it is (Anthropic refuses it): clients send
+    their usual budget with smaller limits, and ``max_tokens`` then cuts first.
+    """
+    thinking = data.thinking
+    if thinking is None or thinking.type != "enabled" or thinking.budget_tokens is None:
+        return None
+    if thinking.budget_tokens < 1:
+        raise InvalidRequest(
+            "thinking.budget_tokens must be at least 1", param="thinking.budget_tokens"
+        )
+    return thinking.budget_tokens
+
+
+def output_format(config: OutputConfig | None) -> ResponseFormat | None:
+    """``output_config.format`` (structured outputs): ``{type: json_schema, schema}``, enforced."""
+    raw = config.format if config is not None else None
+    if raw is None:
+        return None
+    param = "output_config.format"
+    if raw.get("type") != "json_schema":
+        raise InvalidRequest(f"{param} type {raw.get('type')!r} is not 'json_schema'", param=param)
+    schema = raw.get("schema")
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"{param}.schema must be a JSON schema object", param=param)
+    # Anthropic's structured outputs promise the schema: what cannot be enforced is a 400.
+    return ResponseFormat(schema, strict=True, param=param)
+
+
 def thinking_turns_kept(data: Any) -> int | None:
     """How many recent assistant turns keep their thinking (context_management); None: all."""
     edits = data.context_management.edits if getattr(data, "context_management", None) else None
@@ -299,11 +333,6 @@ def thinking_turns_kept(data: Any) -> int | None:
 
 def _refuse_unsupported(data: MessagesRequest) -> None:
     """Parameters that would change the output and that omlx does not honour: 400, named."""
-    if data.output_config is not None and data.output_config.format is not None:
-        raise InvalidRequest(
-            "output_config.format (structured outputs) is not supported yet",
-            param="output_config.format",
-        )
     if data.mcp_servers:
         raise InvalidRequest(
             "mcp_servers are not supported: omlx runs no MCP client", param="mcp_servers"

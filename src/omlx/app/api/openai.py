@@ -9,6 +9,8 @@ import msgspec
 from litestar import Controller, Request, get, post
 
 from omlx.app.api.disconnect import unless_disconnected
+from omlx.app.api.openai_logprobs import chat_logprobs, completion_logprobs
+from omlx.app.api.openai_params import completion_sampling
 from omlx.app.api.openai_schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -90,13 +92,19 @@ class OpenAIController(Controller):
     ) -> ChatCompletion:
         check_n(data.n)
         served = await container.pool.acquire(data.model)
-        chat = chat_request(data, served.id, container.normalizer)
+        chat = chat_request(
+            data,
+            served.id,
+            container.normalizer,
+            effort_kwarg=served.chat.renderer.accepts_reasoning_effort,
+        )
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         turn = await served.chat.prepare(chat, rid)
+        token_text = served.generation.token_text if chat.sampling.logprobs is not None else None
         if data.stream:
             served.generation.check_capacity()  # a 429 is possible only before the 200
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            stream = ChatStream(rid, created, data.model, include_usage)
+            stream = ChatStream(rid, created, data.model, include_usage, token_text)
             return EventStream(stream.run(served.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
         result = await unless_disconnected(request.receive, served.chat.complete(turn))
         text, reasoning, calls = collect(result.pieces)
@@ -118,7 +126,14 @@ class OpenAIController(Controller):
             id=rid,
             created=created,
             model=data.model,
-            choices=[Choice(0, message, chat_finish_reason(f.reason, len(calls)))],
+            choices=[
+                Choice(
+                    0,
+                    message,
+                    chat_finish_reason(f.reason, len(calls)),
+                    chat_logprobs(result.logprobs, token_text) if token_text else None,
+                )
+            ],
             usage=usage_of(f.prompt_tokens, f.completion_tokens, f.cached_tokens),
         )
 
@@ -139,22 +154,15 @@ class OpenAIController(Controller):
         service = (await container.pool.acquire(data.model)).generation
         prompt = _one_prompt(data.prompt)
         tokens = service.encode_text(prompt) if isinstance(prompt, str) else prompt
-        gen = service.build_request(
-            tokens,
-            max_tokens=data.max_tokens if data.max_tokens is not None else 16,
-            temperature=data.temperature,
-            top_p=data.top_p,
-            top_k=data.top_k,
-            seed=data.seed,
-            stop=data.stop,
-        )
+        gen = service.build_request(tokens, completion_sampling(data))
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         prefix = prompt if (data.echo and isinstance(prompt, str)) else ""
+        token_text = service.token_text if gen.logprobs is not None else None
         if data.stream:
             service.check_capacity()
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
             events = service.events(gen, KEEPALIVE_SECONDS)
-            return EventStream(text_stream(events, rid, created, data.model, prefix, include_usage))  # type: ignore[return-value]
+            return EventStream(text_stream(events, rid, created, data.model, prefix, include_usage, token_text))  # type: ignore[return-value]
         result = await unless_disconnected(request.receive, service.complete(gen))
         return TextCompletion(
             id=rid,
@@ -165,6 +173,7 @@ class OpenAIController(Controller):
                     0,
                     prefix + result.text,
                     "length" if result.finish_reason == "length" else "stop",
+                    completion_logprobs(result.logprobs, token_text) if token_text else None,
                 )
             ],
             usage=usage_of(result.prompt_tokens, result.completion_tokens, result.cached_tokens),

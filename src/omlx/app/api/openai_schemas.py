@@ -72,6 +72,32 @@ class ChatCompletionRequest(Struct, kw_only=True):
     user: str | None = None
     # vLLM's and mlx-lm's extension, e.g. {"enable_thinking": false}
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # vLLM's and mlx-lm's extension
+    min_p: float | None = None  # vLLM's and mlx-lm's extension
+    logit_bias: dict[str, float] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    # Accepted: they change nothing the model writes (openai_params lists them all).
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    prediction: dict[str, Any] | None = None  # a latency hint: the output stays the model's
+    # Refused with a 400 where set: omlx does not honour them.
+    audio: Any = None
+    modalities: list[str] | None = None
+    functions: Any = None
+    function_call: Any = None
+    web_search_options: Any = None
+    moderation: Any = None
 
 
 class CompletionRequest(Struct, kw_only=True):
@@ -89,6 +115,15 @@ class CompletionRequest(Struct, kw_only=True):
     stream_options: StreamOptions | None = None
     echo: bool = False
     user: str | None = None
+    logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # Refused with a 400 where set: omlx does not honour them.
+    best_of: int | None = None
+    suffix: str | None = None
 
 
 class PromptTokensDetails(Struct):
@@ -112,11 +147,29 @@ class ResponseMessage(Struct, kw_only=True, omit_defaults=True):
     reasoning_content: str | None = None
 
 
+class TopLogprob(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobBody(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(Struct):
+    content: list[TokenLogprobBody] | None
+    refusal: None = None
+
+
 class Choice(Struct):
     index: int
     message: ResponseMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(Struct):
@@ -151,7 +204,7 @@ class ChunkChoice(Struct):
     index: int
     delta: Delta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(Struct):
@@ -163,11 +216,18 @@ class ChatCompletionChunk(Struct):
     usage: Usage | None = None
 
 
+class CompletionLogprobs(Struct):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class CompletionChoice(Struct):
     index: int
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class TextCompletion(Struct):

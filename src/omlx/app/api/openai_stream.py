@@ -10,10 +10,13 @@ import msgspec
 from litestar.response.sse import ServerSentEventMessage
 
 from omlx.app.api.errors import openai_error_body
+from omlx.app.api.openai_logprobs import TokenText, chat_logprobs, completion_logprobs
 from omlx.app.api.openai_schemas import (
     ChatCompletionChunk,
+    ChoiceLogprobs,
     ChunkChoice,
     CompletionChoice,
+    CompletionLogprobs,
     Delta,
     PromptTokensDetails,
     TextCompletion,
@@ -51,10 +54,22 @@ def _error_event(message: str) -> str:
 
 
 class ChatStream:
-    """One chat completion's SSE chunks; an error after the start is a final data event."""
+    """One chat completion's SSE chunks; an error after the start is a final data event.
 
-    def __init__(self, rid: str, created: int, model: str, include_usage: bool) -> None:
+    With ``token_text`` (the request asked for logprobs), each event's log-probabilities
+    ride on its first chunk, or on a chunk of their own when it has no text.
+    """
+
+    def __init__(
+        self,
+        rid: str,
+        created: int,
+        model: str,
+        include_usage: bool,
+        token_text: TokenText | None = None,
+    ) -> None:
         self.rid, self.created, self.model, self.include_usage = rid, created, model, include_usage
+        self.token_text = token_text
         self.calls = 0
 
     def chunk(
@@ -63,25 +78,34 @@ class ChatStream:
         finish: str | None = None,
         usage: Usage | None = None,
         choices: bool = True,
+        logprobs: ChoiceLogprobs | None = None,
     ) -> str:
-        choice = [ChunkChoice(0, delta, finish)] if choices else []
+        choice = [ChunkChoice(0, delta, finish, logprobs)] if choices else []
         return encode(
             ChatCompletionChunk(
                 id=self.rid, created=self.created, model=self.model, choices=choice, usage=usage
             )
         )
 
-    def piece(self, piece: Piece) -> str:
+    def piece(self, piece: Piece, logprobs: ChoiceLogprobs | None = None) -> str:
         if isinstance(piece, Content):
-            return self.chunk(Delta(content=piece.text))
+            return self.chunk(Delta(content=piece.text), logprobs=logprobs)
         if isinstance(piece, Reasoning):
-            return self.chunk(Delta(reasoning_content=piece.text))
+            return self.chunk(Delta(reasoning_content=piece.text), logprobs=logprobs)
         assert isinstance(piece, ToolCallPiece)
         call = ToolCallDelta(
             self.calls, call_id(), "function", ToolCallFunctionDelta(piece.name, piece.arguments)
         )
         self.calls += 1
-        return self.chunk(Delta(tool_calls=[call]))
+        return self.chunk(Delta(tool_calls=[call]), logprobs=logprobs)
+
+    def output(self, event: Output) -> list[str]:
+        logprobs = None
+        if self.token_text is not None and event.logprobs:
+            logprobs = chat_logprobs(event.logprobs, self.token_text)
+        if not event.pieces:
+            return [self.chunk(Delta(), logprobs=logprobs)] if logprobs else []
+        return [self.piece(p, logprobs if i == 0 else None) for i, p in enumerate(event.pieces)]
 
     async def run(
         self, events: AsyncIterator[ChatEvent | None]
@@ -92,8 +116,8 @@ class ChatStream:
                 if event is None:
                     yield KEEPALIVE
                 elif isinstance(event, Output):
-                    for piece in event.pieces:
-                        yield self.piece(piece)
+                    for chunk in self.output(event):
+                        yield chunk
                 elif isinstance(event, Done):
                     for piece in event.pieces:
                         yield self.piece(piece)
@@ -118,9 +142,17 @@ async def text_stream(
     model: str,
     prefix: str,
     include_usage: bool,
+    token_text: TokenText | None = None,
 ) -> AsyncIterator[str | ServerSentEventMessage]:
-    def chunk(text: str, finish: str | None = None, usage: Usage | None = None) -> str:
-        choices = [CompletionChoice(0, text, finish)]
+    offset = len(prefix)
+
+    def chunk(
+        text: str,
+        finish: str | None = None,
+        usage: Usage | None = None,
+        logprobs: CompletionLogprobs | None = None,
+    ) -> str:
+        choices = [CompletionChoice(0, text, finish, logprobs)]
         return encode(
             TextCompletion(
                 id=rid, created=created, model=model, choices=choices, usage=usage or msgspec.UNSET
@@ -134,7 +166,11 @@ async def text_stream(
             if event is None:
                 yield KEEPALIVE
             elif isinstance(event, TextDelta):
-                yield chunk(event.text)
+                logprobs = None
+                if token_text is not None:
+                    logprobs = completion_logprobs(event.logprobs, token_text, offset)
+                    offset += sum(len(t) for t in logprobs.tokens)
+                yield chunk(event.text, logprobs=logprobs)
             elif isinstance(event, Finished):
                 usage = usage_of(event.prompt_tokens, event.completion_tokens, event.cached_tokens)
                 yield chunk(

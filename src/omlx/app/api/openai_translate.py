@@ -7,8 +7,14 @@ from typing import Any
 
 import msgspec
 
+from omlx.app.api.openai_params import (
+    chat_sampling,
+    effort_kwargs,
+    refuse_unsupported_chat,
+    response_format_of,
+)
 from omlx.app.api.openai_schemas import ChatCompletionRequest, ChatMessage
-from omlx.app.chat import ChatRequest, Sampling, ToolChoice, check_tool_choice
+from omlx.app.chat import ChatRequest, ToolChoice, check_tool_choice
 from omlx.app.errors import InvalidRequest
 from omlx.app.normalize import PromptNormalizer
 
@@ -97,10 +103,15 @@ def tool_choice_of(choice: str | dict[str, Any] | None) -> ToolChoice:
 
 
 def chat_request(
-    data: ChatCompletionRequest, model_id: str, normalizer: PromptNormalizer
+    data: ChatCompletionRequest,
+    model_id: str,
+    normalizer: PromptNormalizer,
+    *,
+    effort_kwarg: bool = False,
 ) -> ChatRequest:
     if not data.messages:
         raise InvalidRequest("messages must not be empty", param="messages")
+    refuse_unsupported_chat(data)
     messages, labels = [], []
     for i, message in enumerate(data.messages):
         out = message_to_template(message, normalizer)
@@ -112,22 +123,15 @@ def chat_request(
     tools = [msgspec.to_builtins(t) for t in data.tools] if data.tools else None
     choice = tool_choice_of(data.tool_choice)
     check_tool_choice(choice, tools)
-    explicit_new = data.max_completion_tokens is not None
+    kwargs = effort_kwargs(data.reasoning_effort, "reasoning_effort", effort_kwarg)
     return ChatRequest(
         model=model_id,
         messages=messages,
         labels=labels,
         tools=tools,
         tool_choice=choice,
-        sampling=Sampling(
-            max_tokens=data.max_completion_tokens if explicit_new else data.max_tokens,
-            temperature=data.temperature,
-            top_p=data.top_p,
-            top_k=data.top_k,
-            seed=data.seed,
-            stop=data.stop,
-            max_tokens_param="max_completion_tokens" if explicit_new else "max_tokens",
-        ),
-        template_kwargs=dict(data.chat_template_kwargs or {}),
+        sampling=chat_sampling(data),
+        template_kwargs={**kwargs, **(data.chat_template_kwargs or {})},
         parallel_tool_calls=data.parallel_tool_calls is not False,
+        response_format=response_format_of(data.response_format),
     )

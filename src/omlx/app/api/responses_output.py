@@ -161,6 +161,9 @@ def base_response(rid: str, created: int, data: ResponsesRequest) -> ResponseObj
     if data.reasoning is not None:
         reasoning = {"effort": data.reasoning.effort, "summary": data.reasoning.summary}
     text: dict[str, Any] = {"format": {"type": "text"}}
+    if data.text is not None and data.text.format is not None:
+        # omit_defaults drops a "text" type: it is written back first
+        text["format"] = {"type": data.text.format.type, **msgspec.to_builtins(data.text.format)}
     if data.text is not None and data.text.verbosity is not None:
         text["verbosity"] = data.text.verbosity
     return ResponseObject(

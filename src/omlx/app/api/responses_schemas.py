@@ -55,8 +55,13 @@ class ReasoningParam(Struct, kw_only=True):
     generate_summary: str | None = None
 
 
-class TextFormat(Struct, kw_only=True):
+class TextFormat(Struct, kw_only=True, omit_defaults=True):
     type: str = "text"
+    # json_schema: the schema inline, as the Responses API has it
+    name: str | None = None
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class TextParam(Struct, kw_only=True):

@@ -14,9 +14,10 @@ from typing import Any
 
 import msgspec
 
+from omlx.app.api.openai_params import response_format_of
 from omlx.app.api.responses_items import ItemRenderer, canonical_items
 from omlx.app.api.responses_schemas import ResponsesRequest, ToolParam
-from omlx.app.chat import ChatRequest, Sampling, ToolChoice, check_tool_choice
+from omlx.app.chat import ChatRequest, ResponseFormat, Sampling, ToolChoice, check_tool_choice
 from omlx.app.errors import InvalidRequest
 from omlx.app.normalize import PromptNormalizer
 from omlx.app.sealing import ReasoningSeal
@@ -105,6 +106,7 @@ class Translator:
             ),
             template_kwargs=self.template_kwargs(data),
             parallel_tool_calls=data.parallel_tool_calls is not False,
+            response_format=text_format(data),
         )
         return Translated(chat, items, encrypted)
 
@@ -152,19 +154,18 @@ def refuse_unsupported(data: ResponsesRequest) -> None:
     if data.moderation is not None:
         raise InvalidRequest("moderation is not supported", param="moderation")
     text = data.text
-    if text is not None and text.format is not None and text.format.type != "text":
-        kind = text.format.type
-        if kind in ("json_schema", "json_object"):
-            raise InvalidRequest(
-                f"text.format {kind!r} (structured output) is not supported yet",
-                param="text.format",
-            )
-        raise InvalidRequest(f"text.format {kind!r} is not supported", param="text.format")
     if text is not None and text.verbosity not in (None, "medium"):
         raise InvalidRequest(
             f"text.verbosity {text.verbosity!r} is not supported (only the default, 'medium')",
             param="text.verbosity",
         )
+
+
+def text_format(data: ResponsesRequest) -> ResponseFormat | None:
+    """``text.format``: json_schema (inline ``schema``, ``strict``) or json_object; text is free."""
+    if data.text is None or data.text.format is None:
+        return None
+    return response_format_of(msgspec.to_builtins(data.text.format), param="text.format")
 
 
 def check_include(include: list[str] | None) -> bool:

@@ -1,0 +1,149 @@
+"""Constrained decoding with llguidance: output grammars compiled for a model's tokenizer.
+
+llguidance (MIT) computes the allowed-token bitmask of a JSON schema or Lark grammar in
+tens of microseconds per step on a CPU and compiles a schema in milliseconds; it needs
+only the tokenizer's ``tokenizer.json``. See docs/benchmarks.md for why it was chosen.
+
+Compiled grammars are kept by ``OutputGrammar`` (LRU); each request gets a deep copy,
+a fresh state that costs about a microsecond.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from llguidance import LLMatcher, LLTokenizer
+
+from omlx.adapters.grammar.lark import lark_grammar
+from omlx.domain.grammar import GrammarError, OutputGrammar
+
+log = logging.getLogger(__name__)
+
+
+def tokenizer_json(tokenizer: Any) -> str:
+    """The ``tokenizer.json`` text of an mlx-lm tokenizer wrapper, a HF fast tokenizer, or a
+    ``tokenizers.Tokenizer``."""
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    backend = getattr(inner, "backend_tokenizer", inner)
+    if not hasattr(backend, "to_str"):
+        raise GrammarError(
+            "this model's tokenizer has no fast (tokenizers) form, which constrained decoding needs"
+        )
+    backend = copy.copy(backend)
+    backend.no_padding()
+    backend.no_truncation()
+    return backend.to_str()
+
+
+class Constraint:
+    """One request's grammar state (``ports.TokenConstraint``)."""
+
+    __slots__ = ("_matcher", "vocab_size")
+
+    def __init__(self, matcher: LLMatcher, vocab_size: int) -> None:
+        self._matcher = matcher
+        self.vocab_size = vocab_size
+
+    def fill_bitmask(self, out: Any) -> None:
+        self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+
+    def advance(self, token: int) -> bool:
+        return bool(self._matcher.consume_token(token))
+
+
+class LLGuidanceCompiler:
+    """``ports.GrammarCompiler`` for one model.
+
+    The tokenizer view llguidance needs takes about a second to build for a 50k vocabulary:
+    it is built on a background thread from the start, and whoever needs it first waits.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        eos_token_ids: Sequence[int],
+        vocab_size: int | None = None,
+        cache_size: int = 64,
+    ) -> None:
+        self._source = tokenizer
+        self._eos = list(eos_token_ids)
+        self._vocab_size = vocab_size
+        self._cache: OrderedDict[OutputGrammar, LLMatcher] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self._tokenizer: LLTokenizer | None = None
+        self._error: GrammarError | None = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._build, name="omlx-grammar-tokenizer", daemon=True).start()
+
+    def _build(self) -> None:
+        try:
+            text = tokenizer_json(self._source)
+            size = max(self._vocab_size or 0, len(self._source)) or None
+            self._tokenizer = LLTokenizer(text, n_vocab=size, eos_token=self._eos or None)
+        except GrammarError as exc:
+            self._error = exc
+        except Exception as exc:  # llguidance refuses tokenizers it cannot read
+            log.warning("constrained decoding is unavailable for this model: %s", exc)
+            self._error = GrammarError(f"constrained decoding is unavailable for this model: {exc}")
+        finally:
+            self._ready.set()
+
+    @property
+    def tokenizer(self) -> LLTokenizer:
+        self._ready.wait()
+        if self._tokenizer is None:
+            raise self._error or GrammarError("constrained decoding is unavailable")
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def constraint(self, grammar: OutputGrammar) -> Constraint:
+        return Constraint(self.compiled(grammar).deep_copy(), self.vocab_size)
+
+    def compiled(self, grammar: OutputGrammar) -> LLMatcher:
+        """The grammar's initial state, compiled once (milliseconds; never on the engine thread)."""
+        with self._lock:
+            found = self._cache.get(grammar)
+            if found is not None:
+                self._cache.move_to_end(grammar)
+                return found
+        tokenizer = self.tokenizer
+        matcher = LLMatcher(tokenizer, lark_grammar(grammar, self._literal), log_level=0)
+        if matcher.is_error():
+            raise GrammarError(_first_line(matcher.get_error()))
+        with self._lock:
+            self._cache[grammar] = matcher
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return matcher
+
+    def _literal(self, marker: str) -> str:
+        """A marker as Lark: ``<[id]>`` when it is one special token, else a string literal."""
+        tokenizer = self.tokenizer
+        ids = tokenizer.tokenize_str(marker)
+        if len(ids) == 1 and tokenizer.is_special_token(ids[0]):
+            return f"<[{ids[0]}]>"
+        return _lark_string(marker)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.tokenizer.decode_bytes([token])
+
+
+def _lark_string(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def _first_line(error: str) -> str:
+    """llguidance's message without its grammar excerpt and position (``at 3(9): ...``)."""
+    line = error.strip().splitlines()[0] if error.strip() else "the grammar is invalid"
+    return re.sub(r"^at \d+\(\d+\): ", "", line)

@@ -1,0 +1,144 @@
+"""Per-request logits processors for mlx-lm's batcher, and log-probabilities of a step.
+
+mlx-lm calls a row's processors with the tokens in its cache (prompt, then generated) and
+that row's logits, before the sampler: penalties come from mlx-lm itself, the grammar mask
+from the request's ``TokenConstraint``. Rows without processors skip the per-row path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.sample_utils import make_logits_processors
+
+from omlx.domain.generation import GenerationRequest, ReasoningBudget, TokenLogprob
+
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+
+class GrammarMask:
+    """Masks one row's logits to the tokens its grammar allows next.
+
+    The first call comes with the prompt only; each later one brings the token sampled
+    at the step before, which the grammar takes before the next mask is computed (that
+    read waits for the step: constrained rows give up one step of overlap). A grammar
+    that refuses a token (a stop string or penalty cannot cause one; a bug could) ends
+    the row: only end-of-sequence is allowed from then on.
+    """
+
+    def __init__(self, constraint: Any, eos_token_ids: Sequence[int]) -> None:
+        self._constraint = constraint
+        self._eos = list(eos_token_ids)
+        self._words = np.zeros((constraint.vocab_size + 31) // 32, dtype=np.int32)
+        self._started = False
+        self._failed = False
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self._started and not self._failed:
+            self._failed = not self._constraint.advance(int(tokens[-1].item()))
+        self._started = True
+        width = logits.shape[-1]
+        if self._failed:
+            allowed = np.zeros(width, dtype=np.bool_)
+            allowed[[t for t in self._eos if t < width]] = True
+        else:
+            self._constraint.fill_bitmask(self._words)
+            bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")
+            allowed = np.zeros(width, dtype=np.bool_)
+            n = min(width, bits.size)
+            allowed[:n] = bits[:n]
+        return mx.where(mx.array(allowed), logits, -mx.inf)
+
+
+class BudgetEnforcer:
+    """Counts a row's reasoning tokens; once ``budget.tokens`` are spent, forces the end marker.
+
+    The section opens with the start marker's tokens (or at once when the prompt opened
+    it) and ends with the end marker's, written by the model or forced here token by token.
+    """
+
+    def __init__(self, budget: ReasoningBudget) -> None:
+        self._budget = budget
+        self._state = "thinking" if budget.opened else "before"
+        self._recent: list[int] = []
+        self._spent = 0
+        self._forced = 0  # end-marker tokens forced so far
+        self._started = False
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self._started and self._state != "after":
+            self._see(int(tokens[-1].item()))
+        self._started = True
+        if self._state != "forcing":
+            return logits
+        allowed = np.zeros(logits.shape[-1], dtype=np.bool_)
+        allowed[self._budget.end[self._forced]] = True
+        return mx.where(mx.array(allowed), logits, -mx.inf)
+
+    def _see(self, token: int) -> None:
+        b = self._budget
+        keep = max(len(b.start), len(b.end))
+        self._recent = [*self._recent, token][-keep:]
+        if self._state == "before":
+            if _ends_with(self._recent, b.start):
+                self._state, self._spent = "thinking", 0
+        elif self._state == "thinking":
+            self._spent += 1
+            if _ends_with(self._recent, b.end):
+                self._state = "after"
+            elif self._spent >= b.tokens:
+                self._state, self._forced = "forcing", 0
+        elif self._state == "forcing":
+            self._forced += 1
+            if self._forced == len(b.end):
+                self._state = "after"
+
+
+def _ends_with(seq: list[int], tail: tuple[int, ...]) -> bool:
+    return bool(tail) and tuple(seq[-len(tail) :]) == tail
+
+
+def request_processors(
+    request: GenerationRequest, eos_token_ids: Sequence[int]
+) -> list[LogitsProcessor]:
+    """The processors a request needs, in order: penalties, then the grammar mask."""
+    out: list[LogitsProcessor] = []
+    penalties = request.sampling.penalties
+    if penalties.active:
+        out += make_logits_processors(
+            logit_bias=dict(penalties.logit_bias) or None,
+            repetition_penalty=penalties.repetition if penalties.repetition != 1.0 else None,
+            repetition_context_size=penalties.context,
+            presence_penalty=penalties.presence or None,
+            presence_context_size=penalties.context,
+            frequency_penalty=penalties.frequency or None,
+            frequency_context_size=penalties.context,
+        )
+    if request.reasoning_budget is not None and request.reasoning_budget.end:
+        out.append(BudgetEnforcer(request.reasoning_budget))
+    if request.constraint is not None:
+        out.append(GrammarMask(request.constraint, eos_token_ids))
+    return out
+
+
+def token_logprob(token: int, row: mx.array, top: int) -> TokenLogprob:
+    """The chosen token's log-probability in ``row`` (a log-softmax) and the ``top`` best.
+
+    Tokens a grammar masked out (-inf) are never listed among the best.
+    """
+    chosen = float(row[token].item())
+    if top <= 0:
+        return TokenLogprob(token, chosen)
+    k = min(top, row.shape[-1])
+    ids = mx.argpartition(-row, k - 1)[:k]
+    values = row[ids]
+    order = mx.argsort(-values)
+    best = [
+        (int(i), float(v))
+        for i, v in zip(ids[order].tolist(), values[order].tolist(), strict=True)
+        if v != float("-inf")
+    ]
+    return TokenLogprob(token, chosen, tuple(best))
