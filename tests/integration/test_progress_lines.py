@@ -22,7 +22,7 @@ from omlx.app.progress import for_log
 from omlx.app.service import GenerationService
 from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace, record_block
 
-BLOCKS = 300
+BLOCKS = 150
 LINE = re.compile(r"^(verifying blocks|checking index rows|checking block files): [\d,/]+")
 
 
@@ -68,16 +68,16 @@ def test_verify_and_vacuum_print_progress_lines_and_the_same_results(
         assert "\r" not in b.stderr  # CliRunner's stderr is not a terminal: lines, no bar
     assert not any(LINE.match(line) for r in plain for line in r.stderr.splitlines())
 
-    assert "checked 300 blocks: 2 bad" in shown[0].stdout
+    assert f"checked {BLOCKS} blocks: 2 bad" in shown[0].stdout
     verify_lines = [x for x in shown[0].stderr.splitlines() if x.startswith("verifying blocks: ")]
     assert len(verify_lines) == BLOCKS
-    assert verify_lines[0].startswith("verifying blocks: 1/300 (0%), ")
-    assert verify_lines[-1].startswith("verifying blocks: 300/300 (100%), ")
+    assert verify_lines[0].startswith("verifying blocks: 1/150 (0%), ")
+    assert verify_lines[-1].startswith("verifying blocks: 150/150 (100%), ")
 
     assert "removed 2 rows without files" in shown[1].stdout
     assert "removed 3 files without rows" in shown[1].stdout
     lines = shown[1].stderr.splitlines()
-    assert any(x.startswith("checking index rows: 300/300 (100%), ") for x in lines)
+    assert any(x.startswith("checking index rows: 150/150 (100%), ") for x in lines)
     files = [x for x in lines if x.startswith("checking block files: ")]
     assert files[-1].startswith(f"checking block files: {BLOCKS - 2 + 3:,}, ")  # total unknown
     assert_cache_invariants(loud)
@@ -90,8 +90,8 @@ def test_clear_counts_the_files_it_deletes(
     folder = _copy(many_blocks, tmp_path / "c")
     monkeypatch.setenv("OMLX_PROGRESS_INTERVAL", "0")
     result = _run("cache", "clear", "--yes", "--cache-dir", str(folder))
-    assert "cleared 300 blocks of 1 namespaces" in result.stdout
-    assert "deleting block files: 300/300 (100%), " in result.stderr
+    assert "cleared 150 blocks of 1 namespaces" in result.stdout
+    assert "deleting block files: 150/150 (100%), " in result.stderr
 
 
 def test_a_long_prefill_logs_its_progress(
