@@ -35,6 +35,7 @@ from omlx.app.admin_target import (
     index_url_option,
     owned_or_shared,
 )
+from omlx.app.progress import track
 from omlx.app.sizes import format_size, parse_size
 from omlx.domain.eviction import evict
 
@@ -42,10 +43,8 @@ T = TypeVar("T")
 
 
 def _progress(items: Iterable[T], length: int | None, label: str) -> Iterable[T]:
-    """A progress bar on stderr, so ``--json`` output on stdout stays clean."""
-    bar = click.progressbar(items, length=length, label=label, file=sys.stderr)
-    with bar as wrapped:
-        yield from wrapped
+    """A bar on a terminal, plain lines otherwise; on stderr, so stdout stays clean."""
+    return track(items, length, label, stream=sys.stderr)
 
 
 @click.group("admin")
@@ -300,7 +299,7 @@ def _vacuum(
         blocks = index.remove_namespaces([ns for ns, _ in stale])
         for digest, name in stale:
             click.echo(f"dropped unused model {name} [{digest[:12]}]")
-        gone = delete_files(store, blocks)
+        gone = delete_files(store, blocks, _progress)
         click.echo(
             f"dropped {len(stale)} unused namespaces: {len(blocks)} blocks ({format_size(gone)})"
         )
@@ -358,7 +357,7 @@ def clear_command(cache_dir: Path, model: str | None, yes: bool, index_url: str 
             known = ", ".join(sorted({r.info.model_name for r in records})) or "none"
             raise click.ClickException(f"no cached model named {model!r} (cached: {known})")
         blocks = index.remove_namespaces([r.info.digest for r in chosen])
-        freed = delete_files(store, blocks)
+        freed = delete_files(store, blocks, _progress)
     finally:
         index.close()
     if not target.shared and lock_holder(cache_dir) is None:

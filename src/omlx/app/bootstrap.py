@@ -263,6 +263,10 @@ def _reconcile_quietly(settings: Settings, ssd: SsdParts, started: float) -> Non
     temporary files from before this start: no one else writes under our identity.
     """
     from omlx.adapters.blockfiles.maintenance import collect_old_formats, reconcile
+    from omlx.app.progress import track
+
+    def progress(items: Any, length: int | None, label: str) -> Any:
+        return track(items, length, f"start-up reconcile, {label}", logger=log)
 
     try:
         since_start = max(time.time() - started, 0.0)
@@ -270,14 +274,15 @@ def _reconcile_quietly(settings: Settings, ssd: SsdParts, started: float) -> Non
             collected = collect_old_formats(ssd.index, ssd.store)
             if collected:
                 log.info("collected %d blocks of an older block format", collected)
-            report = reconcile(ssd.index, ssd.store, grace=since_start)
+            report = reconcile(ssd.index, ssd.store, grace=since_start, progress=progress)
         else:
             with ssd.index.maintenance_lock() as ours:
                 if not ours:
                     log.info("another server is reconciling the shared cache folder; skipped")
                     return
                 report = reconcile(
-                    ssd.index, ssd.store, grace=settings.reconcile_grace_seconds, own_grace=since_start
+                    ssd.index, ssd.store, grace=settings.reconcile_grace_seconds,
+                    own_grace=since_start, progress=progress,
                 )
         log.info("cache folder reconciled: %s", report)
     except Exception as exc:

@@ -73,11 +73,13 @@ def _serve(**flags) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from omlx.app.errors import AppError
     from omlx.app.server import run_server
 
     try:
         run_server(settings)
-    except (FileNotFoundError, ValueError, RuntimeError) as exc:
+    # AppError: a model named at start that cannot be loaded (too large for max_model_memory)
+    except (FileNotFoundError, ValueError, RuntimeError, AppError) as exc:
         click.echo(f"omlx: {exc}", err=True)
         sys.exit(2)
 

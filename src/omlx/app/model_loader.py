@@ -73,11 +73,13 @@ class ModelLoader:
 
     def _chat(self, spec: ModelSpec) -> Served:
         from omlx.adapters.mlx.loader import load_model
+        from omlx.app.progress import for_log
 
         model = load_model(
             str(spec.path) if spec.path is not None else None,
             digest_cache=self.digest_cache,
             model_id=spec.id,
+            progress=lambda label, total: for_log(log, label, total, "bytes"),
         )
         return self.wire_chat(spec, model)
 

@@ -185,6 +185,7 @@ class ModelPool:
             raise InvalidRequest(f"the model {spec.id!r} cannot be loaded here", param="model")
         self._make_room(spec, self._estimate(spec))
         started = time.monotonic()
+        log.info("loading %s (%s) from %s", spec.id, spec.task, spec.label)
         served = self._load(spec)
         served.load_seconds = time.monotonic() - started
         self.loads += 1

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import anyio
 
 from omlx.app.errors import Busy, GenerationFailed, InvalidRequest
+from omlx.app.progress import PrefillWatch
 from omlx.app.sampling import Sampling, sampling_params
 from omlx.app.sampling import logprobs_count as _logprobs
 from omlx.domain.generation import (
@@ -173,20 +174,22 @@ class GenerationService:
     ) -> AsyncIterator[GenerationEvent | None]:
         """The request's events until Finished or Failed; ``None`` after ``keepalive`` quiet seconds.
 
-        Prefill progress is dropped. Leaving early (a closed client) cancels the request
+        Prefill progress is logged for long prompts (``PrefillWatch``), not yielded. Leaving early (a closed client) cancels the request
         on the engine, which drops it before its next decode step.
         """
         self.check_capacity()
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+        watch = PrefillWatch(self.model.model_id)
 
         def emit(event: GenerationEvent) -> None:
+            watch(event)  # on the engine thread, as each chunk completes
             # RuntimeError: the loop has closed (shutdown) and nobody is listening.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(inbox.put_nowait, event)
 
         started = time.monotonic()
-        job_id = self.engine.submit(request, emit)
+        job_id = watch.request_id = self.engine.submit(request, emit)
         self.in_flight += 1
         self.last_submitted = time.monotonic()
         finished = first = False

@@ -9,7 +9,7 @@ import tomllib
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
 import msgspec
 
@@ -146,11 +146,14 @@ def load_settings(
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{config_file}: {exc}") from exc
     env = os.environ if env is None else env
-    fields = {f.name: f.type for f in msgspec.structs.fields(Settings)}
-    for name in fields:
-        raw = env.get(f"OMLX_{name.upper()}")
+    for field in msgspec.structs.fields(Settings):
+        var = f"OMLX_{field.name.upper()}"
+        raw = env.get(var)
         if raw is not None:
-            values[name] = _from_env(raw, type(values.get(name, "")))
+            try:  # the field's type, not the TOML value's: model_idle_timeout = 0 is a float
+                values[field.name] = _from_env(raw, get_origin(field.type) or field.type)
+            except ValueError as exc:
+                raise ValueError(f"{var}={raw!r}: {exc}") from None
     values.update({k: v for k, v in (flags or {}).items() if v is not None})
     try:
         return msgspec.convert(values, Settings).validate()

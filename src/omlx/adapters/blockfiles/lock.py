@@ -29,7 +29,8 @@ class CacheDirLocked(RuntimeError):
         who = f"process {pid}" if pid else "another process"
         super().__init__(
             f"cache folder {cache_dir} is in use by {who} (lock file {cache_dir / LOCK_NAME}); "
-            "stop that server or choose another --cache-dir"
+            "stop that server or give this one another --paged-ssd-cache-dir (servers share "
+            "a folder only through one --index-url)"
         )
         self.cache_dir = cache_dir
         self.pid = pid

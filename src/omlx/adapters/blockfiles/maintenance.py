@@ -85,7 +85,7 @@ def verify(
 ) -> list[tuple[StoredBlock, str]]:
     """Every indexed block that fails :func:`check_block`, with the reason."""
     bad: list[tuple[StoredBlock, str]] = []
-    for block in progress(index.iter_blocks(), index.block_count(), "verifying"):
+    for block in progress(index.iter_blocks(), index.block_count(), "verifying blocks"):
         problem = check_block(store, block)
         # A live server may have evicted it (row, then file) since the scan read the row.
         if problem == "file missing" and block.key not in index.get_blocks([block.key]):
@@ -103,10 +103,12 @@ def remove_blocks(index: BlockIndex, store: FileBlockStore, blocks: Sequence[Sto
     return delete_files(store, blocks)
 
 
-def delete_files(store: FileBlockStore, blocks: Iterable[StoredBlock]) -> int:
+def delete_files(
+    store: FileBlockStore, blocks: Sequence[StoredBlock], progress: Progress = no_progress
+) -> int:
     """Delete the files of blocks whose rows are already gone; returns the bytes freed."""
     freed = 0
-    for block in blocks:
+    for block in progress(blocks, len(blocks), "deleting block files"):
         info = store.file_info(block.relpath)
         store.delete(block.relpath)
         freed += info[0] if info else 0
@@ -148,7 +150,7 @@ def reconcile(
     now = time.time()
     missing = [
         b
-        for b in progress(index.iter_blocks(), index.block_count(), "checking rows")
+        for b in progress(index.iter_blocks(), index.block_count(), "checking index rows")
         if (grace is None or now - b.created_at > grace) and store.file_info(b.relpath) is None
     ]
     if missing:
@@ -156,7 +158,7 @@ def reconcile(
     report.rows_without_files = len(missing)
     indexed = index.all_relpaths()
     candidates: list[tuple[str, int]] = []
-    for rel in progress(store.iter_relpaths(), None, "checking files"):
+    for rel in progress(store.iter_relpaths(), None, "checking block files"):
         if rel in indexed:
             continue
         info = store.file_info(rel)

@@ -37,6 +37,9 @@ _TOKENIZER_FILES = (
 
 # A callable that returns a remembered digest for (path, size, mtime) or computes and stores it.
 DigestCache = Callable[[Path, Callable[[Path], str]], str]
+# Makes a counter for (label, total bytes) with ``advance(n)`` and ``close()``: the
+# weight digest's progress (hashing a large model's weights takes minutes).
+ProgressFactory = Callable[[str, int], Any]
 
 
 @dataclass(slots=True)
@@ -83,11 +86,13 @@ class LoadedModel:
         return identity
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, advance: Callable[[int], None] | None = None) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(1 << 22):
             h.update(chunk)
+            if advance is not None:
+                advance(len(chunk))
     return h.hexdigest()
 
 
@@ -100,20 +105,52 @@ def files_digest(paths: Iterable[Path], digest_one: Callable[[Path], str] = file
     return h.hexdigest()
 
 
+def weights_digest(
+    paths: list[Path],
+    digest_cache: DigestCache | None = None,
+    progress: ProgressFactory | None = None,
+    label: str = "digesting weights",
+) -> str:
+    """``files_digest`` of the weight files, remembered digests reused, bytes hashed counted.
+
+    A remembered file counts as done at once, so the count ends at the total either way.
+    """
+    total = sum(p.stat().st_size for p in paths)
+    counter = progress(label, total) if progress is not None else None
+    advance = counter.advance if counter is not None else None
+
+    def digest_one(path: Path) -> str:
+        if digest_cache is None:
+            return file_sha256(path, advance)
+        hashed = []
+
+        def compute(p: Path) -> str:
+            hashed.append(p)
+            return file_sha256(p, advance)
+
+        digest = digest_cache(path, compute)
+        if not hashed and advance is not None:
+            advance(path.stat().st_size)
+        return digest
+
+    try:
+        return files_digest(paths, digest_one)
+    finally:
+        if counter is not None:
+            counter.close()
+
+
 def load_model(
-    spec: str | None, digest_cache: DigestCache | None = None, model_id: str | None = None
+    spec: str | None,
+    digest_cache: DigestCache | None = None,
+    model_id: str | None = None,
+    progress: ProgressFactory | None = None,
 ) -> LoadedModel:
     """Load ``spec`` (None: the default SmolLM2 GGUF) and describe its cache identity.
 
     ``model_id``: the id it is served under (default: from its file or folder name).
+    ``progress``: counts the weight digest's bytes (see ``ProgressFactory``).
     """
-    digest_one = file_sha256
-    if digest_cache is not None:
-        cache = digest_cache
-
-        def digest_one(p: Path) -> str:
-            return cache(p, file_sha256)
-
     if spec is None:
         path, model_id = default_model_path(), model_id or DEFAULT_MODEL_ID
     else:
@@ -152,7 +189,9 @@ def load_model(
         layer_count=len(layout.leaves),
         kv_dtype=kv_dtype,
         cache_supported=not layout.unsupported,
-        weights_digest=files_digest(weight_files, digest_one),
+        weights_digest=weights_digest(
+            weight_files, digest_cache, progress, f"digesting the weights of {model_id}"
+        ),
         tokenizer_digest=files_digest(tokenizer_files),
         cache_unsupported_reason=layout.unsupported,
         layout=layout,
