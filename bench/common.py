@@ -89,6 +89,7 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     started_s: float = 0.0  # spawn -> /health answered 200
+    ready_s: float = 0.0  # spawn -> /health says the models named at start are loaded
     stop_s: float = 0.0
     returncode: int | None = None
 
@@ -114,10 +115,15 @@ class Server:
                     f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
                 )
             try:
-                if httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200:
-                    self.started_s = time.perf_counter() - t0
-                    self.wait_idle()
-                    return self
+                health = httpx.get(self.base_url + "/health", timeout=2.0)
+                if health.status_code == 200:
+                    self.started_s = self.started_s or time.perf_counter() - t0
+                    # omlx opens its port before its model has loaded and says when it
+                    # is ready; mlx_lm.server has no such field (and loads on a thread).
+                    if _ready(health):
+                        self.ready_s = time.perf_counter() - t0
+                        self.wait_idle()
+                        return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
@@ -171,6 +177,13 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _ready(health: httpx.Response) -> bool:
+    try:
+        return bool(health.json().get("ready", True))
+    except ValueError:
+        return True
 
 
 def omlx_server(port: int, cache_dir: Path, log_path: Path, extra: Sequence[str] = ()) -> Server:

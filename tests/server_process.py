@@ -47,9 +47,11 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"omlx serve exited with {self.proc.returncode}: {self.read_log()[-3000:]}")
             try:
-                if httpx.get(self.base_url + "/health", timeout=1.0).status_code == 200:
+                health = httpx.get(self.base_url + "/health", timeout=1.0)
+                # The port opens before the models named at start have loaded: wait for them.
+                if health.status_code == 200 and health.json().get("ready", True):
                     return self
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(0.2)
         self.kill()

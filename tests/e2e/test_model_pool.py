@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -105,3 +108,41 @@ def test_a_pinned_model_is_never_unloaded(model_dir, tmp_path):
         assert r.status_code == 429 and "max_model_memory" in r.json()["error"]["message"]
         assert r.headers["retry-after"]
         assert states(server)["chat-a"] == "loaded"
+
+
+def test_the_port_opens_before_the_model_named_at_start_has_loaded(model_dir, tmp_path):
+    server = ServerProcess("--model", str(model_dir / "chat-a"), cache_dir=tmp_path / "cache")
+    server.proc = subprocess.Popen(  # started by hand: ServerProcess.start waits for "ready"
+        [sys.executable, "-m", "omlx", "serve", "--port", str(server.port),
+         "--model", str(model_dir / "chat-a"), "--paged-ssd-cache-dir", str(tmp_path / "cache")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )
+    try:
+        seen: list[tuple[bool, str]] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (seen and seen[-1][0]):
+            try:
+                health = httpx.get(server.base_url + "/health", timeout=1).json()
+                seen.append((health["ready"], health["models"]["chat-a"]["state"]))
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        assert seen[-1] == (True, "loaded")
+        # The first answer came while the model was still loading (importing mlx-lm
+        # alone takes longer than a poll).
+        assert seen[0][0] is False and seen[0][1] in ("loading", "available")
+    finally:
+        server.kill()
+
+
+def test_a_model_that_fails_to_load_is_a_503_naming_its_file(tmp_path):
+    broken = tmp_path / "models" / "broken.gguf"
+    broken.parent.mkdir()
+    broken.write_bytes(b"not a gguf file at all")
+    with ServerProcess("--model", str(broken), cache_dir=tmp_path / "cache", log_path=tmp_path / "server.log") as server:
+        health = httpx.get(server.base_url + "/health", timeout=10).json()
+        assert health["models"]["broken"]["state"] == "available" and "broken.gguf" in health["models"]["broken"]["error"]
+        r = httpx.post(server.base_url + "/v1/chat/completions",
+                       json={"model": "broken", "messages": [{"role": "user", "content": "Hi"}]}, timeout=60)
+        assert r.status_code == 503 and "broken.gguf" in r.json()["error"]["message"]
+        assert r.json()["error"]["code"] == "model_load_failed"

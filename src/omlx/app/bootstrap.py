@@ -26,10 +26,13 @@ from omlx.domain.memory import MemoryAccount
 log = logging.getLogger(__name__)
 
 
-def bootstrap(settings: Settings, **overrides: Any) -> Container:
+def bootstrap(settings: Settings, *, load_in_background: bool = False, **overrides: Any) -> Container:
     """Find the models, open the shared cache tiers, load the models asked for at start.
 
-    ``overrides`` replace built parts in tests (``model=``: an already loaded model).
+    ``load_in_background``: only check that those models fit, and leave their loads to
+    the app once it listens (``Container.start_loads``), so the port opens in about the
+    time the imports take. ``overrides`` replace built parts in tests (``model=``: an
+    already loaded model).
     """
     load_optimized_blas()  # before the first import of mlx below
     log.info(describe_blas())
@@ -61,10 +64,14 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
         pool_ref.append(pool)
         closers.append(pool.close)  # after the engines stop, the writer drains (closers reversed)
         preloaded = overrides.get("model")
+        start_loads = []
         for spec in specs:
             if spec.id in pool.pinned or settings.model_list or len(specs) == 1:
                 if preloaded is not None and preloaded.model_id == spec.id:
                     pool.add(_served_chat(settings, spec, preloaded, loader))
+                elif load_in_background:
+                    pool.check_fits(spec)
+                    start_loads.append(spec)
                 else:
                     pool.preload(spec)
         seal = ReasoningSeal.for_folder(settings.cache_dir if ssd is not None else None)
@@ -79,6 +86,7 @@ def bootstrap(settings: Settings, **overrides: Any) -> Container:
             blas=describe_blas(),
             writer=cold.writer if cold is not None else None,
             closers=closers,
+            start_loads=start_loads,
         )
     except BaseException:
         _close_all(closers)

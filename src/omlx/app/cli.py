@@ -5,13 +5,35 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import click
 
 SERVE_HELP = "Serve a model over OpenAI- and Anthropic-compatible HTTP APIs."
 
 
-@click.group()
+class _LazyGroup(click.Group):
+    """Subcommand groups imported when named: ``omlx serve`` never pays for the admin
+    commands' SQLAlchemy and Alembic imports (about a second here)."""
+
+    lazy: ClassVar[dict[str, tuple[str, str]]] = {
+        "admin": ("omlx.app.admin", "admin_group"),
+        "db": ("omlx.app.admin", "db_group"),
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            import importlib
+
+            module, attr = self.lazy[name]
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup)
 @click.version_option(package_name="omlx")
 def main() -> None:
     """omlx: a local LLM server on MLX whose KV cache outlives requests and restarts."""
@@ -108,13 +130,3 @@ def convert(gguf: Path, out_dir: Path) -> None:
 
     convert_gguf(gguf, out_dir)
     click.echo(f"wrote {out_dir}")
-
-
-def _attach_admin() -> None:
-    from omlx.app.admin import admin_group, db_group
-
-    main.add_command(admin_group, "admin")
-    main.add_command(db_group, "db")
-
-
-_attach_admin()

@@ -27,6 +27,8 @@ class Container:
     writer: Any = None  # the cold tier's block writer, shared by every model (metrics)
     metrics: Any = None  # api.metrics.Metrics, set by create_app (one registry per app)
     closers: list[Callable[[], None]] = field(default_factory=list)
+    # Models to load once the server listens (``omlx serve``: the port opens first).
+    start_loads: list[Any] = field(default_factory=list)
 
     def close(self) -> None:
         """Stop in reverse order of start: engines first, then the writer and the index."""
@@ -46,6 +48,8 @@ class Container:
         account = pool.account
         return {
             "status": "ok",
+            # False while a model named at start is still loading (requests wait for it).
+            "ready": pool.ready and not self.start_loads,
             "model": first.id if first is not None else next(iter(pool.specs)),
             "engine": engine,
             "cache": models[first.id]["cache"] if first is not None else {"enabled": False},
@@ -61,6 +65,8 @@ class Container:
     def _model_health(self, model_id: str) -> dict[str, Any]:
         spec = self.pool.specs[model_id]
         out: dict[str, Any] = {"state": self.pool.state(model_id), "task": spec.task}
+        if model_id in self.pool.load_errors:
+            out["error"] = self.pool.load_errors[model_id]
         served = next((s for s in self.pool.loaded() if s.id == model_id), None)
         if served is None:
             return out

@@ -42,3 +42,7 @@ class ClientGone(AppError):
 
 class GenerationFailed(AppError):
     """The engine could not produce an answer (not the client's fault)."""
+
+
+class ModelUnavailable(AppError):
+    """The model could not be loaded (its files, or the machine): retrying may not help."""

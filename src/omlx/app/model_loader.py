@@ -56,7 +56,7 @@ class ModelLoader:
         """An upper bound of what loading ``spec`` will take, from its files."""
         import mlx.core as mx
 
-        from omlx.adapters.mlx.gguf import default_model_path
+        from omlx.adapters.mlx.default_model import default_model_path
 
         path = spec.path or default_model_path()
         if path.is_file():

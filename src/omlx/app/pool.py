@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 
 from omlx.app.catalog import CHAT, ModelSpec
-from omlx.app.errors import Busy, InvalidRequest
+from omlx.app.errors import AppError, Busy, InvalidRequest, ModelUnavailable
 from omlx.app.model_names import ModelNames
 from omlx.domain.memory import MemoryAccount, format_bytes
 
@@ -122,6 +122,8 @@ class ModelPool:
         self._loading: dict[str, asyncio.Future[Served]] = {}  # one load per model at a time
         self.observers: list[Callable[[Served], None]] = []  # told of every load (metrics)
         self.loads = 0
+        self.load_errors: dict[str, str] = {}  # the last failed load of each model (/health)
+        self.starting: set[str] = set()  # start-up loads still running (/health "ready")
 
     # ---- what is there --------------------------------------------------------------
 
@@ -179,6 +181,32 @@ class ModelPool:
                 self._loading.pop(spec.id, None)
         return await asyncio.shield(pending)
 
+    def check_fits(self, spec: ModelSpec) -> None:
+        """Refuse now (start-up) a model that cannot fit under the limit even alone."""
+        limit, need = self.account.limit_bytes, self._estimate(spec)
+        if limit is not None and need > limit:
+            self._make_room(spec, need)  # raises model_too_large
+
+    async def load_at_start(self, spec: ModelSpec) -> None:
+        """Load ``spec`` in the background once the server listens (a task of the app's).
+
+        Requests for it meanwhile wait for this load; a failure is logged and kept for
+        ``/health``, and the next request for the model tries again.
+        """
+        self.starting.add(spec.id)
+        try:
+            await self._load_once(spec)
+        except Exception as exc:
+            self.load_errors.setdefault(spec.id, str(exc))
+            log.error("start-up load of %s failed: %s", spec.id, exc)
+        finally:
+            self.starting.discard(spec.id)
+
+    @property
+    def ready(self) -> bool:
+        """No start-up load is still running."""
+        return not self.starting
+
     def preload(self, spec: ModelSpec) -> Served:
         """Load ``spec`` now, on this thread (start-up: no event loop yet)."""
         if self._load is None:
@@ -199,7 +227,18 @@ class ModelPool:
         await self._wait_for_room(spec, self._estimate(spec))
         started = time.monotonic()
         log.info("loading %s (%s) from %s", spec.id, spec.task, spec.label)
-        served = await anyio.to_thread.run_sync(self._load, spec)
+        try:
+            served = await anyio.to_thread.run_sync(self._load, spec)
+        except AppError:
+            raise
+        except Exception as exc:
+            log.exception("could not load %s from %s", spec.id, spec.label)
+            self.load_errors[spec.id] = f"{type(exc).__name__}: {exc}"
+            raise ModelUnavailable(
+                f"the model {spec.id!r} could not be loaded from {spec.label}: {exc}",
+                code="model_load_failed",
+            ) from exc
+        self.load_errors.pop(spec.id, None)
         served.load_seconds = time.monotonic() - started
         self.loads += 1
         self.add(served)

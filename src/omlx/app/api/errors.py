@@ -19,6 +19,7 @@ from omlx.app.errors import (
     ClientGone,
     GenerationFailed,
     InvalidRequest,
+    ModelUnavailable,
     NotFound,
     Unauthorized,
 )
@@ -57,6 +58,7 @@ _STATUS: dict[type[AppError], int] = {
     Busy: 429,
     ClientGone: 499,
     GenerationFailed: 500,
+    ModelUnavailable: 503,
 }
 
 
