@@ -125,6 +125,28 @@ def test_a_next_turn_continues_the_previous_cache_in_place_to_the_same_output(ti
     assert cache.hot.stats().pinned == 0
 
 
+def test_two_branches_continue_from_one_kept_cache_to_their_own_outputs(tiny):
+    def run(keep: int):
+        cache = make_prefix_cache(tiny, 16)
+        engine = MLXEngine(tiny, cache, EngineConfig(keep_finished=keep))
+        engine.start()
+        try:
+            trunk = tiny.tokenizer.apply_chat_template(
+                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TURNS[0]}],
+                add_generation_prompt=True,
+            )
+            texts = [generate(engine, greedy(trunk, 6)).text]
+            for branch in ([5, 6, 7, 8], [9, 10], [5, 6, 7, 8]):  # two branches, then the first again
+                texts.append(generate(engine, greedy([*trunk, *branch], 6)).text)
+            return texts, engine.finished_caches.continued
+        finally:
+            engine.stop()
+
+    restored, none = run(0)
+    continued, used = run(2)
+    assert continued == restored and none == 0 and used == 3
+
+
 def test_a_replayed_prompt_restores_all_but_its_last_token(tiny):
     cache = make_prefix_cache(tiny, 64)
     engine = MLXEngine(tiny, cache, EngineConfig())
