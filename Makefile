@@ -1,4 +1,4 @@
-# Two commands: `make serve` and `make test`. Both install everything first.
+# `make serve`, `make test` and `make bench`. Each installs what it needs first.
 .PHONY: serve test test-slow bench lint clean
 
 STAMP := .venv/.omlx-installed
@@ -12,6 +12,19 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	.venv/bin/python -m pytest -q $(ARGS)
+
+# The benchmark set (docs/benchmarks.md): the `bench` extra, llama.cpp's server where it
+# builds (skipped with a note otherwise), then each bench in turn. BENCH_QUICK=1 for a
+# short pass; ARGS="--only agent_loop,restore" for a subset.
+BENCH_STAMP := .venv/.omlx-bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	.venv/bin/python -m pip install -q -e ".[test,bench]"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	./scripts/install-llama-cpp.sh || echo "note: llama.cpp's server could not be built; the benches run without it"
+	.venv/bin/python bench/run_all.py $(if $(filter 1,$(BENCH_QUICK)),--quick) $(ARGS)
 
 test-slow: $(STAMP)
 	.venv/bin/python -m pytest -q -m slow $(ARGS)

