@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
@@ -85,3 +87,38 @@ def test_cancel_frees_the_slot(tiny, engine):
     assert run.done.wait(30)
     assert run.finished.reason == "cancelled"
     assert engine.active == 0
+
+
+def test_warm_up_runs_to_the_end_and_leaves_the_output_alone(tiny, caplog):
+    prompt = chat_tokens(tiny, "What is the capital of France?")
+    expected = reference_tokens(tiny, prompt, 12)
+    engine = MLXEngine(tiny, None, EngineConfig(warm_up=True))
+    with caplog.at_level("INFO", logger="omlx.adapters.mlx.engine"):
+        engine.start()
+        deadline = time.monotonic() + 60
+        while "warmed up" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.01)
+        try:
+            run = generate(engine, greedy(prompt, 12))
+        finally:
+            engine.stop()
+    eos = tiny.tokenizer.eos_token_ids
+    assert run.text == tiny.tokenizer.decode([t for t in expected if t not in eos])
+
+
+def test_a_request_waiting_at_start_stops_the_warm_up(tiny, caplog):
+    """The warm-up is skipped work, not a queue: a request already there goes first."""
+    prompt = chat_tokens(tiny, "What is the capital of France?")
+    expected = reference_tokens(tiny, prompt, 12)
+    engine = MLXEngine(tiny, None, EngineConfig(warm_up=True))
+    with caplog.at_level("INFO", logger="omlx.adapters.mlx.engine"):
+        run = submit(engine, greedy(prompt, 12))  # in the inbox before the thread starts
+        engine.start()
+        try:
+            assert run.done.wait(60)
+        finally:
+            engine.stop()
+    assert "warm-up stopped for a request" in caplog.text and "warmed up" not in caplog.text
+    eos = tiny.tokenizer.eos_token_ids
+    assert run.text == tiny.tokenizer.decode([t for t in expected if t not in eos])
