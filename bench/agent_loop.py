@@ -241,7 +241,9 @@ def plot(result: dict[str, Any]) -> None:
     rows = result["summary"]["rows"]
     keep = [r for r in rows if r != "start-up: port open"]
     label = {
-        r: r.replace("first request after a restart", "after restart").replace(", ", ",\n")
+        r: r.replace("first request after a restart", "after restart")
+        .replace("server start-up (spawn -> first token)", "start-up,\nto first token")
+        .replace(", ", ",\n")
         for r in keep
     }
     plots.grouped_bars(

@@ -102,7 +102,7 @@ def grouped_bars(
         return None
     n = 1 if overlay else max(len(series), 1)
     width = 0.8 / n if not overlay else 0.6
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(categories) + 2), 4.2))
+    fig, ax = plt.subplots(figsize=(max(9.0, 1.3 * len(categories) + 2), 4.2))
     for i, (name, summaries) in enumerate(series.items()):
         slot = 0 if overlay else i
         xs = [c + (slot - (n - 1) / 2) * width for c in range(len(categories))]

@@ -167,7 +167,11 @@ def test_codex_sessions_run_on_the_responses_api_and_reuse_their_prefix(
     assert c2 >= 0.95 * p1, turns  # turn 2 restores turn 1's prompt (and its answer)
     log = agent_server.read_log()
     assert "POST /v1/responses" in log and not _failed_requests(log)
-    print(f"codex turn 1: prompt {p1} tokens, cached {c1}; turn 2: prompt {p2}, cached {c2}")
+    t1, t2 = _first_token_seconds(log)[-2:]  # codex exec reports no TTFT: the server's own
+    print(
+        f"codex turn 1: prompt {p1} tokens, cached {c1}, ttft {t1 * 1000:.0f} ms; "
+        f"turn 2: prompt {p2}, cached {c2}, ttft {t2 * 1000:.0f} ms"
+    )
 
 
 def _failed_requests(log: str) -> list[str]:
@@ -185,6 +189,13 @@ def _requests(log: str) -> list[tuple[int, int]]:
         (int(m.group(1)), int(m.group(2)))
         for m in re.finditer(r"request \d+ \w+: prompt (\d+) tokens, (\d+) cached", log)
     ]
+
+
+def _first_token_seconds(log: str) -> list[float]:
+    """Each finished request's time to first token, from the engine's log lines."""
+    import re
+
+    return [float(m.group(1)) for m in re.finditer(r"request \d+ \w+: .*, first token ([\d.]+) s", log)]
 
 
 def _get(server, path: str) -> str:
