@@ -9,6 +9,7 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.fused_prefill import FusingBatchGenerator
 from omlx.adapters.mlx.loader import load_model
 from omlx.domain.generation import GenerationRequest, SamplingParams
 from tests.engine_helpers import generate, greedy, submit
@@ -122,3 +123,27 @@ def test_a_request_waiting_at_start_stops_the_warm_up(tiny, caplog):
     assert "warm-up stopped for a request" in caplog.text and "warmed up" not in caplog.text
     eos = tiny.tokenizer.eos_token_ids
     assert run.text == tiny.tokenizer.decode([t for t in expected if t not in eos])
+
+
+def _first_token_step_and_tokens(model, prompt: list[int], fused: bool) -> tuple[int, list[int]]:
+    generator = FusingBatchGenerator(model, fuse=fused, in_order=fused, prefill_step_size=256)
+    generator.insert_segments([[prompt]], max_tokens=[8])
+    first, tokens = None, []
+    for step in range(1, 40):
+        _, generated = generator.next()
+        for r in generated:
+            first = first or step
+            tokens.append(r.token)
+        if any(r.finish_reason for r in generated):
+            break
+    return first, tokens
+
+
+def test_the_first_token_comes_one_pass_sooner_with_the_same_tokens(tiny):
+    """mlx-lm's batcher: prompt chunk, last token alone, then token 1 handed out a pass
+    late; fused and in order: the chunk with its last token, then token 1."""
+    prompt = chat_tokens(tiny, "What is the capital of France?")
+    fused_first, fused_tokens = _first_token_step_and_tokens(tiny.model, prompt, fused=True)
+    plain_first, plain_tokens = _first_token_step_and_tokens(tiny.model, prompt, fused=False)
+    assert (fused_first, plain_first) == (2, 3)
+    assert fused_tokens == plain_tokens and len(fused_tokens) == 8

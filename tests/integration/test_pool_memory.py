@@ -42,6 +42,8 @@ def test_unloading_a_model_gives_its_weights_back(tmp_path):
             samples.append((loaded, rss_bytes()))
         for loaded, unloaded in samples:
             assert loaded - unloaded > 0.8 * weights, (samples, weights)
-        assert samples[1][1] < samples[0][1] + 0.2 * weights
+        # A model kept alive by the second cycle would add all of its weights; the heap's
+        # own growth after other tests in this process reached ~0.5x of them once.
+        assert samples[1][1] < samples[0][1] + 0.7 * weights, (samples, weights)
     finally:
         container.close()

@@ -28,6 +28,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from omlx.adapters.mlx import batch_rows
+from omlx.adapters.mlx.fused_prefill import FusingBatchGenerator
 from omlx.adapters.mlx.loader import LoadedModel
 from omlx.adapters.mlx.memory import measure_kv_cost
 from omlx.adapters.mlx.processors import request_processors, token_logprob
@@ -66,6 +67,9 @@ class EngineConfig:
     kv_memory_limit: int | None = None
     # Run a tiny generation on the engine thread before the first request (see _warm_up).
     warm_up: bool = True
+    # Run a short final prefill chunk with the prompt's last token (``fused_prefill``):
+    # one forward pass less per request; used on plain attention layouts only.
+    fuse_last_token: bool = True
     # Finished requests' caches kept to be continued in place by the next turn of their
     # conversation (see ``FinishedCaches``); 0 turns it off.
     keep_finished: int = 2
@@ -252,9 +256,16 @@ class MLXEngine:
         how = "warm-up stopped for a request:" if interrupted else "warmed up"
         log.info("%s %s in %.2f s", how, self.model.model_id, time.monotonic() - started)
 
+    def _plain_layout(self) -> bool:
+        layout = self.model.layout
+        return layout is not None and not layout.unsupported and layout.domain.plain
+
     def _new_generator(self) -> BatchGenerator:
-        return BatchGenerator(
+        return FusingBatchGenerator(
             self.model.model,
+            fuse=self.config.fuse_last_token and self._plain_layout(),
+            # On the CPU, mlx-lm's pipelined decode step hands tokens out a pass late.
+            in_order=mx.default_device().type == mx.cpu,
             completion_batch_size=self.config.max_concurrent,
             # Every admitted prompt joins the prefill batch at once: a short prompt
             # beside a long one is split off to decode after its own last chunk.
@@ -400,6 +411,13 @@ class MLXEngine:
             job = self._running.get(r.uid)
             if job is not None and r.end_of_prompt:
                 job.times.setdefault("prefilled", self.last_step_at)
+                if getattr(r, "fused", False):
+                    # Its final chunk ran with the last token: the row already decodes.
+                    done, total = r.progress
+                    job.prefilled = done + job.cached_tokens
+                    job.emit(PrefillProgress(job.prefilled, total + job.cached_tokens))
+                    if job.capture is not None:
+                        self._capture(job, batch_rows.decode_row, job.prefilled, prefill=True)
             elif job is not None:
                 done, total = r.progress
                 job.prefilled = done + job.cached_tokens
