@@ -17,11 +17,11 @@ from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.kv_codec import MLXKVCodec, _groups
 from omlx.adapters.mlx.loader import load_model
-from omlx.domain.generation import PrefillProgress
+from omlx.domain.generation import PrefillProgress, TextDelta
 from omlx.domain.hot_tier import HotTier
 from omlx.domain.keys import chain_keys
 from omlx.domain.prefix_cache import PrefixCache
-from tests.engine_helpers import generate, greedy, submit
+from tests.engine_helpers import Run, generate, greedy, submit
 
 BLOCK, STEP = 16, 64
 
@@ -139,3 +139,33 @@ def test_a_fused_last_token_keeps_the_same_blocks_and_text(tiny):
     for key in keys:
         a, b = (_groups(c.hot.get(key).payload)[0] for c in stored)
         assert mx.allclose(a.keys, b.keys, atol=1e-4).item() and mx.allclose(a.values, b.values, atol=1e-4).item()
+
+
+def test_a_fused_final_chunk_keeps_its_blocks_before_the_request_ends(tiny):
+    """Its blocks are cut after the first token (off the TTFT path), not at the end."""
+    tokens = prompt(210, seed=3)  # chunks end at 64, 128, 192; the fused 18 complete block 12
+    cache = cache_for(tiny)
+    last_key = chain_keys(cache.namespace.digest, tokens, BLOCK)[-1]  # block [192, 208)
+    seen = []
+
+    class Watch:
+        def __init__(self) -> None:
+            self.run = None
+
+        def emit(self, event) -> None:
+            if isinstance(event, TextDelta):
+                seen.append(cache.hot.get(last_key) is not None)
+            self.run.emit(event)
+
+    engine = MLXEngine(tiny, cache, EngineConfig(prefill_step_size=STEP, warm_up=False))
+    engine.start()
+    try:
+        watch = Watch()
+        watch.run = Run()
+        watch.run.job_id = engine.submit(greedy(tokens, 32), watch.emit)
+        assert watch.run.done.wait(60)
+        fused = engine._generator.fused_rows
+    finally:
+        engine.stop()
+    assert fused == 1
+    assert len(seen) >= 2 and not seen[0] and any(seen[:-1]), seen

@@ -97,6 +97,9 @@ class _Job:
     hit_lost: int = 0  # KV-matched tokens recomputed for want of a restore point (hybrids)
     prefilled: int = 0  # prompt positions in its cache so far (restored or computed)
     capture: RequestCapture | None = None
+    # A fused final chunk's blocks, kept once its first token is out (position), so the
+    # cut is not on the time to first token.
+    deferred_capture: int | None = None
     continued: bool = False  # its cache is a finished request's, continued in place
     logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent with a delta
     done: bool = False
@@ -417,7 +420,7 @@ class MLXEngine:
                     job.prefilled = done + job.cached_tokens
                     job.emit(PrefillProgress(job.prefilled, total + job.cached_tokens))
                     if job.capture is not None:
-                        self._capture(job, batch_rows.decode_row, job.prefilled, prefill=True)
+                        job.deferred_capture = job.prefilled
             elif job is not None:
                 done, total = r.progress
                 job.prefilled = done + job.cached_tokens
@@ -429,6 +432,9 @@ class MLXEngine:
             if job is None or job.done:
                 continue
             self._on_token(job, r)
+            if job.deferred_capture is not None and not job.done and job.capture is not None:
+                position, job.deferred_capture = job.deferred_capture, None
+                self._capture(job, batch_rows.decode_row, position, prefill=True)
 
     def _capture(self, job: _Job, row_of: Callable[..., Any], position: int, prefill: bool) -> None:
         """Keep what a running request's cache holds up to ``position`` (never fails it)."""
