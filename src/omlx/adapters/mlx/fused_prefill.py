@@ -7,7 +7,9 @@ model and 2 CPU cores over a 2,100-token context: a 30-token chunk then the last
 0.84-1.08 s, the 31 tokens in one call 0.70-0.93 s (the second pass alone 0.17-0.21 s).
 
 ``FusingBatchGenerator`` runs such a final chunk with its last token and samples the
-first token from that call's logits. Only where it pays and is exact:
+first token from that call's logits (the same tokens; the chunk's KV differs from the
+unfused order's in the last bits, as any other chunk size would). Only where it pays
+and the cache's restore points allow it:
 
 - chunks of at most ``FUSE_MAX_TOKENS`` in that step: mlx-lm models return the logits of
   every position, so the head runs over the whole chunk (31 x 49k for a 31-token tail;
@@ -16,8 +18,9 @@ first token from that call's logits. Only where it pays and is exact:
   restore points are captured at the end of the chunk, before the last token, and the
   state there exists only in the unfused order.
 
-Everything else is mlx-lm's own flow, and this depends on its private batch fields as
-``batch_rows`` does (checked against the version it was written for).
+On the CPU it also decodes in order (``_InOrderGeneration``): each token is handed out
+before the pass for the next one runs. Everything else is mlx-lm's own flow; both depend
+on its private batch fields as ``batch_rows`` does, and are off on another version.
 """
 
 from __future__ import annotations
@@ -182,7 +185,7 @@ class FusingBatchGenerator(BatchGenerator):
         self._prompt_batch = _PromptBatch.empty(
             self.model, self.sampler, prefill_step_size=self.prefill_step_size
         )
-        if in_order:
+        if in_order and batch_rows.private_access_supported():
             self._generation_batch = _InOrderGeneration.empty(self.model, self.sampler)
         self._split_last: set[int] = set()  # uids whose last token mlx-lm cut off its segment
         self.fused_rows = 0  # rows whose last token ran with their final chunk (tests, stats)
