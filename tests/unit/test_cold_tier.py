@@ -217,3 +217,35 @@ def test_evict_frees_down_to_the_budget_lru_first_skipping_pins_and_the_lease(ri
     rig.index.evicting_elsewhere = True
     assert evict(rig.index, rig.store, 0, lambda key: False) is None
     assert len(rig.index.blocks) == 4
+
+
+def test_a_flush_waits_for_the_one_already_writing():
+    """The writer thread's periodic flush holds a batch in ``touch``: a flush meanwhile
+    (shutdown, a test reading hit counts) returns only once that batch is committed."""
+    import threading
+
+    class SlowIndex(FakeBlockIndex):
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered, self.release, self.touched = threading.Event(), threading.Event(), []
+
+        def touch(self, hits) -> None:
+            self.entered.set()
+            assert self.release.wait(10)
+            self.touched.append(dict(hits))
+
+    index = SlowIndex()
+    recency = RecencyBuffer(index, FakeClock())
+    recency.record(["k1"])
+    periodic = threading.Thread(target=recency.flush)
+    periodic.start()
+    assert index.entered.wait(10)
+    returned = threading.Event()
+    caller = threading.Thread(target=lambda: (recency.flush(), returned.set()))
+    caller.start()
+    assert not returned.wait(0.2)  # still writing k1: the second flush waits for it
+    index.release.set()
+    assert returned.wait(10)
+    assert [list(batch) for batch in index.touched] == [["k1"]]
+    periodic.join()
+    caller.join()

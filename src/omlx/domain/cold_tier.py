@@ -65,6 +65,7 @@ class RecencyBuffer:
         self._hits: dict[str, float] = {}
         self._last_flush = self._clock.now()
         self._lock = threading.Lock()
+        self._flushing = threading.Lock()
 
     def record(self, keys: Sequence[str]) -> None:
         now = self._clock.now()
@@ -86,7 +87,15 @@ class RecencyBuffer:
         return self.flush()
 
     def flush(self) -> int:
-        """Write every buffered hit; returns how many keys were written."""
+        """Write every buffered hit; returns how many keys were written.
+
+        One flush at a time: a caller's flush (shutdown, tests) returns only after a
+        periodic one already writing on the writer thread has committed its batch.
+        """
+        with self._flushing:
+            return self._flush()
+
+    def _flush(self) -> int:
         with self._lock:
             batch, self._hits = self._hits, {}
             self._last_flush = self._clock.now()
