@@ -26,6 +26,7 @@ on its private batch fields as ``batch_rows`` does, and are off on another versi
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,19 +104,8 @@ class _PrimedGeneration(GenerationBatch):
 
     def _sample_first(self, logits: mx.array) -> None:
         """The sampling half of ``GenerationBatch._step``, on logits already computed."""
-        contexts = []
-        if any(self.logits_processors):
-            rows = []
-            for e in range(len(self.uids)):
-                row = logits[e : e + 1]
-                processors = self.logits_processors[e] or ()
-                if processors:
-                    context = self._token_context[e].state  # ends with the last prompt token
-                    contexts.append(context)
-                    for processor in processors:
-                        row = processor(context, row)
-                rows.append(row)
-            logits = mx.concatenate(rows, axis=0)
+        # Each row's context ends with the last prompt token, as after mlx-lm's first step.
+        logits, contexts = _processed(self, logits, lambda e: self._token_context[e].state)
         self._next_tokens, self._next_logprobs = _sample(self, logits)
         mx.eval(self._next_tokens, self._next_logprobs, contexts)
 
@@ -136,17 +126,9 @@ class _InOrderGeneration(GenerationBatch):
         self._current_logprobs = self._next_logprobs
         inputs = self._current_tokens
         logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
-        if any(self.logits_processors):
-            rows = []
-            for e in range(len(self.uids)):
-                row = logits[e : e + 1]
-                processors = self.logits_processors[e] or ()
-                if processors:
-                    context = self._token_context[e].update_and_fetch(inputs[e : e + 1])
-                    for processor in processors:
-                        row = processor(context, row)
-                rows.append(row)
-            logits = mx.concatenate(rows, axis=0)
+        logits, _ = _processed(
+            self, logits, lambda e: self._token_context[e].update_and_fetch(inputs[e : e + 1])
+        )
         self._next_tokens, self._next_logprobs = _sample(self, logits)
         mx.eval(inputs, self._current_logprobs)  # token k, computed by the last step's graph
         handed = inputs.tolist()
@@ -163,6 +145,28 @@ class _InOrderGeneration(GenerationBatch):
             # lazy graph (and the weights it references) alive.
             mx.eval([c.state for cache in finished for c in cache])
         return responses
+
+
+def _processed(
+    batch: GenerationBatch, logits: mx.array, context_of: Callable[[int], mx.array]
+) -> tuple[mx.array, list[mx.array]]:
+    """The logits after each row's processors, and the token contexts they were given.
+
+    ``context_of(row)`` is only called for rows with processors (it may extend a buffer).
+    """
+    if not any(batch.logits_processors):
+        return logits, []
+    rows, contexts = [], []
+    for e in range(len(batch.uids)):
+        row = logits[e : e + 1]
+        processors = batch.logits_processors[e] or ()
+        if processors:
+            context = context_of(e)
+            contexts.append(context)
+            for processor in processors:
+                row = processor(context, row)
+        rows.append(row)
+    return mx.concatenate(rows, axis=0), contexts
 
 
 def _sample(batch: GenerationBatch, logits: mx.array) -> tuple[mx.array, list[mx.array]]:
