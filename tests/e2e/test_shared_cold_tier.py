@@ -85,10 +85,11 @@ def settle(url: str, at_least: int = 1, quiet: float = 1.5, timeout: float = 60)
 def _metric(server: ServerProcess, name: str) -> float:
     import httpx
 
-    for line in httpx.get(server.base_url + "/metrics", timeout=10).text.splitlines():
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[-1])
-    return 0.0
+    raise AssertionError(f"no sample {name} in /metrics (renamed or relabelled?)")
 
 
 def admin(*args: str) -> subprocess.CompletedProcess[str]:
@@ -297,7 +298,7 @@ def test_a_tiny_shared_budget_holds_across_both(
             peak = max(peak, index.total_bytes())
             index.close()
         settle(pg_url)
-        evicted = [_metric(s, 'omlx_cache_blocks_evicted_total{tier="ssd"}') for s in (a, b)]
+        evicted = [_metric(s, 'omlx_cache_blocks_evicted_total{model="all",tier="ssd"}') for s in (a, b)]
         clean_logs(a, b)
     index = connect_index(pg_url, migrate=False)
     total, count = index.total_bytes(), index.block_count()
