@@ -28,11 +28,13 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from omlx.adapters.mlx import batch_rows
+from omlx.adapters.mlx.finished_caches import FinishedCaches
 from omlx.adapters.mlx.fused_prefill import FusingBatchGenerator
 from omlx.adapters.mlx.loader import LoadedModel
 from omlx.adapters.mlx.memory import measure_kv_cost
 from omlx.adapters.mlx.processors import request_processors, token_logprob
 from omlx.adapters.mlx.sampling import Sampler, make_sampler
+from omlx.adapters.mlx.warm_up import warm_up
 from omlx.domain.generation import (
     PHASES,
     Failed,
@@ -217,41 +219,14 @@ class MLXEngine:
             self._finish(job, "cancelled", cache=None, tokens=None)
 
     def _warm_up(self) -> None:
-        """Pay the one-time costs before a request does: the weights' pages (safetensors
-        are mapped, not read, until a forward pass touches them), MLX's compiled kernels
-        (sampling, activations), the batcher's restored-cache and decode paths and their
-        buffers. Two rows, one continuing a restored cache, one sampling at a temperature,
-        each of two tokens and one generated. It stops at the first request that arrives:
-        each step is a forward pass (~0.1 s for the default model on 2 CPU cores) and the
-        whole of it costs more than the one-time costs it pays here (a 4- and a 12-token
-        row, run to the end, made the first request after start-up 0.8-1 s slower).
-        Nothing reaches the prefix cache, the metrics or a client.
-        """
+        """One tiny generation before the first request (``warm_up.warm_up``)."""
         started = time.monotonic()
         try:
-            from mlx_lm.models.cache import make_prompt_cache
-
-            model, token = self.model.model, self._eos[0] if self._eos else 0
-            restored = make_prompt_cache(model)
-            model(mx.array([[token] * 2]), cache=restored)
-            mx.eval([c.state for c in restored])
-            uids = self._generator.insert_segments(
-                [[[token] * 2], [[token] * 2]],
-                max_tokens=[1, 1],
-                caches=[restored, None],
-                all_tokens=[[token] * 2, []],
-                samplers=[self._sampler(_GREEDY), make_sampler(0.7, 0.95, 20, seed=0)],
+            token = self._eos[0] if self._eos else 0
+            interrupted = warm_up(
+                self._generator, self.model.model, token, self._sampler(_GREEDY),
+                request_waiting=lambda: not self._inbox.empty(),
             )
-            pending, interrupted = set(uids), False
-            for _ in range(64):  # a bound: two rows of two tokens need a handful of steps
-                if not self._inbox.empty():
-                    interrupted = True  # a request came: it goes first, the rows are dropped
-                    break
-                _, generated = self._generator.next()
-                pending -= {r.uid for r in generated if r.finish_reason is not None}
-                if not pending:
-                    break
-            self._generator.remove(list(pending))
         except Exception:  # a model the warm-up cannot drive still serves requests
             log.warning("warm-up of %s failed; the first request pays its costs", self.model.model_id, exc_info=True)
             self._generator = self._new_generator()
@@ -620,66 +595,3 @@ def phases_of(job: _Job) -> tuple[tuple[str, float], ...]:
         "first_step": max(t["first_token"] - prefilled, 0.0),
     }
     return tuple((name, spans[name]) for name in PHASES)
-
-
-class FinishedCaches:
-    """The last few finished requests' caches, for the next turn to continue from.
-
-    An agent's next turn extends its previous prompt and reply; restoring that prefix
-    from the hot tier's blocks copies all of it into fresh arrays first, while the
-    finished request's own cache already holds it. A request whose restored prefix (as
-    the prefix cache matched it: blocks pinned, capture keyed as usual) lies within a
-    kept cache gets views of that cache's arrays cut at the prefix: the batcher copies
-    them into its batch without writing to them, so the kept cache stays whole for a
-    later turn (a replay, a sibling branch). Plain KV layouts only: a state cache cannot
-    be cut at a prefix.
-    """
-
-    def __init__(self, entries: int, max_bytes: int) -> None:
-        self.entries = entries
-        self.max_bytes = max_bytes
-        self._kept: list[tuple[tuple[int, ...], list[Any], int]] = []  # oldest first
-        self.continued = 0  # requests that started from one (for tests and /metrics)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(n for _, _, n in self._kept)
-
-    def keep(self, tokens: list[int], cache: list[Any]) -> None:
-        if self.entries <= 0 or not _cuttable(cache) or cache[0].offset != len(tokens):
-            return
-        nbytes = sum(c.nbytes for c in cache)
-        if nbytes > self.max_bytes:
-            return
-        key = tuple(tokens)
-        self._kept = [e for e in self._kept if e[0] != key]
-        self._kept.append((key, cache, nbytes))
-        while len(self._kept) > self.entries or self.nbytes > self.max_bytes:
-            self._kept.pop(0)
-
-    def take(self, prompt: list[int], prefix: int) -> list[Any] | None:
-        """Views of a kept cache holding ``prompt[:prefix]``, cut there; None when none does."""
-        from mlx_lm.models.cache import KVCache
-
-        wanted = tuple(prompt[:prefix])
-        for i in range(len(self._kept) - 1, -1, -1):
-            tokens, cache, _ = self._kept[i]
-            if len(tokens) >= prefix and tokens[:prefix] == wanted:
-                self._kept.append(self._kept.pop(i))  # most recently used last
-                views = []
-                for layer in cache:
-                    view = KVCache()
-                    view.keys, view.values, view.offset = layer.keys, layer.values, prefix
-                    views.append(view)
-                self.continued += 1
-                return views
-        return None
-
-    def clear(self) -> None:
-        self._kept.clear()
-
-
-def _cuttable(cache: list[Any]) -> bool:
-    from mlx_lm.models.cache import KVCache
-
-    return bool(cache) and all(type(c) is KVCache and c.keys is not None for c in cache)

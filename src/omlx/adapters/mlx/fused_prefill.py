@@ -248,8 +248,9 @@ class FusingBatchGenerator(BatchGenerator):
         if alone:
             last_inputs = [self._currently_processing[i][0][0] for i in alone]
             progress = [(self._currently_processing[i][2],) * 2 for i in alone]
+            leaving = set(alone)
             self._currently_processing = [
-                p for i, p in enumerate(self._currently_processing) if i not in set(alone)
+                p for i, p in enumerate(self._currently_processing) if i not in leaving
             ]
             started = self._prompt_batch.split(alone).generate(last_inputs)
             for uid, p in zip(started.uids, progress, strict=True):

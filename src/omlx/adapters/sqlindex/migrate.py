@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import create_engine, inspect, text
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Engine
 from sqlalchemy.pool import NullPool
 
 from omlx.adapters.sqlindex.urls import SQLITE, sqlite_path, to_url
@@ -67,18 +67,24 @@ def upgrade(target: Target, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
+def _open_index(url: URL) -> Engine | None:
+    """A short-lived engine on the index; None when its SQLite file does not exist."""
+    if url.get_backend_name() == SQLITE:
+        path = sqlite_path(url)
+        if not path.exists():
+            return None
+        return create_engine(f"sqlite:///{path}", poolclass=NullPool)
+    from omlx.adapters.sqlindex.postgres import make_pg_engine
+
+    return make_pg_engine(url, pooled=False)
+
+
 def _at_revision(url: URL, revision: str) -> bool:
     """Whether the index is already at ``revision``, read with one query (no Alembic)."""
     try:
-        if url.get_backend_name() == SQLITE:
-            path = sqlite_path(url)
-            if not path.exists():
-                return False
-            engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
-        else:
-            from omlx.adapters.sqlindex.postgres import make_pg_engine
-
-            engine = make_pg_engine(url, pooled=False)
+        engine = _open_index(url)
+        if engine is None:
+            return False
         try:
             with engine.connect() as conn:
                 if not inspect(conn).has_table("alembic_version"):
@@ -110,16 +116,9 @@ def all_revisions() -> list[str]:
 
 def current_revision(target: Target) -> str | None:
     """The revision the index is at; None for a missing file or an empty database."""
-    url = to_url(target)
-    if url.get_backend_name() == SQLITE:
-        path = sqlite_path(url)
-        if not path.exists():
-            return None
-        engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
-    else:
-        from omlx.adapters.sqlindex.postgres import make_pg_engine
-
-        engine = make_pg_engine(url, pooled=False)
+    engine = _open_index(to_url(target))
+    if engine is None:
+        return None
     try:
         with engine.connect() as conn:
             if not inspect(conn).has_table("alembic_version"):
