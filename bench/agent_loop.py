@@ -9,13 +9,18 @@ and whole lines of this repository's source (``--context-tokens`` SmolLM2 tokens
 per turn one short user message and the server's own previous reply (greedy,
 ``--max-tokens``), as a live agent would. One *trial* of a peer, on a fresh cache:
 
-1. start the server and send one short request as soon as it says it is up (start-up:
-   process spawned -> that request's first token), wait until it is idle;
+1. start the server and send one short request as soon as it says it is up (process
+   spawned -> that request's first token: "first start on a new cache folder"), wait
+   until it is idle;
 2. turn 1 (cold), turns 2.. (follow-ups);
 3. same context, new question: the system prompt and another first question;
 4. replay: the last turn's prompt again, same process;
 5. SIGTERM, start again on the same cache folder, the last turn's prompt as its first
-   request (mlx_lm.server keeps nothing: it recomputes).
+   request (mlx_lm.server keeps nothing: it recomputes). Before the SIGTERM, omlx's
+   float32 copy of the GGUF (written when the server is quiet) is waited for;
+6. SIGTERM, start a third time and time a short request as in 1: "server start-up", the
+   start a user meets every day (omlx with its copy; mlx_lm.server reads the folder
+   converted once before the trials).
 
 Trials run one server at a time, interleaved: omlx, mlx_lm.server, llama.cpp, then the
 other way round, ``--repeats`` times. Tables give medians and min-max; ratios are omlx's
@@ -112,22 +117,7 @@ def trial(peer: str, round_: int, ctx: dict[str, Any]) -> dict[str, Any]:
     try:
         first = make_server(peer, trial_dir, "start-1", ctx)
         servers.append(first)
-        # Start-up as a user meets it: spawn -> first token of a short request, sent as
-        # soon as the server says it is up. Each peer says "up" differently (omlx: /health
-        # ready; mlx_lm.server answers /health before its thread has loaded the model;
-        # llama.cpp loads before it listens), so only the first token compares them.
-        first.start(idle=False)
-        model = served_model(peer, first, ctx)
-        sent = time.time()
-        warm = stream_chat(first.base_url, model, WARMUP, 1)
-        out["port_open_s"], out["ready_s"] = first.started_s, first.ready_s
-        out["startup_s"] = sent - first.spawned_at + warm.ttft
-        out["warmup_ttft_s"] = warm.ttft
-        print(
-            f"{peer} (round {round_ + 1}): port open {first.started_s:.2f} s, ready "
-            f"{first.ready_s:.2f} s, first token {out['startup_s']:.2f} s",
-            flush=True,
-        )
+        model, out["first_startup_s"] = timed_start(peer, first, ctx, f"{peer} (round {round_ + 1}), first start")
         first.wait_idle()  # the turns below time requests, not the end of start-up work
         messages = [{"role": "system", "content": system}]
         last_prompt: list[dict[str, str]] = []
@@ -142,6 +132,10 @@ def trial(peer: str, round_: int, ctx: dict[str, Any]) -> dict[str, Any]:
         for name, prompt in ((names[-3], new_q), (names[-2], last_prompt)):
             phases[name] = stream_chat(first.base_url, model, prompt, args.max_tokens)
             show(peer, name, phases[name])
+        if peer == "omlx":
+            # Its first start on a new cache folder dequantized the GGUF; the float32 copy
+            # it keeps for later starts is written once the server is quiet (seconds).
+            out["prepared_copy_s"] = wait_for_prepared_copy(trial_dir / "cache")
         first.stop()
         second = make_server(peer, trial_dir, "start-2", ctx)
         servers.append(second)
@@ -150,11 +144,50 @@ def trial(peer: str, round_: int, ctx: dict[str, Any]) -> dict[str, Any]:
         phases[names[-1]] = stream_chat(second.base_url, model, last_prompt, args.max_tokens)
         show(peer, names[-1], phases[names[-1]])
         second.stop()
+        # Start-up as a user meets it every day: a start on a cache folder that has been
+        # used (omlx: with its prepared copy; mlx_lm.server reads the folder converted once).
+        third = make_server(peer, trial_dir, "start-3", ctx)
+        servers.append(third)
+        _, out["startup_s"] = timed_start(peer, third, ctx, f"{peer} (round {round_ + 1}), later start")
+        out["port_open_s"], out["ready_s"] = third.started_s, third.ready_s
+        third.stop()
     finally:
         for server in servers:
             server.kill()
     out["phases"] = {name: asdict(r) for name, r in phases.items()}
     return out
+
+
+def timed_start(peer: str, server: Server, ctx: dict[str, Any], label: str) -> tuple[str, float]:
+    """Spawn ``server`` and send one short request as soon as it says it is up: the model
+    name and spawn -> that request's first token.
+
+    Each peer says "up" differently (omlx: /health ready; mlx_lm.server answers /health
+    before its thread has loaded the model; llama.cpp loads before it listens), so only
+    the first token compares them.
+    """
+    server.start(idle=False)
+    model = served_model(peer, server, ctx)
+    sent = time.time()
+    warm = stream_chat(server.base_url, model, WARMUP, 1)
+    startup = sent - server.spawned_at + warm.ttft
+    print(
+        f"{label}: port open {server.started_s:.2f} s, ready {server.ready_s:.2f} s, "
+        f"first token {startup:.2f} s",
+        flush=True,
+    )
+    return model, startup
+
+
+def wait_for_prepared_copy(cache_dir: Path, timeout: float = 120.0) -> float | None:
+    """Seconds until omlx's prepared float32 copy is in ``cache_dir`` (None: not in time)."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout:
+        if any((cache_dir / ".prepared-weights").glob("*/omlx-prepared.json")):
+            return time.perf_counter() - started
+        time.sleep(0.2)
+    print(f"note: no prepared copy in {cache_dir} after {timeout:.0f} s", flush=True)
+    return None
 
 
 def summarize_trials(trials: list[dict[str, Any]], peers: list[str], turns: int) -> dict[str, Any]:
@@ -169,6 +202,7 @@ def summarize_trials(trials: list[dict[str, Any]], peers: list[str], turns: int)
         }
     for key, label in (
         ("startup_s", "server start-up (spawn -> first token)"),
+        ("first_startup_s", "first start on a new cache folder"),
         ("port_open_s", "start-up: port open"),
     ):
         rows[label] = {p: summarize(t.get(key) for t in trials if t["peer"] == p) for p in peers}

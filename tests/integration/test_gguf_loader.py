@@ -18,89 +18,9 @@ from omlx.adapters.mlx import default_model, gguf
 from omlx.adapters.mlx.convert import convert_gguf
 from omlx.adapters.mlx.errors import ModelNotInstalledError, UnsupportedModelError
 from omlx.adapters.mlx.gguf import LoadedGGUF, default_model_path, load_gguf
+from tests.tiny_gguf import FFN, HEADS, HIDDEN, KV_HEADS, LAYERS, write_tiny_gguf
 
-HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 64, 2, 4, 2, 128
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CORPUS = ["The quick brown fox jumps over the lazy dog.", "Paris is the capital of France."]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def _tiny_vocab() -> tuple[list[str], list[str]]:
-    """A small byte-level BPE vocabulary (tokens by id, merges as 'a b')."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS * 4, trainer)
-    model = json.loads(tok.to_str())["model"]
-    tokens = sorted(model["vocab"], key=model["vocab"].__getitem__)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
-    return tokens, merges
-
-
-def _tiny_gguf_tensors(vocab: int, tied: bool) -> dict[str, mx.array]:
-    """Seeded random llama weights under llama.cpp's tensor names."""
-    mx.random.seed(0)
-    head_dim = HIDDEN // HEADS
-
-    def rand(*shape: int) -> mx.array:
-        return mx.random.normal(shape) * 0.1
-
-    tensors = {"token_embd.weight": rand(vocab, HIDDEN), "output_norm.weight": 1 + rand(HIDDEN)}
-    if not tied:
-        tensors["output.weight"] = rand(vocab, HIDDEN)
-    for i in range(LAYERS):
-        tensors |= {
-            f"blk.{i}.attn_q.weight": rand(HEADS * head_dim, HIDDEN),
-            f"blk.{i}.attn_k.weight": rand(KV_HEADS * head_dim, HIDDEN),
-            f"blk.{i}.attn_v.weight": rand(KV_HEADS * head_dim, HIDDEN),
-            f"blk.{i}.attn_output.weight": rand(HIDDEN, HEADS * head_dim),
-            f"blk.{i}.ffn_gate.weight": rand(FFN, HIDDEN),
-            f"blk.{i}.ffn_up.weight": rand(FFN, HIDDEN),
-            f"blk.{i}.ffn_down.weight": rand(HIDDEN, FFN),
-            f"blk.{i}.attn_norm.weight": 1 + rand(HIDDEN),
-            f"blk.{i}.ffn_norm.weight": 1 + rand(HIDDEN),
-        }
-    return tensors
-
-
-def _write_tiny_gguf(
-    path: Path, *, arch: str = "llama", tied: bool = False, extra: dict[str, mx.array] | None = None
-) -> dict[str, mx.array]:
-    tokens, merges = _tiny_vocab()
-    u32 = lambda v: mx.array(v, dtype=mx.uint32)  # noqa: E731
-    metadata: dict[str, Any] = {
-        "general.architecture": arch,
-        f"{arch}.embedding_length": u32(HIDDEN),
-        f"{arch}.block_count": u32(LAYERS),
-        f"{arch}.feed_forward_length": u32(FFN),
-        f"{arch}.attention.head_count": u32(HEADS),
-        f"{arch}.attention.head_count_kv": u32(KV_HEADS),
-        f"{arch}.rope.freq_base": mx.array(10000.0, dtype=mx.float32),
-        f"{arch}.rope.dimension_count": u32(HIDDEN // HEADS),
-        f"{arch}.attention.layer_norm_rms_epsilon": mx.array(1e-5, dtype=mx.float32),
-        f"{arch}.context_length": u32(512),
-        f"{arch}.vocab_size": u32(len(tokens)),
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "smollm",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.token_type": mx.array(
-            [3 if t in SPECIALS else 1 for t in tokens], dtype=mx.int32
-        ),
-        "tokenizer.ggml.bos_token_id": u32(1),
-        "tokenizer.ggml.eos_token_id": u32(2),
-        "tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
-    }
-    tensors = _tiny_gguf_tensors(len(tokens), tied) | (extra or {})
-    mx.save_gguf(str(path), tensors, metadata)
-    return tensors
 
 
 def _reference_logits(tensors: dict[str, mx.array], tied: bool, ids: list[int]) -> mx.array:
@@ -141,7 +61,7 @@ def _reference_logits(tensors: dict[str, mx.array], tied: bool, ids: list[int]) 
 @pytest.mark.parametrize("tied", [False, True])
 def test_tiny_gguf_matches_mlx_lm_llama(tmp_path: Path, tied: bool) -> None:
     path = tmp_path / "tiny.gguf"
-    tensors = _write_tiny_gguf(path, tied=tied)
+    tensors = write_tiny_gguf(path, tied=tied)
 
     loaded = load_gguf(path)
 
@@ -158,14 +78,14 @@ def test_tiny_gguf_matches_mlx_lm_llama(tmp_path: Path, tied: bool) -> None:
 
 def test_unsupported_architecture_is_refused_by_name(tmp_path: Path) -> None:
     path = tmp_path / "qwen.gguf"
-    _write_tiny_gguf(path, arch="qwen2")
+    write_tiny_gguf(path, arch="qwen2")
     with pytest.raises(UnsupportedModelError, match="'qwen2'"):
         load_gguf(path)
 
 
 def test_unknown_tensor_is_refused_by_name(tmp_path: Path) -> None:
     path = tmp_path / "extra.gguf"
-    _write_tiny_gguf(path, extra={"blk.0.attn_qkv.weight": mx.zeros((8, HIDDEN))})
+    write_tiny_gguf(path, extra={"blk.0.attn_qkv.weight": mx.zeros((8, HIDDEN))})
     with pytest.raises(UnsupportedModelError, match=re.escape("blk.0.attn_qkv.weight")):
         load_gguf(path)
 
@@ -249,3 +169,21 @@ def test_converted_folder_generates_like_the_gguf(
     assert prompt == smollm2.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True)
     assert tokenizer.eos_token_ids == {2}
     assert _greedy(model, prompt, 8) == _greedy(smollm2.model, prompt, 8)
+
+
+def test_default_models_prepared_copy_generates_like_the_gguf(
+    smollm2: LoadedGGUF, default_gguf: Path, tmp_path: Path
+) -> None:
+    from omlx.adapters.mlx.prepared import PreparedWeights
+
+    store = PreparedWeights(tmp_path / "prepared", max_bytes=10**10)
+    assert store.keep("f" * 64, smollm2, default_gguf) is not None
+    copy = store.load("f" * 64)
+
+    assert copy is not None
+    assert copy.config == smollm2.config
+    assert copy.tokenizer.eos_token_ids == {2}
+    prompt = copy.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True)
+    assert prompt == smollm2.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True)
+    assert mx.array_equal(copy.model(mx.array([prompt])), smollm2.model(mx.array([prompt]))).item()
+    assert _greedy(copy.model, prompt, 8) == _greedy(smollm2.model, prompt, 8)

@@ -104,6 +104,7 @@ def _trial(peer: str, round_: int, ttfts: dict[str, float], startup: float) -> d
         "round": round_,
         "phases": phases,
         "startup_s": startup,
+        "first_startup_s": startup + 1,
         "port_open_s": startup / 2,
         "warmup_ttft_s": 0.1,
     }
@@ -127,6 +128,7 @@ def test_agent_loop_summary_rows_ratios_and_verdicts() -> None:
     assert result["ratios"]["follow-up turn 1"]["mlx_lm.server"] == pytest.approx(1.0)
     assert result["ratios"]["cold first turn"]["mlx_lm.server"] == pytest.approx(0.5)
     assert result["rows"]["server start-up (spawn -> first token)"]["omlx"]["median"] == 4.0
+    assert result["rows"]["first start on a new cache folder"]["omlx"]["median"] == 5.0
     json.dumps(result)  # what the bench writes must be JSON
     verdicts = agent_loop.verdicts(result, 3)
     assert any(v.startswith("follow-up turns, worst omlx/mlx_lm.server: 1.00") and "MISSED" in v for v in verdicts)

@@ -103,6 +103,12 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
         f"total:        {total['blocks']} blocks, {total['tokens']} tokens, "
         f"{format_size(total['nbytes'])}"
     )
+    prepared = report["prepared_weights"]
+    if prepared["copies"]:
+        click.echo(
+            f"prepared:     {prepared['copies']} float32 GGUF copies, "
+            f"{format_size(prepared['nbytes'])} in {prepared['path']}"
+        )
     if disk:
         click.echo(
             f"disk:         {format_size(disk['free'])} free of {format_size(disk['total'])} "
@@ -153,7 +159,20 @@ def _stats(target: Target, index: SqlBlockIndex | None) -> dict[str, Any]:
         },
         "namespaces": namespaces,
         "total": {k: sum(ns[k] for ns in namespaces) for k in ("blocks", "tokens", "nbytes")},
+        "prepared_weights": _prepared_weights(cache_dir.expanduser()),
         "disk": disk,
+    }
+
+
+def _prepared_weights(cache_dir: Path) -> dict[str, Any]:
+    """The dequantized GGUF copies kept beside the blocks (``adapters/mlx/prepared.py``)."""
+    from omlx.adapters.mlx.prepared_folder import PREPARED_DIR, list_copies
+
+    copies = list_copies(cache_dir / PREPARED_DIR)
+    return {
+        "path": str(cache_dir / PREPARED_DIR),
+        "copies": len(copies),
+        "nbytes": sum(c.nbytes for c in copies),
     }
 
 

@@ -9,7 +9,9 @@ the shared parts, and the services its API endpoints call.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,10 @@ log = logging.getLogger(__name__)
 
 # A GGUF's weights are dequantized to float32 on the CPU: up to ~8x its file (Q4).
 _GGUF_ON_CPU_FACTOR = 8
+# A loaded model's chores (see _run_when_quiet) run after this long without a request,
+# or at the latest this long after its load.
+_QUIET_BEFORE_CHORES_S = 2.0
+_CHORES_AT_LATEST_S = 600.0
 
 
 @dataclass(slots=True)
@@ -51,6 +57,7 @@ class ModelLoader:
         self.account = account
         self.kv_memory_limit = kv_memory_limit
         self.digest_cache = digest_cache
+        self._prepared: Any = None  # PreparedWeights, built with the first GGUF load
 
     def estimate(self, spec: ModelSpec) -> int:
         """An upper bound of what loading ``spec`` will take, from its files."""
@@ -80,8 +87,20 @@ class ModelLoader:
             digest_cache=self.digest_cache,
             model_id=spec.id,
             progress=lambda label, total: for_log(log, label, total, "bytes"),
+            prepared=self._prepared_weights(),
         )
         return self.wire_chat(spec, model)
+
+    def _prepared_weights(self) -> Any:
+        """Where dequantized GGUF copies are kept: in the SSD tier's folder, if it is on."""
+        budget = self.settings.prepared_weights_bytes
+        if self.cold is None or budget == 0:
+            return None
+        if self._prepared is None:
+            from omlx.adapters.mlx.prepared import PREPARED_DIR, PreparedWeights
+
+            self._prepared = PreparedWeights(self.settings.cache_dir / PREPARED_DIR, budget)
+        return self._prepared
 
     def wire_chat(self, spec: ModelSpec, model: Any) -> Served:
         """A loaded chat model's cache tiers, engine thread and services."""
@@ -120,16 +139,21 @@ class ModelLoader:
         engine.start()
         served.closers.append(engine.stop)  # last added, closed first: nothing is stored after
         backend = fast_backend(model.tokenizer)
+        grammars = _grammar_compiler(model)
         generation = GenerationService(
             engine, model, max_queued=settings.max_queued_requests,
             default_max_tokens=settings.default_max_tokens,
             encode=PrefixReusingEncoder(backend).encode if backend is not None else None,
-            grammars=_grammar_compiler(model),
+            grammars=grammars,
         )
         served.engine = engine
         served.generation = generation
         served.chat = ChatPipeline(generation, ChatRenderer(model.tokenizer, model.model_id))
         served.prefix_cache, served.cold_tier = prefix_cache, cold_tier
+        jobs = [lambda cancelled: grammars.start_building().wait()]
+        if (write := getattr(model, "extra", {}).pop("write_prepared_copy", None)) is not None:
+            jobs.append(write)
+        _run_when_quiet(served, jobs)
         return served
 
     def _cache(self, model: Any, served: Served) -> tuple[Any, Any]:
@@ -191,10 +215,53 @@ class ModelLoader:
         return served
 
 
+def _run_when_quiet(served: Served, jobs: list[Callable[[Callable[[], bool]], Any]]) -> None:
+    """Run a loaded model's start-up chores on a thread, once it has served nothing for a while.
+
+    The chores hold the CPU (and the GIL) for seconds: the grammar tokenizer's build
+    (0.6-0.7 s), the prepared copy's write (2.4-2.9 s for the default model, which beside
+    the first request made its first token 1.0-1.5 s late). Agents leave gaps between
+    turns, and neither is needed at once: a constrained request builds the grammar view
+    itself, and the copy matters at the next start. Each job gets a ``cancelled`` check.
+    An unload stops the thread (a write under way is abandoned) and waits for it, so the
+    weights a write reads leave with the model.
+    """
+    stop = threading.Event()
+
+    def run() -> None:
+        deadline = time.monotonic() + _CHORES_AT_LATEST_S
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            if served.busy(now):
+                quiet_since = now
+            elif now - quiet_since >= _QUIET_BEFORE_CHORES_S:
+                break
+            if stop.wait(0.25):
+                return  # unloaded first: a later load does them
+        for job in jobs:
+            if stop.is_set():
+                return
+            try:
+                job(stop.is_set)
+            except Exception:  # chores are optimisations: the model serves without them
+                log.warning("a start-up chore of %s failed", served.id, exc_info=True)
+
+    thread = threading.Thread(target=run, name="omlx-chores", daemon=True)
+
+    def stop_chores() -> None:
+        stop.set()
+        thread.join()
+
+    served.closers.append(stop_chores)  # the last closer added runs first
+    thread.start()
+
+
 def _grammar_compiler(model: Any) -> Any:
     """Constrained decoding for the model's tokenizer (its vocabulary view builds in the background)."""
     from omlx.adapters.grammar import LLGuidanceCompiler
 
     return LLGuidanceCompiler(
-        model.tokenizer, sorted(model.tokenizer.eos_token_ids), model.config.get("vocab_size")
+        model.tokenizer, sorted(model.tokenizer.eos_token_ids), model.config.get("vocab_size"),
+        build_now=False,  # a chore (_run_when_quiet), or the first constrained request
     )

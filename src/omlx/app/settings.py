@@ -33,6 +33,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     paged_ssd_cache_dir: str = "~/.omlx/cache"
     paged_ssd_cache_max_size: str = "100GB"
     ssd_cache_enabled: bool = True
+    prepared_weights_max_size: str = "16GB"
     index_url: str = ""
     server_id: str = ""
     eviction_lease_seconds: float = 60.0
@@ -61,6 +62,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def ssd_cache_bytes(self) -> int:
         return parse_size(self.paged_ssd_cache_max_size)
+
+    @property
+    def prepared_weights_bytes(self) -> int:
+        return parse_size(self.prepared_weights_max_size)
 
     @property
     def kv_memory_limit_bytes(self) -> int | None:
@@ -110,6 +115,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError("prefill_step_size must be >= 1")
         self.hot_cache_bytes  # noqa: B018 - parse now so a bad size fails at start
         self.ssd_cache_bytes  # noqa: B018
+        self.prepared_weights_bytes  # noqa: B018
         if self.kv_memory_limit_bytes == 0:
             raise ValueError('kv_memory_limit must be a size above 0, "auto" or "off"')
         from omlx.app.normalize import PromptNormalizer

@@ -10,16 +10,19 @@ import hashlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load as mlx_lm_load
 
 from omlx.adapters.mlx.cache_layout import ModelLayout, kv_dtype_of, probe_layout
 from omlx.adapters.mlx.errors import UnsupportedModelError
-from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, default_model_path, load_gguf
+from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, LoadedGGUF, default_model_path, load_gguf
+from omlx.adapters.mlx.prepared import PreparedWeights
 from omlx.domain.blocks import NamespaceInfo
 from omlx.domain.keys import namespace_digest
 from omlx.domain.model_ids import model_id_for
@@ -145,11 +148,15 @@ def load_model(
     digest_cache: DigestCache | None = None,
     model_id: str | None = None,
     progress: ProgressFactory | None = None,
+    prepared: PreparedWeights | None = None,
 ) -> LoadedModel:
     """Load ``spec`` (None: the default SmolLM2 GGUF) and describe its cache identity.
 
     ``model_id``: the id it is served under (default: from its file or folder name).
     ``progress``: counts the weight digest's bytes (see ``ProgressFactory``).
+    ``prepared``: where a GGUF dequantized on the CPU is kept for the next load; a load
+    that had to dequantize leaves ``extra["write_prepared_copy"]``, a call that writes the
+    copy (seconds of disk writes: run it off the request path).
     """
     if spec is None:
         path, model_id = default_model_path(), model_id or DEFAULT_MODEL_ID
@@ -161,12 +168,16 @@ def load_model(
             )
         model_id = model_id or model_id_for(path)
 
+    extra: dict[str, Any] = {}
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise UnsupportedModelError(f"{path} is a file but not a .gguf file")
-        loaded = load_gguf(path)
-        model, tokenizer, config = loaded.model, loaded.tokenizer, loaded.config
         weight_files = [path]
+        digest = weights_digest(weight_files, digest_cache, progress, f"digesting the weights of {model_id}")
+        loaded = _load_gguf(path, digest, prepared)
+        model, tokenizer, config = loaded.model, loaded.tokenizer, loaded.config
+        if prepared is not None and loaded.metadata:  # dequantized now: worth keeping
+            extra["write_prepared_copy"] = partial(prepared.keep, digest, loaded, path)
         # The GGUF's tokenizer lives in its metadata, already covered by the file digest.
         tokenizer_files: list[Path] = []
     else:
@@ -175,6 +186,7 @@ def load_model(
         model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
         weight_files = sorted(path.glob("*.safetensors"))
         tokenizer_files = [path / n for n in _TOKENIZER_FILES if (path / n).exists()]
+        digest = weights_digest(weight_files, digest_cache, progress, f"digesting the weights of {model_id}")
 
     layout = probe_layout(model)
     kv_dtype = kv_dtype_of(model)
@@ -189,15 +201,28 @@ def load_model(
         layer_count=len(layout.leaves),
         kv_dtype=kv_dtype,
         cache_supported=not layout.unsupported,
-        weights_digest=weights_digest(
-            weight_files, digest_cache, progress, f"digesting the weights of {model_id}"
-        ),
+        weights_digest=digest,
         tokenizer_digest=files_digest(tokenizer_files),
         cache_unsupported_reason=layout.unsupported,
         layout=layout,
+        extra=extra,
     )
     log.info(
         "loaded %s from %s: %d cache layers (%s), KV dtype %s, context %d",
         model_id, path, len(layout.leaves), ", ".join(f"{n} {label}" for label, n in layout.counts().items()), kv_dtype, context,
     )
     return loaded_model
+
+
+def _load_gguf(path: Path, digest: str, prepared: PreparedWeights | None) -> LoadedGGUF:
+    """The GGUF's model, from its prepared float32 copy when there is one (CPU only).
+
+    Without one, ``loaded.metadata`` is the GGUF's (a copy's load has none): the caller
+    writes the copy with ``write_prepared_copy`` once requests leave it the time.
+    """
+    if prepared is None or mx.default_device().type != mx.cpu:
+        return load_gguf(path)
+    loaded = prepared.load(digest)
+    if loaded is None:
+        loaded = load_gguf(path, dequantize=True)
+    return loaded
