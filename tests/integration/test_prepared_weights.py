@@ -48,7 +48,7 @@ def test_the_copy_loads_the_very_model_the_gguf_gives(gguf_file: Path, tmp_path:
 
     first = load_model(str(gguf_file), prepared=store)
     write = first.extra.pop("write_prepared_copy")
-    folder = write(lambda: False)
+    folder = write(lambda: True)
     assert folder is not None and (folder / MANIFEST).is_file()
     second = load_model(str(gguf_file), prepared=store)
 
@@ -93,7 +93,7 @@ def test_a_copy_larger_than_the_budget_is_not_written(gguf_file: Path, tmp_path:
 def test_an_unreadable_copy_is_removed_and_the_gguf_loads_instead(gguf_file: Path, tmp_path: Path) -> None:
     store = PreparedWeights(tmp_path / "prepared", max_bytes=10**9)
     first = load_model(str(gguf_file), prepared=store)
-    folder = first.extra.pop("write_prepared_copy")(lambda: False)
+    folder = first.extra.pop("write_prepared_copy")(lambda: True)
     weights = folder / WEIGHTS_FILE
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a torn file
 
@@ -104,12 +104,12 @@ def test_an_unreadable_copy_is_removed_and_the_gguf_loads_instead(gguf_file: Pat
     assert mx.array_equal(_logits(again.model, again.tokenizer), _logits(first.model, first.tokenizer)).item()
 
 
-def test_a_cancelled_or_crashed_write_leaves_nothing_that_loads(gguf_file: Path, tmp_path: Path) -> None:
+def test_an_abandoned_or_crashed_write_leaves_nothing_that_loads(gguf_file: Path, tmp_path: Path) -> None:
     root = tmp_path / "prepared"
     store = PreparedWeights(root, max_bytes=10**9)
     loaded = load_gguf(gguf_file)
     calls = []
-    assert store.keep("e" * 64, loaded, gguf_file, cancelled=lambda: bool(calls.append(1)) or len(calls) > 3) is None
+    assert store.keep("e" * 64, loaded, gguf_file, proceed=lambda: not calls.append(1) and len(calls) <= 3) is None
     assert list(root.iterdir()) == []  # nothing of the abandoned write
     assert store.load("e" * 64) is None
 

@@ -150,7 +150,7 @@ class ModelLoader:
         served.generation = generation
         served.chat = ChatPipeline(generation, ChatRenderer(model.tokenizer, model.model_id))
         served.prefix_cache, served.cold_tier = prefix_cache, cold_tier
-        jobs = [lambda cancelled: grammars.start_building().wait()]
+        jobs = [lambda proceed: grammars.start_building().wait()]
         if (write := getattr(model, "extra", {}).pop("write_prepared_copy", None)) is not None:
             jobs.append(write)
         _run_when_quiet(served, jobs)
@@ -216,34 +216,47 @@ class ModelLoader:
 
 
 def _run_when_quiet(served: Served, jobs: list[Callable[[Callable[[], bool]], Any]]) -> None:
-    """Run a loaded model's start-up chores on a thread, once it has served nothing for a while.
+    """Run a loaded model's start-up chores on a thread, while it serves nothing.
 
     The chores hold the CPU (and the GIL) for seconds: the grammar tokenizer's build
-    (0.6-0.7 s), the prepared copy's write (2.4-2.9 s for the default model, which beside
-    the first request made its first token 1.0-1.5 s late). Agents leave gaps between
-    turns, and neither is needed at once: a constrained request builds the grammar view
-    itself, and the copy matters at the next start. Each job gets a ``cancelled`` check.
-    An unload stops the thread (a write under way is abandoned) and waits for it, so the
-    weights a write reads leave with the model.
+    (0.6-0.7 s), the prepared copy's write (1.7-2.9 s for the default model; beside the
+    first request it made that request's first token 1.0-1.5 s late, beside a cold turn
+    that turn 1-2 s slower). Agents leave gaps between turns, and neither is needed at
+    once: a constrained request builds the grammar view itself, and the copy matters at
+    the next start. So they start after ``_QUIET_BEFORE_CHORES_S`` without a request, and
+    each job gets ``proceed``, which it calls between its steps: it returns at once while
+    the model is idle, waits for another quiet spell while it is busy, and is False once
+    the model is unloaded (the job then stops; a write leaves nothing). After
+    ``_CHORES_AT_LATEST_S`` it no longer waits. An unload stops the thread and waits for
+    it, so the weights a write reads leave with the model.
     """
     stop = threading.Event()
+    deadline = time.monotonic() + _CHORES_AT_LATEST_S
 
-    def run() -> None:
-        deadline = time.monotonic() + _CHORES_AT_LATEST_S
+    def quiet_spell() -> bool:
         quiet_since = time.monotonic()
-        while time.monotonic() < deadline:
+        while True:
             now = time.monotonic()
             if served.busy(now):
                 quiet_since = now
-            elif now - quiet_since >= _QUIET_BEFORE_CHORES_S:
-                break
+            elif now - quiet_since >= _QUIET_BEFORE_CHORES_S or now > deadline:
+                return True
             if stop.wait(0.25):
-                return  # unloaded first: a later load does them
+                return False  # unloaded first: a later load does the chores
+
+    def proceed() -> bool:
+        if stop.is_set():
+            return False
+        return not served.busy(time.monotonic()) or time.monotonic() > deadline or quiet_spell()
+
+    def run() -> None:
+        if not quiet_spell():
+            return
         for job in jobs:
-            if stop.is_set():
+            if not proceed():
                 return
             try:
-                job(stop.is_set)
+                job(proceed)
             except Exception:  # chores are optimisations: the model serves without them
                 log.warning("a start-up chore of %s failed", served.id, exc_info=True)
 

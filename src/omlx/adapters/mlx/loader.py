@@ -174,9 +174,9 @@ def load_model(
             raise UnsupportedModelError(f"{path} is a file but not a .gguf file")
         weight_files = [path]
         digest = weights_digest(weight_files, digest_cache, progress, f"digesting the weights of {model_id}")
-        loaded = _load_gguf(path, digest, prepared)
+        loaded, dequantized_now = _load_gguf(path, digest, prepared)
         model, tokenizer, config = loaded.model, loaded.tokenizer, loaded.config
-        if prepared is not None and loaded.metadata:  # dequantized now: worth keeping
+        if prepared is not None and dequantized_now:
             extra["write_prepared_copy"] = partial(prepared.keep, digest, loaded, path)
         # The GGUF's tokenizer lives in its metadata, already covered by the file digest.
         tokenizer_files: list[Path] = []
@@ -214,15 +214,15 @@ def load_model(
     return loaded_model
 
 
-def _load_gguf(path: Path, digest: str, prepared: PreparedWeights | None) -> LoadedGGUF:
-    """The GGUF's model, from its prepared float32 copy when there is one (CPU only).
+def _load_gguf(path: Path, digest: str, prepared: PreparedWeights | None) -> tuple[LoadedGGUF, bool]:
+    """The GGUF's model, from its prepared float32 copy when there is one, and whether it
+    was dequantized just now (then a copy is worth writing).
 
-    Without one, ``loaded.metadata`` is the GGUF's (a copy's load has none): the caller
-    writes the copy with ``write_prepared_copy`` once requests leave it the time.
+    Only on the CPU: elsewhere the quantized weights load as they are, with nothing to keep.
     """
     if prepared is None or mx.default_device().type != mx.cpu:
-        return load_gguf(path)
+        return load_gguf(path), False
     loaded = prepared.load(digest)
-    if loaded is None:
-        loaded = load_gguf(path, dequantize=True)
-    return loaded
+    if loaded is not None:
+        return loaded, False
+    return load_gguf(path, dequantize=True), True

@@ -104,10 +104,13 @@ class PreparedWeights:
     # ---- writing ------------------------------------------------------------------------
 
     def keep(
-        self, digest: str, loaded: LoadedGGUF, source: Path, cancelled: Callable[[], bool] = lambda: False
+        self, digest: str, loaded: LoadedGGUF, source: Path, proceed: Callable[[], bool] = lambda: True
     ) -> Path | None:
-        """Write the copy now; its folder, or None when the budget or the disk refuses it or
-        ``cancelled`` turns true during the write (nothing is left of it then)."""
+        """Write the copy now; its folder, or None when the budget or the disk refuses it.
+
+        ``proceed`` is called between the write's steps (it may wait: the server pauses
+        the write while the model serves); False abandons the write, leaving nothing.
+        """
         need = sum(w.nbytes for w in loaded.weights.values())
         if any(w.dtype not in _ST_DTYPES for w in loaded.weights.values()):
             return None
@@ -131,10 +134,13 @@ class PreparedWeights:
             shutil.rmtree(temp, ignore_errors=True)
             temp.mkdir()
             try:
+                if not proceed():
+                    shutil.rmtree(temp, ignore_errors=True)
+                    return None
                 write_tokenizer_files(loaded.metadata, temp)
                 (temp / CONFIG_FILE).write_text(json.dumps(loaded.config, indent=2), encoding="utf-8")
                 weights_bytes = write_safetensors(
-                    temp / WEIGHTS_FILE, loaded.weights, {"format": "mlx"}, cancelled
+                    temp / WEIGHTS_FILE, loaded.weights, {"format": "mlx"}, proceed
                 )
                 if weights_bytes is None:
                     shutil.rmtree(temp, ignore_errors=True)
@@ -183,10 +189,10 @@ def write_safetensors(
     path: Path,
     tensors: Mapping[str, mx.array],
     metadata: Mapping[str, str],
-    cancelled: Callable[[], bool] = lambda: False,
+    proceed: Callable[[], bool] = lambda: True,
 ) -> int | None:
     """Stream evaluated arrays into a safetensors file without an in-memory copy; its size,
-    or None when ``cancelled`` turned true between two tensors.
+    or None when ``proceed`` (called before each tensor) said False.
 
     Not ``mx.save_safetensors``: this runs beside the engine thread, and reading evaluated
     arrays through the buffer protocol is all it asks of MLX.
@@ -205,7 +211,7 @@ def write_safetensors(
         f.write(len(text).to_bytes(8, "little"))
         f.write(text)
         for name, value in tensors.items():
-            if cancelled():
+            if not proceed():
                 return None
             view = memoryview(value)
             if not view.c_contiguous or view.nbytes != value.nbytes:
