@@ -174,3 +174,21 @@ def test_an_unload_during_the_wait_stops_the_writer(
     container.close()  # unloads: its closer stops the waiting writer and joins it
     assert time.monotonic() - started < 10
     assert not any((tmp_path / "cache" / PREPARED_DIR).glob(f"*/{MANIFEST}"))
+
+
+def test_a_copy_another_server_finished_first_is_kept(
+    gguf_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = PreparedWeights(tmp_path / "prepared", max_bytes=10**9)
+    loaded = load_gguf(gguf_file)
+    real_rename = os.rename
+
+    def the_other_server_renames_first(src, dst):
+        real_rename(src, dst)  # its own, identical copy lands first ...
+        raise OSError(39, "Directory not empty")  # ... so ours cannot
+
+    monkeypatch.setattr(prepared_module.os, "rename", the_other_server_renames_first)
+    assert store.keep("a" * 64, loaded, gguf_file) == store.folder("a" * 64)
+    monkeypatch.undo()
+    assert [p.name for p in (tmp_path / "prepared").iterdir()] == [store.folder("a" * 64).name]
+    assert store.load("a" * 64) is not None

@@ -156,7 +156,13 @@ class PreparedWeights:
                 }
                 (temp / MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
                 _fsync_tree(temp)
-                os.rename(temp, final)
+                try:
+                    os.rename(temp, final)
+                except OSError:
+                    if not (final / MANIFEST).is_file():
+                        raise
+                    shutil.rmtree(temp, ignore_errors=True)  # a server sharing the folder was first
+                    return final
             except BaseException:
                 shutil.rmtree(temp, ignore_errors=True)
                 raise
