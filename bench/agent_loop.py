@@ -42,6 +42,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from omlx.adapters.mlx.prepared_folder import PREPARED_DIR, list_copies
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import plots
@@ -183,7 +185,7 @@ def wait_for_prepared_copy(cache_dir: Path, timeout: float = 120.0) -> float | N
     """Seconds until omlx's prepared float32 copy is in ``cache_dir`` (None: not in time)."""
     started = time.perf_counter()
     while time.perf_counter() - started < timeout:
-        if any((cache_dir / ".prepared-weights").glob("*/omlx-prepared.json")):
+        if list_copies(cache_dir / PREPARED_DIR):
             return time.perf_counter() - started
         time.sleep(0.2)
     print(f"note: no prepared copy in {cache_dir} after {timeout:.0f} s", flush=True)

@@ -63,8 +63,9 @@ class RawTensor:
         return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
 
 
-def encode_block(tensors: Mapping[str, RawTensor], metadata: Mapping[str, str]) -> bytearray:
-    """Serialize ``tensors`` (in the given order) and string ``metadata`` to safetensors bytes."""
+def encode_header(tensors: Mapping[str, RawTensor], metadata: Mapping[str, str]) -> bytes:
+    """A safetensors file's head for ``tensors`` (in the given order): the 8-byte length and
+    the JSON header, padded so the tensors' bytes, which follow back to back, start aligned."""
     header: dict[str, object] = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}}
     offset = 0
     for name, tensor in tensors.items():
@@ -85,12 +86,17 @@ def encode_block(tensors: Mapping[str, RawTensor], metadata: Mapping[str, str]) 
         offset += size
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     raw += b" " * (-(8 + len(raw)) % 8)  # data starts 8-byte aligned, as safetensors writes
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def encode_block(tensors: Mapping[str, RawTensor], metadata: Mapping[str, str]) -> bytearray:
+    """Serialize ``tensors`` (in the given order) and string ``metadata`` to safetensors bytes."""
+    head = encode_header(tensors, metadata)
     # One preallocated buffer, each tensor copied in once: with zero-copy views of the
     # engine's arrays as sources this is the only copy a block costs.
-    out = bytearray(8 + len(raw) + offset)
-    struct.pack_into("<Q", out, 0, len(raw))
-    out[8 : 8 + len(raw)] = raw
-    position = 8 + len(raw)
+    out = bytearray(len(head) + sum(t.nbytes for t in tensors.values()))
+    out[: len(head)] = head
+    position = len(head)
     for t in tensors.values():
         view = memoryview(t.data).cast("B")
         out[position : position + len(view)] = view

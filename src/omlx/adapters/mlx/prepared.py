@@ -24,11 +24,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import mlx.core as mx
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
+from omlx.adapters.blockfiles.format import RawTensor, encode_header
 from omlx.adapters.mlx.gguf import LoadedGGUF, build_model
 from omlx.adapters.mlx.gguf_tokenizer import eos_token_ids, write_tokenizer_files
 from omlx.adapters.mlx.prepared_folder import (  # noqa: F401  (PREPARED_DIR re-exported)
@@ -203,29 +203,23 @@ def write_safetensors(
     Not ``mx.save_safetensors``: this runs beside the engine thread, and reading evaluated
     arrays through the buffer protocol is all it asks of MLX.
     """
-    header: dict[str, Any] = {"__metadata__": dict(metadata)}
-    offset = 0
-    for name, value in tensors.items():
-        header[name] = {
-            "dtype": _ST_DTYPES[value.dtype], "shape": list(value.shape),
-            "data_offsets": [offset, offset + value.nbytes],
-        }
-        offset += value.nbytes
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
+    views = {
+        name: RawTensor(_ST_DTYPES[value.dtype], tuple(value.shape), memoryview(value))
+        for name, value in tensors.items()
+    }
+    for name, view in views.items():
+        if not view.data.c_contiguous:
+            raise ValueError(f"{name}: not a contiguous evaluated array")
+    head = encode_header(views, metadata)  # also checks each view's size against its shape
     with path.open("wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for name, value in tensors.items():
+        f.write(head)
+        for view in views.values():
             if not proceed():
                 return None
-            view = memoryview(value)
-            if not view.c_contiguous or view.nbytes != value.nbytes:
-                raise ValueError(f"{name}: not a contiguous evaluated array")
-            f.write(view)
+            f.write(view.data)
         f.flush()
         os.fsync(f.fileno())
-    return 8 + len(text) + offset
+    return len(head) + sum(v.nbytes for v in views.values())
 
 
 def _fsync_tree(folder: Path) -> None:
