@@ -7,7 +7,7 @@ import json
 import pytest
 from mlx_lm.tool_parsers import json_tools, qwen3_coder
 
-from omlx.app.api.openai_params import response_format_of
+from omlx.app.api.openai.params import response_format_of
 from omlx.app.constraints import ResponseFormat, output_grammar
 from omlx.app.errors import InvalidRequest
 from omlx.app.output import Content, OutputFormat, OutputSplitter, Reasoning, ToolCallPiece

@@ -16,10 +16,10 @@ import msgspec
 import pytest
 from litestar.testing import TestClient
 
-from omlx.app.api.anthropic_schemas import MessagesRequest
+from omlx.app.api.anthropic.schemas import MessagesRequest
 from omlx.app.api.app import create_app
-from omlx.app.api.openai_schemas import ChatCompletionRequest, CompletionRequest
-from omlx.app.api.responses_schemas import ResponsesRequest
+from omlx.app.api.openai.schemas import ChatCompletionRequest, CompletionRequest
+from omlx.app.api.responses.schemas import ResponsesRequest
 from omlx.domain.generation import GenerationRequest
 from tests.unit.api_fakes import MODEL, FakeEngine, fake_container, reply
 

@@ -11,9 +11,9 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from omlx.app.api.app import create_app
-from omlx.app.api.responses_output import OutputBuilder, base_response
-from omlx.app.api.responses_schemas import ResponsesRequest
-from omlx.app.api.responses_stream import ResponseRun
+from omlx.app.api.responses.output import OutputBuilder, base_response
+from omlx.app.api.responses.schemas import ResponsesRequest
+from omlx.app.api.responses.stream import ResponseRun
 from omlx.app.chat import Output, Started
 from omlx.app.output import Content
 from omlx.app.sealing import ReasoningSeal

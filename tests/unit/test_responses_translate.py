@@ -11,9 +11,9 @@ import pytest
 from litestar.testing import TestClient
 
 from omlx.app.api.app import create_app
-from omlx.app.api.responses_items import ItemRenderer
-from omlx.app.api.responses_schemas import ReasoningParam, ResponsesRequest
-from omlx.app.api.responses_translate import Translator, tools_to_template
+from omlx.app.api.responses.items import ItemRenderer
+from omlx.app.api.responses.schemas import ReasoningParam, ResponsesRequest
+from omlx.app.api.responses.translate import Translator, tools_to_template
 from omlx.app.normalize import PromptNormalizer
 from omlx.app.sealing import ReasoningSeal
 from tests.unit.api_fakes import MODEL, FakeEngine, fake_container, reply
@@ -107,7 +107,7 @@ def test_reasoning_without_a_seal_of_ours(caplog):
         "summary": [],
         "content": [{"type": "reasoning_text", "text": "t"}],
     }
-    with caplog.at_level(logging.INFO, logger="omlx.app.api.responses_items"):
+    with caplog.at_level(logging.INFO, logger="omlx.app.api.responses.items"):
         assert renderer.reasoning_text(foreign) == "summed up"
         assert renderer.reasoning_text({**foreign, "summary": []}) == ""
         assert renderer.reasoning_text(shown) == "t"
@@ -134,7 +134,7 @@ def test_hosted_tools_are_left_out_and_logged(caplog):
         {"type": "web_search", "external_web_access": False},
     ]
     # (before an app is made: its logging setup replaces the capturing handler)
-    with caplog.at_level(logging.DEBUG, logger="omlx.app.api.responses_translate"):
+    with caplog.at_level(logging.DEBUG, logger="omlx.app.api.responses.translate"):
         assert tools_to_template(tools[1:]) is None
     (line,) = [r.message for r in caplog.records if "left out" in r.message]
     assert "agents (namespace)" in line and "web_search" in line

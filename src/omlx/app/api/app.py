@@ -9,14 +9,14 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
 from omlx import __version__
-from omlx.app.api.anthropic import AnthropicController
+from omlx.app.api.anthropic.controller import AnthropicController
 from omlx.app.api.auth import api_key_guard
 from omlx.app.api.encoding import EncodingController
 from omlx.app.api.errors import EXCEPTION_HANDLERS
 from omlx.app.api.health import HealthController
 from omlx.app.api.metrics import Metrics, MetricsController, RequestMetrics, count_unmatched
-from omlx.app.api.openai import OpenAIController
-from omlx.app.api.responses import ResponsesController
+from omlx.app.api.openai.controller import OpenAIController
+from omlx.app.api.responses.controller import ResponsesController
 from omlx.app.container import Container
 
 

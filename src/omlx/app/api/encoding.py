@@ -18,7 +18,7 @@ from omlx.app.api.encoding_schemas import (
     RerankResult,
     RerankUsage,
 )
-from omlx.app.api.openai_schemas import OpenAIErrorResponse
+from omlx.app.api.openai.schemas import OpenAIErrorResponse
 from omlx.app.api.openapi import error_responses
 from omlx.app.catalog import EMBEDDING, RERANK
 from omlx.app.container import Container

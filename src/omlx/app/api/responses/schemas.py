@@ -1,8 +1,8 @@
 """OpenAI Responses API bodies as msgspec Structs (the HTTP edge only).
 
 Requests accept unknown fields and every documented one, so that what omlx cannot honour
-is refused by name (``responses_translate``) rather than dropped. Output items are plain
-dicts in the SDK's shapes (``responses_output``): they are stored and replayed as JSON.
+is refused by name (``responses.translate``) rather than dropped. Output items are plain
+dicts in the SDK's shapes (``responses.output``): they are stored and replayed as JSON.
 """
 
 from __future__ import annotations

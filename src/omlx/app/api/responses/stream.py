@@ -19,8 +19,8 @@ import anyio
 import msgspec
 from litestar.response.sse import ServerSentEventMessage
 
-from omlx.app.api.responses_output import Event, OutputBuilder, finished_response, usage_of
-from omlx.app.api.responses_schemas import ResponseObject, ResponseUsage
+from omlx.app.api.responses.output import Event, OutputBuilder, finished_response, usage_of
+from omlx.app.api.responses.schemas import ResponseObject, ResponseUsage
 from omlx.app.api.sse import KEEPALIVE
 from omlx.app.chat import ChatEvent, Done, Error, Output, Started
 from omlx.domain.generation import Finished

@@ -13,9 +13,9 @@ from typing import Any
 
 import msgspec
 
-from omlx.app.api.openai_stream import call_id
-from omlx.app.api.responses_items import new_id
-from omlx.app.api.responses_schemas import (
+from omlx.app.api.openai.stream import call_id
+from omlx.app.api.responses.items import new_id
+from omlx.app.api.responses.schemas import (
     IncompleteDetails,
     InputTokensDetails,
     OutputTokensDetails,

@@ -10,8 +10,8 @@ import msgspec
 from litestar.response.sse import ServerSentEventMessage
 
 from omlx.app.api.errors import openai_error_body
-from omlx.app.api.openai_logprobs import TokenText, chat_logprobs, completion_logprobs
-from omlx.app.api.openai_schemas import (
+from omlx.app.api.openai.logprobs import TokenText, chat_logprobs, completion_logprobs
+from omlx.app.api.openai.schemas import (
     ChatCompletionChunk,
     ChoiceLogprobs,
     ChunkChoice,

@@ -9,9 +9,9 @@ import msgspec
 from litestar import Controller, Request, get, post
 
 from omlx.app.api.disconnect import unless_disconnected
-from omlx.app.api.openai_logprobs import chat_logprobs, completion_logprobs
-from omlx.app.api.openai_params import completion_sampling
-from omlx.app.api.openai_schemas import (
+from omlx.app.api.openai.logprobs import chat_logprobs, completion_logprobs
+from omlx.app.api.openai.params import completion_sampling
+from omlx.app.api.openai.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
     Choice,
@@ -25,7 +25,7 @@ from omlx.app.api.openai_schemas import (
     ToolCall,
     ToolCallFunction,
 )
-from omlx.app.api.openai_stream import (
+from omlx.app.api.openai.stream import (
     KEEPALIVE_SECONDS,
     ChatStream,
     call_id,
@@ -33,7 +33,7 @@ from omlx.app.api.openai_stream import (
     text_stream,
     usage_of,
 )
-from omlx.app.api.openai_translate import chat_request
+from omlx.app.api.openai.translate import chat_request
 from omlx.app.api.openapi import error_responses, streaming_operation
 from omlx.app.api.sse import EventStream
 from omlx.app.container import Container

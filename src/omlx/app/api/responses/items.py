@@ -15,8 +15,8 @@ import logging
 import uuid
 from typing import Any
 
-from omlx.app.api.openai_translate import template_arguments
-from omlx.app.api.responses_schemas import InputItem, Part
+from omlx.app.api.openai.translate import template_arguments
+from omlx.app.api.responses.schemas import InputItem, Part
 from omlx.app.errors import InvalidRequest
 from omlx.app.normalize import PromptNormalizer
 from omlx.app.sealing import ReasoningSeal

@@ -7,7 +7,7 @@ from typing import Any
 
 from litestar import Controller, Request, post
 
-from omlx.app.api.anthropic_schemas import (
+from omlx.app.api.anthropic.schemas import (
     AnthropicErrorResponse,
     CountTokensRequest,
     Message,
@@ -18,8 +18,8 @@ from omlx.app.api.anthropic_schemas import (
     TokenCount,
     ToolUseBlock,
 )
-from omlx.app.api.anthropic_stream import MessageStream, stop_reason, tool_id, tool_input, usage
-from omlx.app.api.anthropic_translate import Translator
+from omlx.app.api.anthropic.stream import MessageStream, stop_reason, tool_id, tool_input, usage
+from omlx.app.api.anthropic.translate import Translator
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openapi import error_responses, streaming_operation
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream

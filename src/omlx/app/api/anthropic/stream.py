@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 from litestar.response.sse import ServerSentEventMessage
 
-from omlx.app.api.anthropic_schemas import MessageUsage
+from omlx.app.api.anthropic.schemas import MessageUsage
 from omlx.app.api.errors import anthropic_error_body
 from omlx.app.api.sse import KEEPALIVE
 from omlx.app.chat import ChatEvent, Done, Error, Output, Started

@@ -14,9 +14,9 @@ from typing import Any
 
 import msgspec
 
-from omlx.app.api.openai_params import response_format_of
-from omlx.app.api.responses_items import ItemRenderer, canonical_items
-from omlx.app.api.responses_schemas import ResponsesRequest, ToolParam
+from omlx.app.api.openai.params import response_format_of
+from omlx.app.api.responses.items import ItemRenderer, canonical_items
+from omlx.app.api.responses.schemas import ResponsesRequest, ToolParam
 from omlx.app.chat import ChatRequest, ResponseFormat, Sampling, ToolChoice, check_tool_choice
 from omlx.app.errors import InvalidRequest
 from omlx.app.normalize import PromptNormalizer

@@ -82,7 +82,7 @@ class ChatCompletionRequest(Struct, kw_only=True):
     logit_bias: dict[str, float] | None = None
     reasoning_effort: str | None = None
     verbosity: str | None = None
-    # Accepted: they change nothing the model writes (openai_params lists them all).
+    # Accepted: they change nothing the model writes (openai.params lists them all).
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None

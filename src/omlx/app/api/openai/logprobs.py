@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from omlx.app.api.openai_schemas import (
+from omlx.app.api.openai.schemas import (
     ChoiceLogprobs,
     CompletionLogprobs,
     TokenLogprobBody,

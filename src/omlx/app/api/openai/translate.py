@@ -7,13 +7,13 @@ from typing import Any
 
 import msgspec
 
-from omlx.app.api.openai_params import (
+from omlx.app.api.openai.params import (
     chat_sampling,
     effort_kwargs,
     refuse_unsupported_chat,
     response_format_of,
 )
-from omlx.app.api.openai_schemas import ChatCompletionRequest, ChatMessage
+from omlx.app.api.openai.schemas import ChatCompletionRequest, ChatMessage
 from omlx.app.chat import ChatRequest, ToolChoice, check_tool_choice
 from omlx.app.errors import InvalidRequest
 from omlx.app.normalize import PromptNormalizer

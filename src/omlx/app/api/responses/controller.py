@@ -12,18 +12,18 @@ from litestar import Controller, Request, delete, get, post
 from litestar.params import Parameter
 
 from omlx.app.api.disconnect import unless_disconnected
-from omlx.app.api.openai_schemas import OpenAIErrorResponse
+from omlx.app.api.openai.schemas import OpenAIErrorResponse
 from omlx.app.api.openapi import error_responses, streaming_operation
-from omlx.app.api.responses_items import new_id
-from omlx.app.api.responses_output import OutputBuilder, base_response
-from omlx.app.api.responses_schemas import (
+from omlx.app.api.responses.items import new_id
+from omlx.app.api.responses.output import OutputBuilder, base_response
+from omlx.app.api.responses.schemas import (
     DeletedResponse,
     InputItemList,
     ResponseObject,
     ResponsesRequest,
 )
-from omlx.app.api.responses_stream import ResponseRun
-from omlx.app.api.responses_translate import Translator
+from omlx.app.api.responses.stream import ResponseRun
+from omlx.app.api.responses.translate import Translator
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
 from omlx.app.container import Container
 from omlx.app.errors import InvalidRequest, NotFound

@@ -13,7 +13,7 @@ import json
 import logging
 from typing import Any
 
-from omlx.app.api.anthropic_schemas import (
+from omlx.app.api.anthropic.schemas import (
     InputBlock,
     InputMessage,
     MessagesRequest,
@@ -22,7 +22,7 @@ from omlx.app.api.anthropic_schemas import (
     SystemBlock,
     ToolParam,
 )
-from omlx.app.api.anthropic_schemas import (
+from omlx.app.api.anthropic.schemas import (
     ToolChoice as AnthropicToolChoice,
 )
 from omlx.app.chat import ChatRequest, ResponseFormat, Sampling, ToolChoice, check_tool_choice

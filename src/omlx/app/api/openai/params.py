@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omlx.app.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from omlx.app.api.openai.schemas import ChatCompletionRequest, CompletionRequest
 from omlx.app.chat import ResponseFormat, Sampling
 from omlx.app.errors import InvalidRequest
 

@@ -1,0 +1,1 @@
+"""The Anthropic API family: messages and token counts."""

@@ -1,0 +1,1 @@
+"""The OpenAI Responses API family: create, stream, get and delete stored responses."""
