@@ -26,7 +26,8 @@ import anyio
 from omlx.app.catalog import CHAT, ModelSpec
 from omlx.app.errors import AppError, Busy, InvalidRequest, ModelUnavailable
 from omlx.app.model_names import ModelNames
-from omlx.domain.memory import MemoryAccount, format_bytes
+from omlx.domain.memory import MemoryAccount
+from omlx.domain.sizes import format_bytes
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any, get_origin
 
 import msgspec
 
-from omlx.app.sizes import parse_size
+from omlx.domain.sizes import parse_size
 from omlx.domain.responses import Retention
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")

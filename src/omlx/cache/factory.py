@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from omlx.adapters.blockfiles.budget import DEFAULT_MAX_BYTES
-from omlx.app.sizes import parse_size
+from omlx.domain.sizes import parse_size
 from omlx.cache.paged_cache import PagedCache
 from omlx.cache.paged_ssd_cache import DEFAULT_HOT_CACHE_BYTES, PagedSSDCacheManager
 from omlx.cache.prefix_cache import BlockAwarePrefixCache
