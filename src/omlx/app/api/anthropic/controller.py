@@ -108,9 +108,8 @@ class AnthropicController(Controller):
         extra = diagnostics(turn) if wants_diagnostics(request, data) else None
         show_thinking = data.thinking is None or data.thinking.display != "omitted"
         if data.stream:
-            served.generation.check_capacity()  # a 429 is possible only before the 200
             stream = MessageStream(mid, data.model, container.seal, show_thinking, extra)
-            return EventStream(stream.run(served.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
+            return EventStream(stream.run(served.chat.stream(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
         result = await unless_disconnected(request.receive, served.chat.complete(turn))
         f = result.finished
         message = Message(

@@ -97,8 +97,7 @@ class ResponsesController(Controller):
             count_tokens=lambda text: len(service.encode_text(text)),
         )
         if data.stream:
-            service.check_capacity()  # a 429 is possible only before the 200
-            return EventStream(run.stream(served.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
+            return EventStream(run.stream(served.chat.stream(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
         result = await unless_disconnected(request.receive, served.chat.complete(turn))
         for piece in result.pieces:
             run.builder.feed(piece)
