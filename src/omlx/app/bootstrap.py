@@ -6,7 +6,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +23,7 @@ from omlx.domain.memory import MemoryAccount
 from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
 
 if TYPE_CHECKING:  # imported where they are opened: a test's bootstrap opens neither
-    from omlx.adapters.blockfiles import FileBlockStore
+    from omlx.adapters.cold_folder import ColdFolder
     from omlx.adapters.sqlindex import SqlBlockIndex
 
 log = logging.getLogger(__name__)
@@ -103,7 +102,7 @@ def bootstrap(
 def _container(
     settings: Settings,
     pool: ModelPool,
-    ssd: SsdParts | None,
+    ssd: ColdFolder | None,
     cold: SharedCold | None,
     closers: list,
     start_loads: list[ModelSpec],
@@ -125,7 +124,7 @@ def _container(
     )
 
 
-def _response_store(settings: Settings, ssd: SsdParts | None) -> ResponseStore:
+def _response_store(settings: Settings, ssd: ColdFolder | None) -> ResponseStore:
     """Stored responses in the index database when the SSD tier has one, else in memory."""
     if ssd is None:
         log.info("stored responses: in memory (no SSD tier), lost at exit")
@@ -153,59 +152,46 @@ def _close_all(closers: list) -> None:
             log.exception("error while closing")
 
 
-@dataclass(frozen=True, slots=True)
-class SsdParts:
-    """The cold tier's outside things: its folder, index and store, and whether others share them.
-
-    The adapters themselves, not their ports: the root also uses what only they have (the
-    index's database for stored responses, weight digests and the maintenance lock).
-    """
-
-    dir: Path
-    index: SqlBlockIndex
-    store: FileBlockStore
-    shared: bool
-    server_id: str
-
-
-def _open_ssd(settings: Settings, closers: list) -> SsdParts:
+def _open_ssd(settings: Settings, closers: list) -> ColdFolder:
     """Lock the cache folder (exclusive, or shared with a shared index) and open its index."""
     from sqlalchemy import exc as sa_exc
 
-    from omlx.adapters.blockfiles import CacheDirLock, CacheDirLocked, FileBlockStore
-    from omlx.adapters.sqlindex import backend, connect_index, display, index_path, sqlite_url
+    from omlx.adapters.blockfiles import CacheDirLocked
+    from omlx.adapters.cold_folder import index_url_of, is_shared, open_cold_folder
+    from omlx.adapters.sqlindex import display
 
     cache_dir = settings.cache_dir
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    url = settings.index_url or sqlite_url(index_path(cache_dir))
-    shared = backend(url) == "postgresql"
-    lock = CacheDirLock(cache_dir, shared=shared)
+    url = index_url_of(cache_dir, settings.index_url or None)
+    server_id = settings.server_identity
     try:
-        lock.acquire()  # raises CacheDirLocked with the other server's pid
-    except CacheDirLocked as exc:
-        if not shared:
+        ssd = open_cold_folder(cache_dir, settings.index_url or None, writer_id=server_id)
+    except CacheDirLocked as exc:  # with the other server's pid
+        if not is_shared(url):
             raise
         raise RuntimeError(
             f"cache folder {cache_dir} is owned by a server with an embedded index "
             f"(pid {exc.pid or '?'}); servers share a folder only through one --index-url"
         ) from None
-    closers.append(lock.release)
-    server_id = settings.server_identity
-    try:
-        index = connect_index(url)
-        closers.append(index.close)
-        if shared:
-            from omlx.adapters.sqlindex.postgres import hold_identity
-
-            closers.append(hold_identity(index.engine, server_id).close)
     except sa_exc.OperationalError as exc:
-        first = str(exc.orig or exc).strip().splitlines()[0]
-        raise RuntimeError(f"cannot reach the index {display(url)}: {first}") from None
-    if shared:
+        raise _unreachable(url, exc) from None
+    closers.append(ssd.close)  # its read threads, the index, the lock: after the writer
+    if ssd.shared:
+        from omlx.adapters.sqlindex.postgres import hold_identity
+
+        try:
+            closers.append(hold_identity(ssd.index.engine, server_id).close)
+        except sa_exc.OperationalError as exc:
+            raise _unreachable(url, exc) from None
         log.info("shared index %s, as server %s", display(url), server_id)
-    store = FileBlockStore(cache_dir, writer_id=server_id)
-    closers.append(store.close)  # its read threads, after the writer and the flush
-    return SsdParts(cache_dir, index, store, shared, server_id)
+    return ssd
+
+
+def _unreachable(url: str, exc: Any) -> RuntimeError:
+    """One line for a database that cannot be reached, naming the index (its password hidden)."""
+    from omlx.adapters.sqlindex import display
+
+    first = str(exc.orig or exc).strip().splitlines()[0]
+    return RuntimeError(f"cannot reach the index {display(url)}: {first}")
 
 
 def _digest_cache(index: SqlBlockIndex) -> Callable[[Path, Callable[[Path], str]], str]:
@@ -224,35 +210,26 @@ def _digest_cache(index: SqlBlockIndex) -> Callable[[Path, Callable[[Path], str]
 
 
 def _start_shared_cold(
-    settings: Settings, ssd: SsdParts, is_pinned: Callable[[str], bool], closers: list
+    settings: Settings, ssd: ColdFolder, is_pinned: Callable[[str], bool], closers: list
 ) -> SharedCold:
     """The writer, recency and start-up reconcile every model's cold tier shares."""
-    from omlx.adapters.blockfiles import BlockWriter, DiskBudget
-    from omlx.domain.cold_tier import RecencyBuffer
+    from omlx.adapters.cold_folder import start_cold_writer
 
-    recency = RecencyBuffer(ssd.index)
-    writer = BlockWriter(
-        ssd.store,
-        ssd.index,
-        DiskBudget(ssd.dir, settings.ssd_cache_bytes),
-        is_pinned=is_pinned,
-        tick=recency.maybe_flush,
-        shared=ssd.shared,
-        lease=settings.eviction_lease_seconds,
+    cold = start_cold_writer(
+        ssd, settings.ssd_cache_bytes, is_pinned=is_pinned, lease=settings.eviction_lease_seconds
     )
     # Closed in reverse: drain the writer, then flush recency so LRU order survives.
-    closers.append(recency.flush)
-    closers.append(lambda: writer.close(30))
+    closers.append(cold.close)
     # Start-up reads the index, not the folder; the reconcile of what a crash left
     # runs beside serving.
     started = time.time()
     threading.Thread(
         target=_reconcile_quietly, args=(settings, ssd, started), name="omlx-reconcile", daemon=True
     ).start()
-    return SharedCold(ssd, writer, recency)
+    return SharedCold(ssd, cold.writer, cold.recency)
 
 
-def _reconcile_quietly(settings: Settings, ssd: SsdParts, started: float) -> None:
+def _reconcile_quietly(settings: Settings, ssd: ColdFolder, started: float) -> None:
     """Own folder: every file older than this start is stale (our writer's are younger).
 
     Shared folder: one server at a time, sparing what is younger than the grace period

@@ -27,7 +27,7 @@ from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
 
 if TYPE_CHECKING:  # adapters are imported where they are built, on the loading thread
     from omlx.adapters.blockfiles import BlockWriter
-    from omlx.app.bootstrap import SsdParts
+    from omlx.adapters.cold_folder import ColdFolder
     from omlx.domain.cold_tier import RecencyBuffer
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ _CHORES_AT_LATEST_S = 600.0
 class SharedCold:
     """The cold tier's parts every model shares: store, index, one writer, batched recency."""
 
-    ssd: SsdParts
+    ssd: ColdFolder
     writer: BlockWriter
     recency: RecencyBuffer
 
