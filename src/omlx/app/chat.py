@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -130,6 +130,12 @@ class ChatResult:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
+class CacheMissObserver(Protocol):
+    """Told of each prefix-cache miss a turn's diagnosis finds, by kind (metrics)."""
+
+    def cache_miss(self, kind: str) -> None: ...
+
+
 class ChatPipeline:
     """Renders chat turns for one model and runs them through its generation service."""
 
@@ -143,7 +149,7 @@ class ChatPipeline:
         self.renderer = renderer
         self.format = OutputFormat.of(service.tokenizer)
         self.fingerprints = fingerprints or FingerprintStore()
-        self.observer: Any = None  # has cache_miss(kind); set by the API's metrics
+        self.observer: CacheMissObserver | None = None  # the API's metrics
 
     async def count_tokens(self, chat: ChatRequest) -> int:
         text = await anyio.to_thread.run_sync(

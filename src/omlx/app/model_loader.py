@@ -28,6 +28,7 @@ from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
 if TYPE_CHECKING:  # adapters are imported where they are built, on the loading thread
     from omlx.adapters.blockfiles import BlockWriter
     from omlx.adapters.cold_folder import ColdFolder
+    from omlx.adapters.mlx.loader import LoadedModel
     from omlx.domain.cold_tier import RecencyBuffer
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class ModelLoader:
             self._prepared = PreparedWeights(self.settings.cache_dir / PREPARED_DIR, budget)
         return self._prepared
 
-    def wire_chat(self, spec: ModelSpec, model: Any) -> Served:
+    def wire_chat(self, spec: ModelSpec, model: LoadedModel) -> Served:
         """A loaded chat model's cache tiers, engine thread and services."""
         from omlx.adapters.mlx.encoders import weights_bytes
         from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
@@ -154,7 +155,7 @@ class ModelLoader:
         served.prefix_cache, served.cold_tier = prefix_cache, cold_tier
         served.closers.extend(closers)
         jobs = [lambda proceed: grammars.start_building().wait()]
-        if (write := getattr(model, "extra", {}).pop("write_prepared_copy", None)) is not None:
+        if (write := model.extra.pop("write_prepared_copy", None)) is not None:
             jobs.append(write)
         _run_when_quiet(served, jobs)
         return served
