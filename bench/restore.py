@@ -56,11 +56,11 @@ from omlx.adapters.blockfiles.writer import BlockWriter  # noqa: E402
 from omlx.adapters.mlx.kv_codec import MLXKVCodec  # noqa: E402
 from omlx.adapters.mlx.loader import load_model  # noqa: E402
 from omlx.adapters.sqlindex import open_index  # noqa: E402
-from omlx.domain.blocks import BlockMeta, NamespaceInfo  # noqa: E402
-from omlx.domain.cold_tier import ColdTier  # noqa: E402
-from omlx.domain.hot_tier import HotTier  # noqa: E402
-from omlx.domain.keys import chain_keys, namespace_digest  # noqa: E402
-from omlx.domain.prefix_cache import PrefixCache  # noqa: E402
+from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo  # noqa: E402
+from omlx.domain.cache.cold_tier import ColdTier  # noqa: E402
+from omlx.domain.cache.hot_tier import HotTier  # noqa: E402
+from omlx.domain.cache.keys import chain_keys, namespace_digest  # noqa: E402
+from omlx.domain.cache.prefix_cache import PrefixCache  # noqa: E402
 
 MB = 1e6
 _LAYOUT: list[Any] = []  # the loaded model's cache layout, set once in main()

@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from omlx.domain.blocks import (
+from omlx.domain.cache.blocks import (
     BlockMeta,
     BlockRead,
     DecodedBlock,
@@ -21,7 +21,7 @@ from omlx.domain.blocks import (
     ReadFailure,
     StoredBlock,
 )
-from omlx.domain.keys import block_key, object_key
+from omlx.domain.cache.keys import block_key, object_key
 from omlx.domain.ports import EvictionPlan, IndexUnavailable
 
 # --- Clock -------------------------------------------------------------------------

@@ -18,8 +18,8 @@ from omlx.domain.generation import (
     SamplingParams,
     TextDelta,
 )
-from omlx.domain.hot_tier import HotTier
-from omlx.domain.prefix_cache import PrefixCache
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.engine_helpers import Run, generate, greedy
 
 

@@ -18,9 +18,9 @@ from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.kv_codec import MLXKVCodec, _groups
 from omlx.adapters.mlx.loader import load_model
 from omlx.domain.generation import PrefillProgress, TextDelta
-from omlx.domain.hot_tier import HotTier
-from omlx.domain.keys import chain_keys
-from omlx.domain.prefix_cache import PrefixCache
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.keys import chain_keys
+from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.engine_helpers import Run, generate, greedy, submit
 
 BLOCK, STEP = 16, 64

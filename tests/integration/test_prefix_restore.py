@@ -11,9 +11,9 @@ import pytest
 from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.kv_codec import MLXKVCodec
 from omlx.adapters.mlx.loader import load_model
-from omlx.domain.hot_tier import HotTier
-from omlx.domain.partial_match import common_prefix
-from omlx.domain.prefix_cache import PrefixCache
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.partial_match import common_prefix
+from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.engine_helpers import generate, greedy
 
 SYSTEM = "You are a careful coding assistant. " * 12

@@ -8,9 +8,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from omlx.app.api.app import create_app
 from omlx.app.settings import load_settings
-from omlx.domain.cold_tier import ColdTierStats
-from omlx.domain.hot_tier import HotTierStats
-from omlx.domain.prefix_cache import PrefixCacheStats
+from omlx.domain.cache.cold_tier import ColdTierStats
+from omlx.domain.cache.hot_tier import HotTierStats
+from omlx.domain.cache.prefix_cache import PrefixCacheStats
 from tests.unit.api_fakes import MODEL, FakeEngine, fake_container, reply
 
 HI = [{"role": "user", "content": "hi"}]

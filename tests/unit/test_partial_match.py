@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omlx.domain.blocks import BlockMeta
-from omlx.domain.keys import block_key, chain_keys
-from omlx.domain.partial_match import MAX_COLD_CANDIDATE_READS, common_prefix, upper_bound
+from omlx.domain.cache.blocks import BlockMeta
+from omlx.domain.cache.keys import block_key, chain_keys
+from omlx.domain.cache.partial_match import MAX_COLD_CANDIDATE_READS, common_prefix, upper_bound
 from tests.fakes import FakeCodec, FakeColdSource
 from tests.unit.test_prefix_cache import (
     all_keys,

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omlx.domain.blocks import BlockMeta, NamespaceInfo
-from omlx.domain.hot_tier import HotTier
-from omlx.domain.keys import block_key, chain_keys, namespace_digest
-from omlx.domain.partial_match import common_prefix
-from omlx.domain.prefix_cache import PrefixCache
+from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.keys import block_key, chain_keys, namespace_digest
+from omlx.domain.cache.partial_match import common_prefix
+from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.fakes import FakeClock, FakeCodec, FakeColdSource
 
 

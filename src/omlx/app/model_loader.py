@@ -158,9 +158,9 @@ class ModelLoader:
 
     def _cache(self, model: Any, served: Served) -> tuple[Any, Any]:
         from omlx.adapters.mlx.kv_codec import MLXKVCodec
-        from omlx.domain.cold_tier import ColdTier
-        from omlx.domain.hot_tier import HotTier
-        from omlx.domain.prefix_cache import PrefixCache
+        from omlx.domain.cache.cold_tier import ColdTier
+        from omlx.domain.cache.hot_tier import HotTier
+        from omlx.domain.cache.prefix_cache import PrefixCache
 
         settings = self.settings
         namespace = model.namespace(settings.block_size)

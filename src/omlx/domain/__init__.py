@@ -5,13 +5,13 @@ Imports only the standard library (``tests/unit/test_domain_imports.py`` checks 
 
 from __future__ import annotations
 
-from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, NamespaceUsage, StoredBlock
-from omlx.domain.eviction import LRUPolicy, plan_eviction
-from omlx.domain.hot_tier import HotBlock, HotTier, HotTierStats
-from omlx.domain.keys import CACHE_FORMAT_VERSION, block_key, chain_keys, namespace_digest
-from omlx.domain.partial_match import PartialMatch, best_child, common_prefix
+from omlx.domain.cache.blocks import BlockMeta, DecodedBlock, NamespaceInfo, NamespaceUsage, StoredBlock
+from omlx.domain.cache.eviction import LRUPolicy, plan_eviction
+from omlx.domain.cache.hot_tier import HotBlock, HotTier, HotTierStats
+from omlx.domain.cache.keys import CACHE_FORMAT_VERSION, block_key, chain_keys, namespace_digest
+from omlx.domain.cache.partial_match import PartialMatch, best_child, common_prefix
 from omlx.domain.ports import BlockIndex, BlockStore, Clock, ColdSource, EvictionPolicy, KVCodec
-from omlx.domain.prefix_cache import PrefixCache, PrefixCacheStats, PrefixHit
+from omlx.domain.cache.prefix_cache import PrefixCache, PrefixCacheStats, PrefixHit
 
 __all__ = [
     "CACHE_FORMAT_VERSION",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from omlx.domain.blocks import (
+from omlx.domain.cache.blocks import (
     BlockMeta,
     BlockRead,
     DecodedBlock,

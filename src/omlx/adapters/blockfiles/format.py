@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omlx.domain.blocks import BlockMeta
-from omlx.domain.keys import CACHE_FORMAT_VERSION, EXTERNAL
+from omlx.domain.cache.blocks import BlockMeta
+from omlx.domain.cache.keys import CACHE_FORMAT_VERSION, EXTERNAL
 
 # Bytes per element, in safetensors' own dtype spelling.
 DTYPE_SIZES: dict[str, int] = {

@@ -52,8 +52,8 @@ from omlx.domain.memory import KVBudget, MemoryAccount, format_bytes
 from omlx.domain.scheduler import Scheduler, Verdict
 
 if TYPE_CHECKING:
-    from omlx.domain.capture import RequestCapture
-    from omlx.domain.prefix_cache import PrefixCache, PrefixHit
+    from omlx.domain.cache.capture import RequestCapture
+    from omlx.domain.cache.prefix_cache import PrefixCache, PrefixHit
 
 log = logging.getLogger(__name__)
 

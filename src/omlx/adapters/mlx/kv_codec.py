@@ -35,8 +35,8 @@ from omlx.adapters.blockfiles.format import (
 from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.batch_rows import RowView
 from omlx.adapters.mlx.cache_layout import ModelLayout, plain_layout
-from omlx.domain.blocks import BlockMeta, DecodedBlock
-from omlx.domain.keys import KV, STATE, WINDOW
+from omlx.domain.cache.blocks import BlockMeta, DecodedBlock
+from omlx.domain.cache.keys import KV, STATE, WINDOW
 
 # safetensors dtype names; bf16 travels as raw uint16 because numpy has no bfloat16.
 _TO_ST = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}

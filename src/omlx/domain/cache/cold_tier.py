@@ -20,7 +20,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from omlx.domain.blocks import (
+from omlx.domain.cache.blocks import (
     BlockMeta,
     BlockRead,
     DecodedBlock,
@@ -28,7 +28,7 @@ from omlx.domain.blocks import (
     ReadFailure,
     StoredBlock,
 )
-from omlx.domain.keys import EXTERNAL, KV, rederives
+from omlx.domain.cache.keys import EXTERNAL, KV, rederives
 from omlx.domain.ports import BlockIndex, BlockSink, BlockStore, Clock, IndexUnavailable
 
 log = logging.getLogger(__name__)

@@ -21,13 +21,13 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from omlx.domain.blocks import BlockMeta, NamespaceInfo
-from omlx.domain.capture import RequestCapture
-from omlx.domain.hot_tier import HotTier
-from omlx.domain.keys import block_key, chain_keys, object_key
-from omlx.domain.layout import CacheLayout
-from omlx.domain.partial_match import PartialMatch, best_child
-from omlx.domain.point_finder import FoundPoint, RestorePointFinder
+from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
+from omlx.domain.cache.capture import RequestCapture
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.keys import block_key, chain_keys, object_key
+from omlx.domain.cache.layout import CacheLayout
+from omlx.domain.cache.partial_match import PartialMatch, best_child
+from omlx.domain.cache.point_finder import FoundPoint, RestorePointFinder
 from omlx.domain.ports import Clock, ColdSource, KVCodec
 
 log = logging.getLogger(__name__)

@@ -16,11 +16,11 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from omlx.domain.keys import STATE, WINDOW, block_key
-from omlx.domain.restore_points import anchor_at, interior_points
+from omlx.domain.cache.keys import STATE, WINDOW, block_key
+from omlx.domain.cache.restore_points import anchor_at, interior_points
 
 if TYPE_CHECKING:
-    from omlx.domain.prefix_cache import PrefixCache, PrefixHit
+    from omlx.domain.cache.prefix_cache import PrefixCache, PrefixHit
 
 
 class RequestCapture:

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from omlx.domain.blocks import BlockMeta
-from omlx.domain.eviction import LRUPolicy
+from omlx.domain.cache.blocks import BlockMeta
+from omlx.domain.cache.eviction import LRUPolicy
 from omlx.domain.ports import EvictionPolicy
 
 
