@@ -51,6 +51,7 @@ PORT_FAKES = [
     ("BlockIndex", "FakeBlockIndex"),
     ("ColdSource", "FakeColdSource"),
     ("BlockSink", "FakeBlockSink"),
+    ("KeptCaches", "FakeKeptCaches"),
     ("EvictionPolicy", "LRUPolicy"),
     ("GrammarCompiler", "FakeGrammarCompiler"),
     ("TokenConstraint", "FakeTokenConstraint"),
