@@ -145,14 +145,14 @@ def restore_serial(tier: ColdTier, metas: list[BlockMeta]) -> tuple[list[Any], f
 
 
 def restore_prefix_cache(tier: ColdTier, ns: NamespaceInfo, tokens: list[int]) -> tuple[int, float]:
-    """What a request does after a restart: PrefixCache.lookup (empty RAM tier) then restore."""
+    """What a request does after a restart: its session's lookup (empty RAM tier), then restore."""
     cache = PrefixCache(namespace=ns, codec=codec_of_model(), hot=HotTier(10**11), cold=tier)
     t0 = time.perf_counter()
-    hit = cache.lookup([*tokens, 0])  # one extra token: lookup always leaves one to compute
-    cache.restore(hit)
+    session = cache.begin([*tokens, 0])  # one extra token: lookup always leaves one to compute
+    session.restore()
     elapsed = time.perf_counter() - t0
-    cache.release(hit)
-    return hit.cached_tokens, elapsed
+    session.close()
+    return session.cached_tokens, elapsed
 
 
 def sequential_read(paths: list[Path]) -> tuple[int, float]:

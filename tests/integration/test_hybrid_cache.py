@@ -116,13 +116,14 @@ def test_a_window_several_windows_long_is_restored_exactly_at_every_kept_point(t
     # every boundary the first request kept, and the points in between it marked
     points = set()
     for length in range(2, len(prompt)):
-        hit = cache.lookup([*prompt[:length], 7])
+        session = cache.begin([*prompt[:length], 7])
+        hit = session.hit
         points.add(hit.cached_tokens)
         if hit.cached_tokens in (0,) or hit.cached_tokens in points - {hit.cached_tokens}:
-            cache.release(hit)
+            session.close()
             continue
-        restored = cache.restore(hit)
-        cache.release(hit)
+        restored = session.restore()
+        session.close()
         tail = ([*prompt[:length], 7])[hit.cached_tokens :]
         got = model.model(mx.array([tail]), cache=restored)[0, -1]
         fresh = make_prompt_cache(model.model)

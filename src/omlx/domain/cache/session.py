@@ -56,6 +56,7 @@ class CacheSession:
             self._hit = MISS
         self.seconds["lookup"] = time.perf_counter() - started
         self._capture: RequestCapture | None = self._new_capture(self._prompt, self._hit)
+        self._plan = self._capture.plan
 
     @property
     def hit(self) -> PrefixHit:
@@ -74,7 +75,7 @@ class CacheSession:
     @property
     def plan(self) -> tuple[int, ...]:
         """Positions past the restored prefix where prefill chunks must end (restore points)."""
-        return self._capture.plan if self._capture is not None else ()
+        return self._plan
 
     def restore(self) -> Any:
         """A fresh engine cache holding the matched prefix, or None to prefill from 0.
@@ -98,6 +99,7 @@ class CacheSession:
             self._matcher.release(self._hit)
             self._hit = MISS
             self._capture = self._new_capture(self._prompt, MISS)
+            self._plan = self._capture.plan
             cache = None
         self.seconds["restore"] += time.perf_counter() - started
         return cache
