@@ -331,7 +331,7 @@ def main() -> None:
         drop_page_cache()
         cached, server_path_s = restore_prefix_cache(tier, ns, tokens[:n])
         print(
-            f"PrefixCache.lookup+restore after a drop (the server's path): {cached} tokens in {server_path_s:.3f} s",
+            f"a CacheSession's lookup + restore after a drop (the server's path): {cached} tokens in {server_path_s:.3f} s",
             flush=True,
         )
         sequential_read(paths)  # files now in the page cache
@@ -355,7 +355,7 @@ def main() -> None:
         f"(a') ColdTier.get x{len(metas)}, serial, + assemble": summarize(r["serial_mb_s"] for r in rounds),
         "(b) sequential read of the same files": summarize(r["read_mb_s"] for r in rounds),
         "(c) cat of the same files > /dev/null": summarize(r["cat_mb_s"] for r in rounds),
-        "PrefixCache.lookup + restore (server path)": summarize([nbytes / MB / server_path_s]),
+        "CacheSession lookup + restore (server path)": summarize([nbytes / MB / server_path_s]),
         "restore, files already in the page cache": summarize([nbytes / MB / warm_restore_s]),
     }
     restore_med = statistics.median(r["restore_s"] for r in rounds)
