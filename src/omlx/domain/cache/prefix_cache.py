@@ -132,7 +132,7 @@ class PrefixCache:
         return self._hot.is_pinned(key)
 
     def store(self, tokens: Sequence[int], cache: Any) -> int:
-        """Keep every block of a cache no request looked up (tools, tests); how many were new."""
+        """Keep every block of a cache no request looked up (tests); how many were new."""
         capture = RequestCapture(self._keeper, self._codec, self.layout, tokens)
         capture.finished(tokens, cache)
         return capture.stored_blocks
