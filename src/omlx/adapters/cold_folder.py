@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omlx.adapters.blockfiles import BlockWriter, CacheDirLock, DiskBudget, FileBlockStore
 from omlx.adapters.sqlindex import SqlBlockIndex, backend, connect_index, index_path, sqlite_url
-from omlx.domain.cold_tier import RecencyBuffer
+from omlx.domain.cache.cold_tier import RecencyBuffer
 
 WRITER_TICK_S = 1.0  # how often an idle writer wakes to flush recency or see close()
 

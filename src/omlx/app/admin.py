@@ -36,8 +36,8 @@ from omlx.app.admin_target import (
     owned_or_shared,
 )
 from omlx.app.progress import track
+from omlx.domain.cache.eviction import evict
 from omlx.domain.sizes import format_bytes, parse_size
-from omlx.domain.eviction import evict
 
 T = TypeVar("T")
 

@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # the services import the pool's errors; the pool only holds 
     from omlx.app.chat import ChatPipeline
     from omlx.app.encoding import EmbeddingService, RerankService
     from omlx.app.service import GenerationService
-    from omlx.domain.cold_tier import ColdTier
-    from omlx.domain.prefix_cache import PrefixCache
+    from omlx.domain.cache.cold_tier import ColdTier
+    from omlx.domain.cache.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 

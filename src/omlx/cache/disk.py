@@ -18,9 +18,9 @@ from omlx.adapters.blockfiles.format import pack_layers, unpack_block, unpack_la
 from omlx.adapters.blockfiles.lock import CacheDirLocked
 from omlx.adapters.cold_folder import open_cold_folder, start_cold_writer
 from omlx.cache.layers import from_tensors, to_tensors
-from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, StoredBlock
-from omlx.domain.cold_tier import ColdTier
-from omlx.domain.keys import EXTERNAL, external_key
+from omlx.domain.cache.blocks import BlockMeta, DecodedBlock, NamespaceInfo, StoredBlock
+from omlx.domain.cache.cold_tier import ColdTier
+from omlx.domain.cache.keys import EXTERNAL, external_key
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from typing import Any
 from omlx.cache.disk import DiskTier
 from omlx.cache.layers import checked, compact, shared
 from omlx.cache.paged_cache import PagedCache
-from omlx.domain.blocks import NamespaceInfo
-from omlx.domain.keys import EXTERNAL, EXTERNAL_HASH_MAX, namespace_digest
+from omlx.domain.cache.blocks import NamespaceInfo
+from omlx.domain.cache.keys import EXTERNAL, EXTERNAL_HASH_MAX, namespace_digest
 from omlx.domain.tier_defaults import COLD_TIER_DEFAULT_BYTES, HOT_TIER_DEFAULT_BYTES
 
 
