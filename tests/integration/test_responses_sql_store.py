@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from omlx.adapters.blockfiles import FileBlockStore
+from omlx.adapters.cold_folder import open_cold_folder
 from omlx.adapters.sqlindex import (
     SqlResponseStore,
     current_revision,
@@ -17,7 +17,6 @@ from omlx.adapters.sqlindex import (
     open_index,
     upgrade,
 )
-from omlx.adapters.cold_folder import open_cold_folder
 from omlx.app.bootstrap import _response_store
 from omlx.app.responses_store import MemoryResponseStore
 from omlx.app.settings import Settings
