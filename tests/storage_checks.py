@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omlx.adapters.blockfiles.format import RawTensor, kv_layers, pack_block, unpack_block
 from omlx.adapters.blockfiles.store import FileBlockStore
-from omlx.adapters.sqlindex.engine import index_path, make_engine
+from omlx.adapters.sqlindex.database import index_path, make_engine
 from omlx.adapters.sqlindex.repository import SqlBlockIndex, connect_index
 from omlx.domain.cache.blocks import BlockMeta, DecodedBlock, NamespaceInfo, StoredBlock
 from omlx.domain.cache.keys import block_key, namespace_digest

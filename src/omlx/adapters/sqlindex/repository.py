@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from omlx.adapters.sqlindex.availability import AlwaysAvailable, Availability
 from omlx.adapters.sqlindex.dialects import BLOCK_COLUMNS, PostgresSql, sql_for
-from omlx.adapters.sqlindex.engine import index_path, make_engine, writer_engine
+from omlx.adapters.sqlindex.database import index_path, make_engine, writer_engine
 from omlx.adapters.sqlindex.migrate import upgrade
 from omlx.adapters.sqlindex.models import BlockRow, NamespaceHostRow, NamespaceRow, WeightDigestRow
 from omlx.adapters.sqlindex.urls import SQLITE, display, sqlite_path, sqlite_url, to_url
