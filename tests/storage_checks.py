@@ -57,6 +57,7 @@ def record_block(
     data: bytes,
     at: float = 1.0,
     hit_count: int = 0,
+    tokens: Sequence[int] = (),
 ) -> StoredBlock:
     """File first, row second: a block recorded the way the writer records it."""
     checksum = hashlib.sha256(data).hexdigest()
@@ -74,7 +75,7 @@ def record_block(
         at,
         hit_count=hit_count,
     )
-    index.add_block(block)
+    index.add_block(block, tokens)
     return block
 
 

@@ -261,8 +261,8 @@ class BlockIndex(Protocol):
     def upsert_namespace(self, namespace: NamespaceInfo) -> None:
         ...
 
-    def add_block(self, block: StoredBlock) -> bool:
-        """Record a block whose file is complete; True if recorded.
+    def add_block(self, block: StoredBlock, tokens: Sequence[int] = ()) -> bool:
+        """Record a block whose file is complete (and a KV block's ``tokens``); True if recorded.
 
         False, and nothing changed, when the key has a row already: the first writer wins,
         and a later one deletes its own file unless the row names that very file.
@@ -274,6 +274,13 @@ class BlockIndex(Protocol):
 
     def children(self, parent_key: str, limit: int) -> list[StoredBlock]:
         """Up to ``limit`` KV blocks whose parent is ``parent_key``, most recently used first."""
+        ...
+
+    def nearest_children(
+        self, parent_key: str, tokens: Sequence[int], limit: int
+    ) -> list[tuple[StoredBlock, tuple[int, ...]]]:
+        """KV children of ``parent_key`` whose tokens sort nearest ``tokens`` (up to ``limit``
+        on each side), with their tokens; blocks recorded without tokens are not listed."""
         ...
 
     def point_children(self, parent_keys: Sequence[str]) -> list[StoredBlock]:
@@ -375,10 +382,12 @@ class ColdSource(Protocol):
         """
         ...
 
-    def children(self, parent_key: str) -> list[BlockMeta]:
+    def children(self, parent_key: str, want: Sequence[int] = ()) -> list[BlockMeta]:
         """Blocks on disk (full or partial) whose parent is ``parent_key``; never raises.
 
-        Only metadata: a candidate's tokens are read, and verified, by ``get``.
+        Only metadata: those nearest ``want`` carry their tokens from the index (to rank
+        them), the most recently used may not; a candidate's payload is read, and
+        verified, by ``get``.
         """
         ...
 
