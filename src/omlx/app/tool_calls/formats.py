@@ -94,10 +94,10 @@ def _json_objects(body: str) -> list[Call]:
     return calls
 
 
-def _pairs_parser(key_open: str, key_close: str, value_close: str, head_end: str):
+def _glm_parser() -> Callable[[str], list[Call]]:
     """GLM's ``name\\n<arg_key>k</arg_key>\\n<arg_value>v</arg_value>`` bodies."""
-    pair = re.compile(re.escape(key_open) + r"(.*?)" + re.escape(key_close) + r"(.*?)"
-                      + re.escape(value_close), re.DOTALL)
+    pair = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+    head_end = r"\n|<arg_key>"
 
     def parse(body: str) -> list[Call]:
         name = re.split(head_end, body.strip(), maxsplit=1)[0].strip()
@@ -187,16 +187,15 @@ MISTRAL_ARGS = ToolCallFormat(
 
 _DS = {k: f"<｜tool▁{k}｜>" for k in ("calls▁begin", "calls▁end", "call▁begin", "call▁end", "sep")}
 _DEEPSEEK_HEADER = _regex_header(
-    re.compile(
-        r"\s*" + _DS["call▁begin"] + r"(?:function" + _DS["sep"] + r")?([^\n<｜]+?)\s*(?:```json\s*|"
-        + _DS["sep"] + r"\s*)"
-    )
+    re.compile(r"\s*" + _DS["call▁begin"] + "function" + _DS["sep"] + r"([^\n<]+?)\s*```json\s*")
 )
-_DEEPSEEK_PARSE = _by_header(_DEEPSEEK_HEADER)
+_DEEPSEEK_V31_HEADER = _regex_header(
+    re.compile(r"\s*" + _DS["call▁begin"] + r"([^\n<]+?)" + _DS["sep"] + r"\s*")
+)
 # V3 / R1: function<sep>name, then the arguments in a ```json fence.
 DEEPSEEK = ToolCallFormat(
     "deepseek", _DS["calls▁begin"], _DS["calls▁end"],
-    parse=_DEEPSEEK_PARSE,
+    parse=_by_header(_DEEPSEEK_HEADER),
     header=_DEEPSEEK_HEADER,
     before=lambda n: (_DS["call▁begin"], "function", _DS["sep"], f"{n}\n```json\n"),
     after=("\n```", _DS["call▁end"]),
@@ -207,8 +206,8 @@ DEEPSEEK = ToolCallFormat(
 # V3.1 and later: name<sep>arguments.
 DEEPSEEK_V31 = ToolCallFormat(
     "deepseek", _DS["calls▁begin"], _DS["calls▁end"],
-    parse=_DEEPSEEK_PARSE,
-    header=_DEEPSEEK_HEADER,
+    parse=_by_header(_DEEPSEEK_V31_HEADER),
+    header=_DEEPSEEK_V31_HEADER,
     before=lambda n: (_DS["call▁begin"], n, _DS["sep"]),
     after=(_DS["call▁end"],),
     opening=(_DS["calls▁begin"],),
@@ -234,7 +233,7 @@ HARMONY = ToolCallFormat(
 
 GLM = ToolCallFormat(
     "glm", "<tool_call>", "</tool_call>",
-    parse=_pairs_parser("<arg_key>", "</arg_key>", "</arg_value>", r"\n|<arg_key>"),
+    parse=_glm_parser(),
     before=lambda n: ("<tool_call>", f"{n}\n"),
     after=("</tool_call>",),
     between=("\n",),
