@@ -81,6 +81,9 @@ class ChatRequest:
     sampling: Sampling = field(default_factory=Sampling)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     parallel_tool_calls: bool = True
+    # A forced call may be several only when asked for outright (parallel_tool_calls: true):
+    # forced, a small model calls again and again until max_tokens.
+    several_forced_calls: bool = False
     response_format: ResponseFormat | None = None  # the answer as JSON (structured output)
     reasoning_budget: int | None = None  # most reasoning tokens before the end marker is forced
 
@@ -178,7 +181,7 @@ class ChatPipeline:
             tool_mode=chat.tool_choice.mode,
             tool_name=chat.tool_choice.name,
             tools=chat.tools,
-            parallel=chat.parallel_tool_calls,
+            parallel=chat.parallel_tool_calls and chat.several_forced_calls,
         )
         grammar_seconds = 0.0
         if wanted is not None:
@@ -202,6 +205,7 @@ class ChatPipeline:
             fmt,
             parse_tools=chat.tool_choice.mode != "none" and bool(chat.tools),
             in_reasoning=in_reasoning,
+            forced_name=_forced_name(chat) if wanted is not None and grammar.calls else None,
         )
         turn = ChatTurn(prompt, request, splitter, chat.parallel_tool_calls, fp)
         self._diagnose(turn, previous_id, last_label=chat.labels[-1] if chat.labels else "")
@@ -324,6 +328,14 @@ class ChatPipeline:
                     turn.tool_calls += 1
             kept.append(piece)
         return kept
+
+
+def _forced_name(chat: ChatRequest) -> str | None:
+    """The one tool a forced call can name (a call cut before its name is still that call)."""
+    if chat.tool_choice.mode == "function":
+        return chat.tool_choice.name
+    names = {t["function"]["name"] for t in chat.tools or ()}
+    return names.pop() if len(names) == 1 else None
 
 
 def _whole(pieces: list[Piece]) -> list[Piece]:

@@ -142,8 +142,10 @@ class OutputSplitter:
         *,
         parse_tools: bool = True,
         in_reasoning: bool = False,
+        forced_name: str | None = None,
     ) -> None:
         self._fmt = fmt
+        self._forced_name = forced_name  # a forced call's tool, when only one can be called
         self._calls = fmt.calls if parse_tools else None
         self._state = "reasoning" if in_reasoning and fmt.think else "text"
         self._held = ""
@@ -294,6 +296,12 @@ class OutputSplitter:
         except Exception as exc:  # a family's parser raises anything on a malformed body
             log.warning("unparsable tool call (%s: %s); returned as text", type(exc).__name__, exc)
             parsed = None
+        if not parsed and not terminated and self._forced_name is not None:
+            # A forced call cut before its arguments began (max_tokens): still that call.
+            pieces.append(ToolCallPiece(self._forced_name, "", self._next, complete=False))
+            self._next += 1
+            self.tool_calls += 1
+            return
         if not parsed:
             end = calls.end if terminated else ""
             pieces.append(Content(self._opener + body + end))

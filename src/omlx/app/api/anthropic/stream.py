@@ -29,7 +29,7 @@ def tool_input(arguments: str) -> dict[str, Any]:
     except ValueError:
         value = close_partial(arguments)
         if value is None:
-            value = arguments
+            value = {} if not arguments.strip() else arguments
     return value if isinstance(value, dict) else {"arguments": value}
 
 
