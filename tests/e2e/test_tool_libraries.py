@@ -154,3 +154,32 @@ def test_auto_mode_shows_the_model_its_tools(default_server):
                                      max_tokens=1)
     # The tools are in the prompt (the fallback's system turn), not dropped.
     assert auto.usage.prompt_tokens > plain.usage.prompt_tokens + 50
+
+
+def test_the_ai_sdk_streams_a_forced_call(default_server):
+    """The Vercel AI SDK (node), installed into tests/e2e/node by its install.sh."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "node"
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node and npm are not installed")
+    if not (folder / "node_modules" / "ai").exists():
+        installed = subprocess.run([str(folder / "install.sh")], capture_output=True, timeout=300)
+        if installed.returncode != 0:
+            pytest.skip(f"npm could not install the AI SDK: {installed.stderr.decode()[-300:]}")
+    run = subprocess.run(
+        ["node", str(folder / "ai_sdk_tools.mjs"), base(default_server), DEFAULT],
+        capture_output=True, timeout=300, check=True,
+    )
+    out = json.loads(run.stdout)
+    assert out["finishReason"] == "tool-calls"
+    assert [c["name"] for c in out["calls"]] == ["get_weather"]
+    assert isinstance(out["calls"][0]["input"]["city"], str)
+    kinds = [p["type"] for p in out["parts"]]
+    # The call's input streams: a start, deltas as the model writes them, the whole call.
+    assert kinds[0] == "tool-input-start" and kinds.count("tool-input-delta") > 2
+    assert kinds[-1] == "tool-call"
+    streamed = "".join(p["delta"] for p in out["parts"] if p["type"] == "tool-input-delta")
+    assert json.loads(streamed) == out["calls"][0]["input"]
