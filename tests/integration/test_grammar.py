@@ -189,3 +189,10 @@ def test_strict_refuses_what_it_cannot_enforce_and_lenient_ignores_it(grammars):
 def test_token_bytes(grammars, tokenizer):
     token = tokenizer.encode(" fox", add_special_tokens=False)[0]
     assert grammars.token_bytes(token) == tokenizer.decode([token]).encode()
+
+
+def test_whitespace_around_hermes_markers_is_the_models_choice(grammars, tokenizer):
+    g = forced(HERMES)
+    tight = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    assert accepts(grammars, tokenizer, g, tight)
+    assert not accepts(grammars, tokenizer, g, tight.replace("<tool_call>", "<tool_call>\n\n\n"))

@@ -48,8 +48,8 @@ def test_a_named_call_in_a_hermes_model_uses_its_markers():
     assert json.loads(g.calls[0].parameters) == {
         "type": "object", "properties": {}, "additionalProperties": False
     }
-    assert g.calls[0].before == ("<tool_call>", '\n{"name": "b", "arguments": ')
-    assert g.calls[0].after == ("}\n", "</tool_call>") and not g.several_calls
+    assert g.calls[0].before == ("<tool_call>", "\n", '{"name": "b", "arguments": ')
+    assert g.calls[0].after == ("}", "\n", "</tool_call>") and not g.several_calls
     assert g.think == ("<think>", "</think>") and g.in_reasoning
     assert g.strict  # the one tool says strict
 

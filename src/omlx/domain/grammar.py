@@ -37,7 +37,8 @@ class CallShape:
     """One tool's call as the model writes it: ``before``, the arguments, ``after``.
 
     ``before`` and ``after`` are literal pieces, each of which may be one special token
-    (``<|python_tag|>``); ``parameters`` is the arguments' JSON schema as canonical JSON.
+    (``<|python_tag|>``); a piece of whitespace only stands for a little optional
+    whitespace. ``parameters`` is the arguments' JSON schema as canonical JSON.
     """
 
     name: str

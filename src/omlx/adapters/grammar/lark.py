@@ -15,7 +15,7 @@ from typing import Any
 from omlx.adapters.grammar.one_of import rewrite_one_of
 from omlx.domain.grammar import CallShape, GrammarError, OutputGrammar, PairStyle
 
-# After a reasoning section's end marker (``</think>\n\n``).
+# After a reasoning section's end marker (``</think>\n\n``), and around call markers.
 _GAP = r"/[ \n]{0,2}/"
 
 
@@ -51,7 +51,9 @@ def _parameters(call: CallShape) -> Any:
 
 
 def _sequence(pieces: tuple[str, ...], literal: Callable[[str], str]) -> list[str]:
-    return [literal(p) for p in pieces if p]
+    """Pieces as Lark; a piece of whitespace only is a GAP (up to two spaces or newlines,
+    none included), as models differ in what they put around their markers."""
+    return ["GAP" if not p.strip() else literal(p) for p in pieces if p]
 
 
 def _pair_rules(rule: str, schema: Any, style: PairStyle, strict: bool) -> list[str]:

@@ -142,8 +142,8 @@ HERMES = ToolCallFormat(
     "hermes", "<tool_call>", "</tool_call>",
     parse=_by_header(_HERMES_HEADER, whole_json=True),
     header=_HERMES_HEADER,
-    before=lambda n: ("<tool_call>", f'\n{{"name": {_json_key(n)}, "arguments": '),
-    after=("}\n", "</tool_call>"),
+    before=lambda n: ("<tool_call>", "\n", f'{{"name": {_json_key(n)}, "arguments": '),
+    after=("}", "\n", "</tool_call>"),
     between=("\n",),
 )
 
@@ -197,8 +197,8 @@ DEEPSEEK = ToolCallFormat(
     "deepseek", _DS["calls▁begin"], _DS["calls▁end"],
     parse=_by_header(_DEEPSEEK_HEADER),
     header=_DEEPSEEK_HEADER,
-    before=lambda n: (_DS["call▁begin"], "function", _DS["sep"], f"{n}\n```json\n"),
-    after=("\n```", _DS["call▁end"]),
+    before=lambda n: (_DS["call▁begin"], "function", _DS["sep"], f"{n}\n```json", "\n"),
+    after=("\n", "```", _DS["call▁end"]),
     opening=(_DS["calls▁begin"],),
     between=("\n",),
     closing=(_DS["calls▁end"],),
