@@ -196,3 +196,16 @@ def test_whitespace_around_hermes_markers_is_the_models_choice(grammars, tokeniz
     tight = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
     assert accepts(grammars, tokenizer, g, tight)
     assert not accepts(grammars, tokenizer, g, tight.replace("<tool_call>", "<tool_call>\n\n\n"))
+
+
+def test_a_one_of_a_ref_points_into_is_left_as_it_is(grammars, tokenizer):
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+            "b": {"$ref": "#/properties/a/oneOf/1"},
+        },
+        "required": ["a", "b"],
+    }
+    g = OutputGrammar(json_schema=json.dumps(schema), strict=False)
+    assert accepts(grammars, tokenizer, g, '{"a": "x", "b": 2}')

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import unquote
 
 _NUMBERS = {"integer", "number"}
 _UNSET = object()
@@ -26,18 +27,30 @@ ONE_OF_ADVICE = (
 
 
 def rewrite_one_of(schema: Any) -> Any:
-    """``schema`` with every provably exclusive ``oneOf`` turned into ``anyOf``."""
-    return _walk(schema, schema)
+    """``schema`` with every provably exclusive ``oneOf`` turned into ``anyOf`` (one that a
+    ``$ref`` points into is kept: renaming it would break the pointer)."""
+    refs = {unquote(r) for r in _refs(schema)}
+    return _walk(schema, schema, "#", refs)
 
 
-def _walk(node: Any, root: Any) -> Any:
+def _refs(node: Any) -> list[str]:
     if isinstance(node, list):
-        return [_walk(n, root) for n in node]
+        return [r for n in node for r in _refs(n)]
+    if not isinstance(node, dict):
+        return []
+    found = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+    return found + [r for v in node.values() for r in _refs(v)]
+
+
+def _walk(node: Any, root: Any, where: str, refs: set[str]) -> Any:
+    if isinstance(node, list):
+        return [_walk(n, root, f"{where}/{i}", refs) for i, n in enumerate(node)]
     if not isinstance(node, dict):
         return node
-    out = {k: _walk(v, root) for k, v in node.items()}
+    out = {k: _walk(v, root, f"{where}/{_escape(k)}", refs) for k, v in node.items()}
     branches = out.get("oneOf")
-    if isinstance(branches, list) and all(
+    pointed_at = any(r.startswith(f"{where}/oneOf") for r in refs)
+    if isinstance(branches, list) and not pointed_at and all(
         _exclusive(branches[i], branches[j], root)
         for i in range(len(branches))
         for j in range(i + 1, len(branches))
@@ -48,6 +61,11 @@ def _walk(node: Any, root: Any) -> Any:
         else:
             out["anyOf"] = branches
     return out
+
+
+def _escape(key: str) -> str:
+    """A key as a JSON pointer writes it (``~0``, ``~1``; refs may also percent-encode)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _resolve(schema: Any, root: Any, depth: int = 0) -> Any:
