@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import anthropic
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -263,3 +264,15 @@ def test_a_forced_call_in_the_models_own_syntax_is_parsed_back(scripted_server, 
     (call,) = calls
     assert call.function.name == "get_weather" and "<tool_call>" not in text
     assert "city" in json.loads(call.function.arguments)
+
+
+def test_grammar_compile_time_is_a_phase_in_metrics(default_server):
+    oai(default_server).chat.completions.create(
+        model=DEFAULT, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=4
+    )
+    metrics = httpx.get(default_server.base_url + "/metrics").text
+    counts = [
+        line for line in metrics.splitlines()
+        if line.startswith('omlx_request_phase_seconds_count{phase="grammar"}')
+    ]
+    assert counts and float(counts[0].split()[-1]) >= 1
