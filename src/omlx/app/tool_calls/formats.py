@@ -4,8 +4,9 @@ streamed and, for a forced call, written under a grammar.
 A format names the text that opens and closes a call (or a section of calls), reads the
 calls out of what lies between (``parse``) and, where the arguments are one JSON object
 after the tool's name, finds that name and where the arguments start (``header``), so
-the arguments can stream as the model writes them. ``shape`` gives the literal text
-around a forced call's arguments (``domain.grammar.CallShape``), in the family's syntax.
+the arguments can stream as the model writes them. ``before``/``after`` (and ``opening``,
+``between``, ``closing``) are the literal text around a forced call's arguments
+(``domain.grammar.CallShape``), in the family's syntax.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _regex_header(pattern: re.Pattern[str]) -> Header:
         if match is None:
             return None
         name = match.group(1)
-        if name.startswith('"') or "\\" in name:
+        if "\\" in name:  # a JSON string's escapes
             name = json.loads(f'"{name}"')
         return name, match.end(), match.start()
 
