@@ -27,10 +27,10 @@ from omlx.app.output import (
     ToolCallPiece,
     ToolCallStart,
 )
-from omlx.app.tool_calls import HERMES
 from omlx.app.sampling import Sampling
 from omlx.app.service import GenerationService
 from omlx.app.templates import ChatRenderer, RenderedPrompt
+from omlx.app.tool_calls import HERMES
 from omlx.domain.generation import (
     Failed,
     Finished,
