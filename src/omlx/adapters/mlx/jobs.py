@@ -103,6 +103,7 @@ def phases_of(job: Job) -> tuple[tuple[str, float], ...]:
     prefilled = t.get("prefilled", t["first_token"])
     spans = {
         "render": job.request.render_seconds,
+        "grammar": job.request.grammar_seconds,
         "queue": max(t["admitted"] - job.submitted - lookup - restore, 0.0),
         "lookup": lookup,
         "restore": restore,

@@ -63,7 +63,7 @@ class Metrics:
         self.phases = Histogram(
             "omlx_request_phase_seconds",
             "Where time to first token goes, by phase: render (template and tokenizer), "
-            "queue, lookup, restore, admit, prefill (the uncached tail), first_step",
+            "grammar (compiling a structured output's or forced call's grammar), queue, lookup, restore, admit, prefill (the uncached tail), first_step",
             ["phase"],
             buckets=_PHASE_BUCKETS,
             registry=r,
