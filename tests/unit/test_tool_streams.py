@@ -11,7 +11,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from omlx.app.api.app import create_app
-from omlx.app.bootstrap import wire_services
+from omlx.app.bootstrap import bootstrap
 from omlx.app.settings import Settings
 from omlx.app.tool_calls import HERMES
 from tests.fakes import FakeGrammarCompiler
@@ -44,8 +44,12 @@ class ToollessTokenizer(FakeTokenizer):
 def serve(engine: FakeEngine, tokenizer: FakeTokenizer | None = None) -> tuple[TestClient, Any]:
     grammars = FakeGrammarCompiler()
     model = FakeModel(tokenizer=tokenizer or HermesTokenizer())
-    container = wire_services(Settings(max_queued_requests=4, default_max_tokens=16), model,
-                              engine, grammars=grammars)
+    container = bootstrap(
+        Settings(max_queued_requests=4, default_max_tokens=16),
+        model=model,
+        engine=engine,
+        grammars=grammars,
+    )
     return TestClient(create_app(container)), grammars
 
 
