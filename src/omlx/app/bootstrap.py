@@ -85,6 +85,7 @@ def bootstrap(settings: Settings, *, load_in_background: bool = False, **overrid
             started_at=int(time.time()),
             blas=describe_blas(),
             writer=cold.writer if cold is not None else None,
+            ssd=ssd,
             closers=closers,
             start_loads=start_loads,
         )

@@ -25,6 +25,7 @@ class Container:
     started_at: int
     blas: str = ""
     writer: Any = None  # the cold tier's block writer, shared by every model (metrics)
+    ssd: Any = None  # bootstrap.SsdParts: the cold tier's folder, index, store (dashboard actions)
     metrics: Any = None  # api.metrics.Metrics, set by create_app (one registry per app)
     closers: list[Callable[[], None]] = field(default_factory=list)
     # Models to load once the server listens (``omlx serve``: the port opens first).

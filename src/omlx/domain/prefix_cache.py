@@ -174,6 +174,13 @@ class PrefixCache:
         self._hot.shrink(room)
         return self._hot.stats().bytes
 
+    def forget_stored(self) -> None:
+        """Stop assuming keys queued earlier are on disk (an admin removed blocks there).
+
+        The set is swapped, not cleared: the engine thread may be using the old one.
+        """
+        self._known = OrderedDict()
+
     def is_pinned(self, key: str) -> bool:
         """Whether a running request holds ``key``; the cold tier's eviction asks this."""
         return self._hot.is_pinned(key)

@@ -94,6 +94,7 @@ class _Job:
     detok: Any = None
     stops: StopStringMatcher | None = None
     cached_tokens: int = 0
+    tier: str = "none"  # where its cached prefix came from: hot (RAM), ssd, none
     completion_tokens: int = 0
     fed_tokens: int = 0  # generated tokens fed back to the model (the cache holds them)
     hit_lost: int = 0  # KV-matched tokens recomputed for want of a restore point (hybrids)
@@ -340,6 +341,7 @@ class MLXEngine:
                 job.hit = self._lookup(job)
             job.cached_tokens = job.hit.cached_tokens
             job.hit_lost = job.hit.lost_tokens
+            job.tier = "ssd" if job.hit.cold_hits else "hot" if job.cached_tokens else "none"
             if job.cached_tokens:
                 started = time.monotonic()
                 cache = self.finished_caches.take(tokens, job.cached_tokens)
@@ -485,7 +487,7 @@ class MLXEngine:
                 job.completion_tokens,
                 job.cached_tokens,
                 job.stops.matched if job.stops is not None else None,
-                phases_of(job),
+                phases_of(job), job.tier,
             )
         )
         self._log_finished(job, reason)
