@@ -134,10 +134,31 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
     assert ask(server).usage.prompt_tokens_details.cached_tokens == 0
 
     if path := os.environ.get("OMLX_TEST_DASHBOARD_SCREENSHOT"):
-        ask(server)
-        wait_for("the last request", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 4)
+        for _ in range(3):  # a few more points on the charts
+            time.sleep(0.6)
+            ask(server)
+        wait_for("the last request", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 6)
         time.sleep(1.5)
         driver.save_screenshot(path)
+
+    # Vacuum the SSD tier to nothing from the form, by keyboard alone.
+    wait_for("the miss's blocks on disk", lambda: not model_cell(driver, "ssd").startswith(("0 blocks", "–")))
+    size = driver.find_element(By.ID, "vacuum-size")
+    size.send_keys(Keys.CONTROL, "a")
+    size.send_keys("0", Keys.ENTER)
+    wait_for("the vacuum's confirmation", lambda: driver.find_element(By.ID, "confirm").is_displayed())
+    driver.switch_to.active_element.send_keys(Keys.TAB)  # Cancel has the focus; Confirm is next
+    driver.switch_to.active_element.send_keys(Keys.ENTER)
+    status = wait_for("the vacuum's report", lambda: "vacuumed" in (t := driver.find_element(By.ID, "status").text) and t)
+    assert "evicted" in status
+    wait_for("an SSD tier vacuumed to nothing", lambda: model_cell(driver, "ssd").startswith("0 blocks"))
+    assert "0 B of" in driver.find_element(By.ID, "tier-ssd").text
+
+    # Unload the model; it is listed as available (the next request loads it again).
+    driver.find_element(By.CSS_SELECTOR, 'tr[data-model="tiny-llama"] button.unload').click()
+    wait_for("the unload's confirmation", lambda: driver.find_element(By.ID, "confirm").is_displayed())
+    driver.find_element(By.ID, "confirm-ok").click()
+    wait_for("an unloaded model", lambda: "available" in driver.find_element(By.CSS_SELECTOR, 'tr[data-model="tiny-llama"]').text)
 
     urls = request_urls(driver)
     assert any(u.endswith("/v1/dashboard/state") for u in urls)

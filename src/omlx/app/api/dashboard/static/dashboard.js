@@ -99,7 +99,8 @@ function modelRow(m) {
   const cache = m.cache || {};
   const hot = cache.hot;
   const ssd = m.ssd;
-  const hits = cache.enabled ? `${int(cache.lookups)}: ${int(cache.hit_tokens)} of ${int(cache.lookup_tokens)}` :
+  const hitShare = cache.lookup_tokens ? ` (${pct(cache.hit_tokens / cache.lookup_tokens)})` : "";
+  const hits = cache.enabled ? `${int(cache.hit_tokens)} of ${int(cache.lookup_tokens)}${hitShare}` :
     (cache.disabled_reason ? `off (${cache.disabled_reason})` : "–");
   const perToken = ssd && ssd.bytes_per_token ? `${int(Math.round(ssd.bytes_per_token))} B on disk` :
     (m.kv_bytes_per_token ? `${int(m.kv_bytes_per_token)} B in RAM` : "–");
@@ -129,7 +130,7 @@ function modelRow(m) {
     el("td", { class: "num hot" }, hot ? `${int(hot.blocks)} blocks, ${bytes(hot.bytes)}` : "–"),
     el("td", { class: "num ssd" }, ssd ? `${int(ssd.blocks)} blocks, ${bytes(ssd.bytes)}` : "–"),
     el("td", { class: "num" }, perToken),
-    el("td", { class: "num hits" }, hits),
+    el("td", { class: "num hits", title: cache.enabled ? `${int(cache.lookups)} lookups` : null }, hits),
     el("td", {}, actions));
 }
 
