@@ -95,6 +95,10 @@ def test_the_page_asks_a_browser_for_the_key_and_takes_it_as_basic_credentials()
         state_refused = c.get("/v1/dashboard/state")
         state = c.get("/v1/dashboard/state", headers=basic("k1"))
         unknown_file = c.get("/dashboard/static/secrets.txt", headers=BEARER)
+        garbled = c.get("/v1/dashboard/state", headers={"Authorization": "Basic %%%"})
+        no_password = c.get("/v1/dashboard/state", headers={"Authorization": "Basic " + base64.b64encode(b"k1").decode()})
+        action_refused = c.post(f"/v1/dashboard/models/{MODEL}/clear-cache", json={})
+        action = c.post(f"/v1/dashboard/models/{MODEL}/clear-cache", json={}, headers=basic("k1"))
         assert c.get("/health").status_code == 200
     assert refused.status_code == wrong.status_code == 401
     assert refused.headers["www-authenticate"].startswith('Basic realm="omlx"')
@@ -106,6 +110,8 @@ def test_the_page_asks_a_browser_for_the_key_and_takes_it_as_basic_credentials()
     assert state_refused.status_code == 401 and state_refused.headers["www-authenticate"] == "Bearer"
     assert state.status_code == 200
     assert unknown_file.status_code == 404
+    assert garbled.status_code == no_password.status_code == action_refused.status_code == 401
+    assert action.status_code == 200
 
 
 def test_the_state_lists_finished_requests_by_api_and_the_served_model():
