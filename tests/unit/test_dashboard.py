@@ -178,3 +178,23 @@ def test_clearing_a_model_empties_its_hot_tier_and_its_blocks_are_written_again(
     cold.blocks.clear()  # what clearing the SSD tier's rows and files does to a real one
     assert serve(prefix_cache, prompt) == 0  # a real miss
     assert len(cold.puts) == 2 * written  # and its blocks go to disk again
+
+
+def test_an_index_that_does_not_answer_leaves_the_rest_of_the_page():
+    from omlx.domain.ports import IndexUnavailable
+
+    class AwayIndex:
+        def usage(self):
+            raise IndexUnavailable("the shared database is away")
+
+    class Ssd:
+        index = AwayIndex()
+
+    container = fake_container()
+    container.ssd = Ssd()
+    with TestClient(create_app(container)) as c:
+        r = c.get("/v1/dashboard/state")
+    assert r.status_code == 200
+    ssd = r.json()["tiers"]["ssd"]
+    assert ssd["enabled"] and "the shared database is away" in ssd["unavailable"]
+    assert r.json()["models"][0]["id"] == MODEL

@@ -6,6 +6,7 @@ it is a query) and the dashboard's request log and series. Plain JSON values onl
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict
 from typing import Any
@@ -15,6 +16,8 @@ from omlx.app.api.dashboard.series import RequestSeries
 from omlx.app.container import Container
 from omlx.app.pool import Served
 from omlx.app.request_log import RequestLog
+
+log = logging.getLogger(__name__)
 
 RECENT_REQUESTS = 50
 # Shown by the page as not there yet: each comes with the cache-controls issue (#24).
@@ -33,7 +36,8 @@ def dashboard_state(
     usage = pool.account.snapshot()
     models = [_model(pool, spec_id, loaded.get(spec_id), usage.get(spec_id)) for spec_id in pool.specs]
     for model in models:
-        model["ssd"] = _ssd_of(model, ssd.get("namespaces", [])) if ssd.get("enabled") else None
+        known = ssd.get("enabled") and "unavailable" not in ssd
+        model["ssd"] = _ssd_of(model, ssd["namespaces"]) if known else None
     hot = [m["cache"]["hot"] for m in models if m.get("cache", {}).get("hot")]
     return {
         "server": {
@@ -124,10 +128,22 @@ def _cache(served: Served) -> dict[str, Any]:
 
 
 def ssd_usage(container: Container) -> dict[str, Any]:
-    """The cold tier's blocks, bytes and budget, per namespace (index queries: call off the loop)."""
+    """The cold tier's blocks, bytes and budget, per namespace (index queries: call off the loop).
+
+    An index that cannot answer now (a shared database away, a long lock) is reported as
+    such: the rest of the page still draws.
+    """
     ssd = container.ssd
     if ssd is None:
         return {"enabled": False}
+    try:
+        return _ssd_usage(container, ssd)
+    except Exception as exc:
+        log.warning("dashboard: the SSD tier's index did not answer: %s", exc)
+        return {"enabled": True, "unavailable": f"the index did not answer: {exc}", "namespaces": []}
+
+
+def _ssd_usage(container: Container, ssd: Any) -> dict[str, Any]:
     from omlx.adapters.blockfiles.budget import DiskBudget
 
     index = ssd.index

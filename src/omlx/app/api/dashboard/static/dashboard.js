@@ -151,8 +151,8 @@ function renderTiers(state) {
   document.getElementById("tier-hot").replaceChildren(...meterCard("Hot tier (RAM)", hot.bytes, hot.max_bytes,
     [`${int(hot.blocks)} blocks; budget ${bytes(hot.max_bytes_per_model)} per loaded model`]));
   const ssdCard = document.getElementById("tier-ssd");
-  if (!ssd.enabled) {
-    ssdCard.replaceChildren(el("h3", {}, "SSD tier"), el("p", {}, "off"));
+  if (!ssd.enabled || ssd.unavailable) {
+    ssdCard.replaceChildren(el("h3", {}, "SSD tier"), el("p", {}, ssd.unavailable || "off"));
   } else {
     const perToken = ssd.tokens ? `${int(Math.round(ssd.bytes / ssd.tokens))} bytes per token` : "no blocks yet";
     ssdCard.replaceChildren(...meterCard("SSD tier", ssd.bytes, ssd.max_bytes, [
