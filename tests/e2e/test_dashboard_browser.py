@@ -120,8 +120,14 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
     wait_for("a chart's points", lambda: driver.find_elements(By.CSS_SELECTOR, '[data-chart="Hit rate"] circle.point'))
     hot_before = wait_for("hot blocks", lambda: (t := model_cell(driver, "hot")) and t.startswith(("1", "2", "3", "4", "5", "6", "7", "8", "9")) and t)
 
-    # Clear its cache, by keyboard: focus the button, Enter, then confirm in the dialog.
-    driver.find_element(By.CSS_SELECTOR, 'tr[data-model="tiny-llama"] button.clear').send_keys(Keys.ENTER)
+    # Clear its cache, by keyboard: Tab from Unload to Clear cache; the focus stays there
+    # while the page redraws its tables; Enter, then confirm in the dialog.
+    driver.execute_script("arguments[0].focus()", driver.find_element(By.CSS_SELECTOR, "button.unload"))
+    driver.switch_to.active_element.send_keys(Keys.TAB)
+    drawn = driver.find_element(By.TAG_NAME, "body").get_attribute("data-updated")
+    wait_for("a redraw", lambda: driver.find_element(By.TAG_NAME, "body").get_attribute("data-updated") != drawn)
+    assert driver.switch_to.active_element.get_attribute("data-key") == "clear:tiny-llama"
+    driver.switch_to.active_element.send_keys(Keys.ENTER)
     dialog = wait_for("the confirmation", lambda: (d := driver.find_element(By.ID, "confirm")).is_displayed() and d)
     assert "tiny-llama" in dialog.text
     driver.find_element(By.ID, "confirm-ok").click()

@@ -107,7 +107,7 @@ function modelRow(m) {
   const actions = el("div", { class: "actions" });
   if (m.state === "loaded") {
     actions.append(el("button", {
-      type: "button", class: "unload", disabled: m.pinned, title: m.pinned ? "pinned with --pin-model" : null,
+      type: "button", class: "unload", disabled: m.pinned, "data-key": `unload:${m.id}`, title: m.pinned ? "pinned with --pin-model" : null,
       "aria-label": `Unload ${m.id}`,
       onclick: () => act(`Unload ${m.id}? Its cached blocks on disk stay.`, "POST",
         `/v1/dashboard/models/${encodeURIComponent(m.id)}/unload`, {}, () => `unloaded ${m.id}`),
@@ -115,7 +115,7 @@ function modelRow(m) {
   }
   if (m.task === "chat") {
     actions.append(el("button", {
-      type: "button", class: "danger clear", "aria-label": `Clear the cache of ${m.id}`,
+      type: "button", class: "danger clear", "data-key": `clear:${m.id}`, "aria-label": `Clear the cache of ${m.id}`,
       onclick: () => act(`Delete every cached block of ${m.id}, in RAM and on disk?`, "POST",
         `/v1/dashboard/models/${encodeURIComponent(m.id)}/clear-cache`, {},
         (r) => `cleared ${m.id}: ${int(r.hot_blocks)} hot and ${int(r.ssd_blocks)} SSD blocks (${bytes(r.ssd_bytes)})`),
@@ -246,11 +246,17 @@ async function refresh() {
   busy = true;
   try {
     const state = await call("GET", "/v1/dashboard/state");
+    // The tables are redrawn: keep the keyboard focus on the same button.
+    const focused = document.activeElement && document.activeElement.dataset.key;
     renderServer(state);
     document.querySelector("#models tbody").replaceChildren(...state.models.map(modelRow));
     renderTiers(state);
     renderCharts(state);
     renderRequests(state);
+    if (focused) {
+      const again = document.querySelector(`[data-key="${CSS.escape(focused)}"]`);
+      if (again) again.focus();
+    }
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     document.body.dataset.updated = String(Date.now());
   } catch (err) {
