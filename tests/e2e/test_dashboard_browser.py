@@ -24,6 +24,7 @@ from tests.server_process import ServerProcess
 
 KEY = "dash-key-42"
 SYSTEM = "You are a careful agent working in a repository of Python code. " * 12
+NONE = "\N{EN DASH}"  # what the page shows for a value it does not have
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
@@ -105,12 +106,13 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
     model = wait_for("the served model", lambda: driver.find_element(By.CSS_SELECTOR, 'tr[data-model="tiny-llama"]'))
     assert "loaded" in model.text
 
-    first, second = ask(server), ask(server)
+    ask(server)
+    second = ask(server)
     assert second.usage.prompt_tokens_details.cached_tokens > 0
     # The repeated request is listed with its cached tokens, newest first.
     cached = wait_for("the hit in the request list", lambda: [
         int(t.replace(",", "")) for t in cell_texts(driver, "#requests tbody td.cached")
-        if t not in ("", "–")
+        if t not in ("", NONE)
     ] if len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 2 else None)
     assert cached[0] == second.usage.prompt_tokens_details.cached_tokens
     assert cached[1] == 0
@@ -148,7 +150,7 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
         driver.save_screenshot(path)
 
     # Vacuum the SSD tier to nothing from the form, by keyboard alone.
-    wait_for("the miss's blocks on disk", lambda: not model_cell(driver, "ssd").startswith(("0 blocks", "–")))
+    wait_for("the miss's blocks on disk", lambda: not model_cell(driver, "ssd").startswith(("0 blocks", NONE)))
     size = driver.find_element(By.ID, "vacuum-size")
     size.send_keys(Keys.CONTROL, "a")
     size.send_keys("0", Keys.ENTER)

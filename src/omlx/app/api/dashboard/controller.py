@@ -66,7 +66,7 @@ class DashboardPageController(Controller):
     path = "/dashboard"
     tags = ("dashboard",)
     include_in_schema = False  # a page and its files, not an API
-    exception_handlers = {Unauthorized: _ask_for_the_key}
+    exception_handlers = {Unauthorized: _ask_for_the_key}  # noqa: RUF012 - Litestar's own class attribute
 
     @get(operation_id="dashboard", media_type="text/html")
     async def page(self) -> Response[bytes]:
