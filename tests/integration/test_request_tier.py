@@ -5,8 +5,8 @@ from __future__ import annotations
 from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.kv_codec import MLXKVCodec
 from omlx.adapters.mlx.loader import load_model
-from omlx.domain.hot_tier import HotTier
-from omlx.domain.prefix_cache import PrefixCache
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.engine_helpers import generate, greedy
 from tests.fakes import FakeColdSource
 

@@ -41,11 +41,7 @@ def clear_model_cache(container: Container, model_id: str) -> dict[str, Any]:
 
     served = next((s for s in container.pool.loaded() if s.id == model_id), None)
     prefix_cache = served.prefix_cache if served is not None else None
-    hot_blocks = 0
-    if prefix_cache is not None:
-        hot_blocks = prefix_cache.hot.stats().blocks
-        prefix_cache.hot.clear()
-        prefix_cache.forget_stored()
+    hot_blocks = prefix_cache.clear() if prefix_cache is not None else 0
     ssd_blocks = nbytes = 0
     if container.ssd is not None:
         try:

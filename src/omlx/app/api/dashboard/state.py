@@ -113,7 +113,8 @@ def _cache(served: Served) -> dict[str, Any]:
     if prefix_cache is None:
         reason = getattr(served.model, "cache_unsupported_reason", "") or "turned off"
         return {"enabled": False, "disabled_reason": reason}
-    s, hot = prefix_cache.stats(), prefix_cache.hot.stats()
+    s = prefix_cache.stats()
+    hot = s.hot
     return {
         "enabled": True,
         "namespace": prefix_cache.namespace.digest,
