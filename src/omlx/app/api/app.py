@@ -31,7 +31,6 @@ from omlx.app.request_log import RequestLog
 
 def create_app(container: Container) -> Litestar:
     metrics = Metrics(container)
-    container.metrics = metrics
     settings = container.settings
     request_log = RequestLog()
     dashboard = Dashboard(request_log, RequestSeries(request_log, settings.dashboard_sample_seconds))
