@@ -14,7 +14,7 @@ from typing import Any
 
 from omlx.app.container import Container
 from omlx.app.errors import Busy, InvalidRequest, NotFound
-from omlx.app.sizes import parse_size
+from omlx.domain.sizes import parse_size
 
 
 def unload_model(container: Container, model_id: str) -> dict[str, Any]:
