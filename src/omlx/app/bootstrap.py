@@ -119,6 +119,7 @@ def _container(
         started_at=int(time.time()),
         blas=blas,
         writer=cold.writer if cold is not None else None,
+        ssd=ssd,
         closers=closers,
         start_loads=start_loads,
     )

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omlx.adapters.blockfiles.writer import BlockWriter  # the root's: Litestar reads these hints
+from omlx.adapters.cold_folder import ColdFolder
 from omlx.app.catalog import ModelSpec
 from omlx.app.model_names import ModelNames
 from omlx.app.normalize import PromptNormalizer
@@ -27,6 +28,7 @@ class Container:
     started_at: int
     blas: str = ""
     writer: BlockWriter | None = None  # the cold tier's, shared by every model (its stats: metrics)
+    ssd: ColdFolder | None = None  # the cold tier's folder, index and store (dashboard actions)
     closers: list[Callable[[], None]] = field(default_factory=list)
     # Models to load once the server listens (``omlx serve``: the port opens first).
     start_loads: list[ModelSpec] = field(default_factory=list)

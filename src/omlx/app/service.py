@@ -77,6 +77,9 @@ class GenerationService:
         self.max_queued = max_queued
         self.default_max_tokens = default_max_tokens
         self.observer: GenerationObserver | None = None
+        # Told of each finished generation with its TTFT and decode seconds (the dashboard's
+        # request log: ``omlx.app.request_log``).
+        self.finished_hook: Callable[[Finished, float | None, float], None] | None = None
         self.in_flight = 0  # generations being streamed (the event loop's count: the pool reads it)
 
     # ---- prompts ----------------------------------------------------------
@@ -203,6 +206,7 @@ class GenerationService:
         job_id = watch.request_id = self.engine.submit(request, emit)
         self.in_flight += 1
         finished = first = False
+        ttft: float | None = None
         # One pending get, reused across quiet spells, so a timeout never loses an event.
         getter: asyncio.Future[GenerationEvent] | None = None
         try:
@@ -218,11 +222,15 @@ class GenerationService:
                     continue
                 if isinstance(event, TextDelta) and not first:
                     first = True
-                    self._observe_first(time.monotonic() - started)
+                    ttft = time.monotonic() - started
+                    self._observe_first(ttft)
                 if isinstance(event, Finished | Failed):
                     finished = True
                     if isinstance(event, Finished):
                         self._observe_finished(event)
+                        if self.finished_hook is not None:
+                            decode = time.monotonic() - started - ttft if ttft is not None else 0.0
+                            self.finished_hook(event, ttft, decode)
                 yield event
                 if finished:
                     return

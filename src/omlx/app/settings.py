@@ -55,6 +55,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     prompt_normalizations: tuple[str, ...] = ("claude_code_billing_header",)
     responses_max_stored: int = 1000
     responses_max_age_days: int = 30
+    dashboard_sample_seconds: float = 5.0
 
     @property
     def hot_cache_bytes(self) -> int:
@@ -126,6 +127,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError("model_idle_timeout must be >= 0 seconds (0: never)")
         if str(self.max_model_memory).strip().lower() not in ("auto", "off"):
             parse_size(self.max_model_memory)  # a bad size fails at start
+        if self.dashboard_sample_seconds <= 0:
+            raise ValueError("dashboard_sample_seconds must be > 0")
         if self.eviction_lease_seconds < 0 or self.reconcile_grace_seconds < 0:
             raise ValueError("eviction_lease_seconds and reconcile_grace_seconds must be >= 0")
         if self.index_url and not _URL.match(self.index_url):

@@ -124,6 +124,7 @@ class Finished:
     stop_sequence: str | None = None  # the stop string that ended it, if one did
     # Where its time to first token went, in PHASES order (seconds; empty: no token came).
     phases: tuple[tuple[str, float], ...] = ()
+    tier: str = "none"  # where the cached prefix came from: "hot" (RAM), "ssd" (some from disk), "none"
 
 
 @dataclass(frozen=True, slots=True)

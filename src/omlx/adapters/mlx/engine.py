@@ -30,7 +30,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 
 from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.fused_prefill import FusingBatchGenerator
-from omlx.adapters.mlx.jobs import Emit, Job, log_finished, phases_of
+from omlx.adapters.mlx.jobs import Emit, Job, log_finished, phases_of, tier_of
 from omlx.adapters.mlx.loader import LoadedModel
 from omlx.adapters.mlx.memory import measure_kv_cost
 from omlx.adapters.mlx.processors import request_processors, token_logprob
@@ -419,7 +419,7 @@ class MLXEngine:
                 job.completion_tokens,
                 job.cached_tokens,
                 job.stops.matched if job.stops is not None else None,
-                phases_of(job),
+                phases_of(job), tier_of(job),
             )
         )
         log_finished(job, reason)

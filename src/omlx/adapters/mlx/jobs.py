@@ -88,6 +88,13 @@ def _log_summary(job: Job, reason: str) -> None:
     )
 
 
+def tier_of(job: Job) -> str:
+    """Where its restored prefix came from: "ssd" (some blocks read from disk), "hot" (RAM), "none"."""
+    if not job.cached_tokens or job.session is None:
+        return "none"
+    return "ssd" if job.session.hit.cold_hits else "hot"
+
+
 def phases_of(job: Job) -> tuple[tuple[str, float], ...]:
     """Its time to first token by phase (``PHASES``); empty when no token came.
 
