@@ -180,14 +180,14 @@ def test_layouts_mlx_lm_cannot_batch_keep_the_cache_off(tmp_path):
     # head_dim 32: the smallest group MLX quantizes
     wide = build_hybrid_model("gemma3_text", tmp_path / "g", head_dim=32, query_pre_attn_scalar=32)
     model = load_model(str(wide)).model
-    from omlx.adapters.mlx.cache_layout import probe_layout
+    from omlx.adapters.mlx.cache_layout import probe_model
 
     original = model.make_cache
     try:
         model.make_cache = lambda: [QuantizedKVCache(group_size=32) for _ in original()]
-        assert "QuantizedKVCache layers cannot be batched" in probe_layout(model).unsupported
+        assert "QuantizedKVCache layers cannot be batched" in probe_model(model).layout.unsupported
         model.make_cache = lambda: [RotatingKVCache(max_size=32, keep=4) for _ in original()]
-        assert "keep > 0" in probe_layout(model).unsupported
+        assert "keep > 0" in probe_model(model).layout.unsupported
     finally:
         model.make_cache = original
-    assert probe_layout(model).unsupported == ""
+    assert probe_model(model).layout.unsupported == ""

@@ -34,7 +34,7 @@ from omlx.adapters.blockfiles.format import (
 )
 from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.batch_rows import RowView
-from omlx.adapters.mlx.cache_layout import ModelLayout, plain_layout
+from omlx.adapters.mlx.cache_layout import ModelLayout, flat_leaves, plain_layout
 from omlx.domain.blocks import BlockMeta, DecodedBlock
 from omlx.domain.keys import KV, STATE, WINDOW
 
@@ -188,7 +188,7 @@ class MLXKVCodec:
         if missing:
             raise ValueError(f"leaves {missing} have nothing to restore from")
         cache = [_rebuild(entry, built) for entry in layout.shape]
-        mx.eval([c.state for c in _flat(cache)])
+        mx.eval([c.state for c in flat_leaves(cache)])
         return cache
 
     def truncate(self, payload: Any, n: int) -> Any:
@@ -295,13 +295,6 @@ def _rebuild(entry: Any, built: dict[int, Any]) -> Any:
     if isinstance(entry, tuple):
         return CacheList(*(_rebuild(e, built) for e in entry))
     return built[entry]
-
-
-def _flat(cache: list[Any]) -> list[Any]:
-    out: list[Any] = []
-    for entry in cache:
-        out.extend(_flat(entry.caches) if isinstance(entry, CacheList) else [entry])
-    return out
 
 
 def _st_name(dtype: mx.Dtype) -> str:
