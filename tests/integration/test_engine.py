@@ -147,3 +147,42 @@ def test_the_first_token_comes_one_pass_sooner_with_the_same_tokens(tiny):
     plain_first, plain_tokens = _first_token_step_and_tokens(tiny.model, prompt, fused=False)
     assert (fused_first, plain_first) == (2, 3)
     assert fused_tokens == plain_tokens and len(fused_tokens) == 8
+
+
+def _tokens_per_row(model, rows, fused: bool, **options) -> tuple[list[list[int]], list[int]]:
+    """Each row's generated tokens, run together in one batch, and which rows fused."""
+    generator = FusingBatchGenerator(model, fuse=fused, in_order=fused, prefill_step_size=64)
+    uids = generator.insert_segments(rows, max_tokens=[6] * len(rows), **options)
+    tokens = {uid: [] for uid in uids}
+    finished: set[int] = set()
+    fused_uids: set[int] = set()
+    for _ in range(100):
+        started, generated = generator.next()
+        fused_uids.update(r.uid for r in started if getattr(r, "fused", False))
+        for r in generated:
+            tokens[r.uid].append(r.token)
+            if r.finish_reason is not None:
+                finished.add(r.uid)
+        if finished == set(uids):
+            break
+    assert finished == set(uids) and generator.fused_rows == len(fused_uids)
+    return [tokens[uid] for uid in uids], [i for i, uid in enumerate(uids) if uid in fused_uids]
+
+
+def test_rows_fuse_only_where_every_chunk_of_the_step_is_short_and_the_cut_is_mlx_lms(tiny):
+    """A 20-token row beside a 200-token one does not fuse (the step has a 64-token
+    chunk); the long one fuses in its own last step; a row whose caller gave its last token
+    a segment of its own keeps that boundary. Each row's tokens are mlx-lm's, with a
+    repetition penalty on two of them (the fused row's first token is sampled through it)."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    short = chat_tokens(tiny, "Hi")[:20]
+    long = chat_tokens(tiny, "Tell me about the sea. " * 20)[:200]
+    asked = chat_tokens(tiny, "And the sky?")
+    rows = [[short], [long], [asked[:-1], asked[-1:]]]
+    penalty = make_logits_processors(repetition_penalty=1.5)
+    options = {"logits_processors": [penalty, penalty, []]}
+    fused, fused_rows = _tokens_per_row(tiny.model, rows, fused=True, **options)
+    plain, plain_rows = _tokens_per_row(tiny.model, rows, fused=False, **options)
+    assert (fused_rows, plain_rows) == ([1], [])
+    assert fused == plain and all(len(t) > 0 for t in fused)
