@@ -125,27 +125,47 @@ def test_a_request_waiting_at_start_stops_the_warm_up(tiny, caplog):
     assert run.text == tiny.tokenizer.decode([t for t in expected if t not in eos])
 
 
-def _first_token_step_and_tokens(model, prompt: list[int], fused: bool) -> tuple[int, list[int]]:
-    generator = FusingBatchGenerator(model, fuse=fused, in_order=fused, prefill_step_size=256)
+class _CountingModel:
+    """The model, counting its forward passes."""
+
+    def __init__(self, model) -> None:
+        self.model, self.calls = model, 0
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.model(*args, **kwargs)
+
+
+def _first_token_step_and_tokens(model, prompt: list[int], fused: bool) -> tuple[int, int, list[int]]:
+    """The step that hands out the first token, the forward passes run by then, the tokens."""
+    counting = _CountingModel(model)
+    generator = FusingBatchGenerator(counting, fuse=fused, in_order=fused, prefill_step_size=256)
     generator.insert_segments([[prompt]], max_tokens=[8])
-    first, tokens = None, []
+    first, passes, tokens = None, None, []
     for step in range(1, 40):
+        before = counting.calls
         _, generated = generator.next()
         for r in generated:
-            first = first or step
+            if first is None:
+                # In order, this step's pass is only built; mlx-lm's pipelined step ran it.
+                first, passes = step, before if fused else counting.calls
             tokens.append(r.token)
         if any(r.finish_reason for r in generated):
             break
-    return first, tokens
+    return first, passes, tokens
 
 
 def test_the_first_token_comes_one_pass_sooner_with_the_same_tokens(tiny):
     """mlx-lm's batcher: prompt chunk, last token alone, then token 1 handed out a pass
     late; fused and in order: the chunk with its last token, then token 1."""
     prompt = chat_tokens(tiny, "What is the capital of France?")
-    fused_first, fused_tokens = _first_token_step_and_tokens(tiny.model, prompt, fused=True)
-    plain_first, plain_tokens = _first_token_step_and_tokens(tiny.model, prompt, fused=False)
+    fused_first, fused_passes, fused_tokens = _first_token_step_and_tokens(tiny.model, prompt, fused=True)
+    plain_first, plain_passes, plain_tokens = _first_token_step_and_tokens(tiny.model, prompt, fused=False)
     assert (fused_first, plain_first) == (2, 3)
+    assert (fused_passes, plain_passes) == (1, 3)
     assert fused_tokens == plain_tokens and len(fused_tokens) == 8
 
 
