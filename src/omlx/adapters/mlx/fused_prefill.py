@@ -120,30 +120,30 @@ class _FusingPromptBatch(PromptProcessingBatch):
             return
         tails = {i: self.plan.tails.pop(self.uids[i]) for i in fused}
         tokens = [t + [tails[i].last] if i in tails else t for i, t in enumerate(tokens)]
-        keep = _KeepLogits(self.model)
+        keep = _KeepLastLogits(self.model, fused, [len(tokens[i]) - 1 for i in fused])
         self.model = keep
         try:
             super().prompt(tokens)  # one call: every chunk is shorter than the step
         finally:
             self.model = keep.model
-        rows = mx.array(fused)
-        ends = mx.array([len(tokens[i]) - 1 for i in fused])
-        last = keep.logits[rows, ends]
-        mx.eval(last)
         for e, i in enumerate(fused):
-            self.plan.primed[self.uids[i]] = last[e]
+            self.plan.primed[self.uids[i]] = keep.last[e]
 
 
-class _KeepLogits:
-    """The model, keeping the logits of its latest call (``prompt`` drops them)."""
+class _KeepLastLogits:
+    """The model, keeping the logits of given rows at given positions (``prompt`` drops
+    them), computed in one evaluation with the cache the call fills."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, rows: list[int], positions: list[int]) -> None:
         self.model = model
-        self.logits: mx.array | None = None
+        self.rows, self.positions = mx.array(rows), mx.array(positions)
+        self.last: mx.array | None = None
 
     def __call__(self, inputs: mx.array, cache: Any = None) -> mx.array:
-        self.logits = self.model(inputs, cache=cache)
-        return self.logits
+        logits = self.model(inputs, cache=cache)
+        self.last = logits[self.rows, self.positions]
+        mx.eval(self.last, [c.state for c in cache])  # ``prompt``'s own eval finds it done
+        return logits
 
 
 class _Replay:
