@@ -21,6 +21,7 @@ from typing import Any
 from llguidance import LLMatcher, LLTokenizer
 
 from omlx.adapters.grammar.lark import lark_grammar
+from omlx.adapters.grammar.one_of import ONE_OF_ADVICE
 from omlx.domain.grammar import GrammarError, OutputGrammar
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class LLGuidanceCompiler:
         tokenizer = self.tokenizer
         matcher = LLMatcher(tokenizer, lark_grammar(grammar, self._literal), log_level=0)
         if matcher.is_error():
-            raise GrammarError(_first_line(matcher.get_error()))
+            raise GrammarError(refusal_reason(matcher.get_error()))
         with self._lock:
             self._cache[grammar] = matcher
             while len(self._cache) > self._cache_size:
@@ -158,7 +159,22 @@ def _lark_string(text: str) -> str:
     return f'"{escaped}"'
 
 
-def _first_line(error: str) -> str:
-    """llguidance's message without its grammar excerpt and position (``at 3(9): ...``)."""
-    line = error.strip().splitlines()[0] if error.strip() else "the grammar is invalid"
-    return re.sub(r"^at \d+\(\d+\): ", "", line)
+def refusal_reason(error: str) -> str:
+    """llguidance's whole reason, on one line, without its position (``at 3(9): ``), the
+    grammar excerpt it quotes (omlx's grammar, not the client's) or caret lines.
+
+    A regex it cannot take reads ``regex parse error in pattern '(a)\\1': backreferences
+    are not supported``.
+    """
+    lines = []
+    for line in error.strip().splitlines():
+        if re.match(r"^\s*\d+ \| ", line):
+            break  # the quoted grammar starts here
+        if line.strip() and not re.fullmatch(r"\s*\^+\s*", line):
+            lines.append(line.strip())
+    if not lines:
+        return "the grammar is invalid"
+    text = re.sub(r"^at \d+\(\d+\): ", "", " ".join(lines))
+    text = re.sub(r"regex parse error: (.*?) error: ", r"regex parse error in pattern '\1': ", text)
+    return re.sub(r"oneOf constraints are not supported\.? ?Enable .coerce_one_of.[^.]*\.?",
+                  f"oneOf: {ONE_OF_ADVICE}", text)

@@ -24,8 +24,8 @@ import mlx_lm
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
 from omlx.adapters.mlx.memory import KVCost, kv_cost_of
-from omlx.domain.keys import KV, STATE, WINDOW
-from omlx.domain.layout import CacheLayout
+from omlx.domain.cache.keys import KV, STATE, WINDOW
+from omlx.domain.cache.layout import CacheLayout
 
 T = TypeVar("T")
 
