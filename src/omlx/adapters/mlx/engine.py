@@ -32,7 +32,6 @@ from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.fused_prefill import FusingBatchGenerator
 from omlx.adapters.mlx.jobs import Emit, Job, log_finished, phases_of, tier_of
 from omlx.adapters.mlx.loader import LoadedModel
-from omlx.adapters.mlx.memory import measure_kv_cost
 from omlx.adapters.mlx.processors import request_processors, token_logprob
 from omlx.adapters.mlx.sampling import Sampler, make_sampler
 from omlx.adapters.mlx.warm_up import warm_up
@@ -100,9 +99,9 @@ class MLXEngine:
         # Unseeded samplers are stateless: requests with equal parameters share one
         # object, so the batcher samples them in one call instead of row by row.
         self._samplers: dict[tuple[float, float, int, float], Sampler] = {}
-        # Measured now, before the engine thread owns MLX (one forward of one token).
+        # Measured at load, by the model's one probe (``cache_layout.probe_model``).
         limit = self.config.kv_memory_limit
-        cost = measure_kv_cost(model.model) if limit is not None else None
+        cost = model.kv_cost if limit is not None else None
         budget = KVBudget(limit, cost.per_token, cost) if cost is not None else None
         self.scheduler = Scheduler(self.config.max_concurrent, budget, account, model.model_id)
         self.last_step_at = time.monotonic()

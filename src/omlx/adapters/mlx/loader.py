@@ -19,12 +19,13 @@ import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load as mlx_lm_load
 
-from omlx.adapters.mlx.cache_layout import ModelLayout, kv_dtype_of, probe_layout
+from omlx.adapters.mlx.cache_layout import ModelLayout, probe_model
 from omlx.adapters.mlx.errors import UnsupportedModelError
 from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, LoadedGGUF, default_model_path, load_gguf
 from omlx.adapters.mlx.prepared import PreparedWeights
 from omlx.domain.cache.blocks import NamespaceInfo
 from omlx.domain.cache.keys import namespace_digest
+from omlx.domain.memory import KVCost
 from omlx.domain.model_ids import model_id_for
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class LoadedModel:
     context_length: int
     layer_count: int
     kv_dtype: str
+    kv_cost: KVCost  # what one request's cache costs (for the memory guard)
     cache_supported: bool
     weights_digest: str
     tokenizer_digest: str
@@ -188,8 +190,8 @@ def load_model(
         tokenizer_files = [path / n for n in _TOKENIZER_FILES if (path / n).exists()]
         digest = weights_digest(weight_files, digest_cache, progress, f"digesting the weights of {model_id}")
 
-    layout = probe_layout(model)
-    kv_dtype = kv_dtype_of(model)
+    probe = probe_model(model)  # one one-token pass: layout, KV dtype and KV cost
+    layout, kv_dtype = probe.layout, probe.kv_dtype
     context = int(config.get("max_position_embeddings") or config.get("context_length") or 4096)
     loaded_model = LoadedModel(
         model_id=model_id,
@@ -200,6 +202,7 @@ def load_model(
         context_length=context,
         layer_count=len(layout.leaves),
         kv_dtype=kv_dtype,
+        kv_cost=probe.kv_cost,
         cache_supported=not layout.unsupported,
         weights_digest=digest,
         tokenizer_digest=files_digest(tokenizer_files),
