@@ -11,6 +11,7 @@ from litestar.openapi import OpenAPIConfig
 from omlx import __version__
 from omlx.app.api.anthropic.controller import AnthropicController
 from omlx.app.api.auth import api_key_guard
+from omlx.app.api.body import CheckedRequest
 from omlx.app.api.encoding import EncodingController
 from omlx.app.api.errors import EXCEPTION_HANDLERS
 from omlx.app.api.health import HealthController
@@ -72,6 +73,7 @@ def create_app(container: Container) -> Litestar:
         middleware=[RequestMetrics(metrics)],
         before_send=[count_unmatched(metrics)],
         exception_handlers=EXCEPTION_HANDLERS,
+        request_class=CheckedRequest,  # nesting bounded, types strict (api.body)
         request_max_body_size=settings.max_request_body_bytes,
         openapi_config=OpenAPIConfig(
             title="omlx",
