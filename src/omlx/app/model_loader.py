@@ -143,7 +143,7 @@ class ModelLoader:
         generation = GenerationService(
             engine, model, max_queued=settings.max_queued_requests,
             default_max_tokens=settings.default_max_tokens,
-            encode=PrefixReusingEncoder(backend).encode if backend is not None else None,
+            encode=PrefixReusingEncoder(backend, max_tokens=model.context_length).encode if backend is not None else None,
             grammars=grammars,
         )
         served.engine = engine
