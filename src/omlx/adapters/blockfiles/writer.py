@@ -14,7 +14,6 @@ add at once); eviction spares blocks any server used within ``lease`` seconds.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import logging
 import queue
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from omlx.adapters.blockfiles.budget import DiskBudget
+from omlx.adapters.disk_faults import FaultEpisodes, fault_of
 from omlx.domain.blocks import BlockMeta, NamespaceInfo, StoredBlock
 from omlx.domain.eviction import evict
 from omlx.domain.ports import BlockIndex, BlockStore, IndexUnavailable
@@ -52,6 +52,7 @@ class WriterStats:
     lost_races: int = 0  # another server recorded the key first (a shared index)
     dropped_queue_full: int = 0
     dropped_no_space: int = 0
+    dropped_read_only: int = 0
     dropped_closed: int = 0
     dropped_error: int = 0
     dropped_index_unavailable: int = 0
@@ -93,6 +94,8 @@ class BlockWriter:
         self._used: int | None = None
         self._used_at = 0.0
         self._abandoned = 0  # jobs dropped by a close that ran out of time
+        # One warning per episode of a full disk or read-only folder, one when it ends.
+        self._faults = FaultEpisodes(f"cache folder {getattr(store, 'root', '')}".rstrip(), log)
         self._closing = threading.Event()
         self._abort = threading.Event()
         self._thread = threading.Thread(target=self._run, name="omlx-block-writer", daemon=True)
@@ -176,8 +179,12 @@ class BlockWriter:
             return
         try:
             self._tick()
-        except Exception:
-            log.exception("block writer tick failed")
+        except Exception as exc:
+            fault = fault_of(exc)
+            if fault is None:
+                log.exception("block writer tick failed")
+            else:  # recency touches cannot be written either: the same episode
+                self._faults.failed(fault, exc)
 
     def _drop_remaining(self) -> None:
         while True:
@@ -194,9 +201,19 @@ class BlockWriter:
         except IndexUnavailable as exc:  # already logged once by the index
             log.debug("block %s not written: %s", job.meta.key, exc)
             outcome = "dropped_index_unavailable"
-        except Exception:
-            log.exception("writing block %s failed; dropped", job.meta.key)
-            outcome = "dropped_error"
+        except Exception as exc:
+            fault = fault_of(exc)
+            if fault is None:
+                log.exception("writing block %s failed; dropped", job.meta.key)
+                outcome = "dropped_error"
+            else:
+                self._faults.failed(fault, exc)
+                log.debug("block %s not written: %s", job.meta.key, exc)
+                self._used = None  # re-read usage and free space before the next write
+                outcome = f"dropped_{fault}"
+        else:
+            if outcome == "written":
+                self._faults.succeeded()
         self._finish(job.meta.key, outcome)
 
     def _finish(self, key: str, outcome: str) -> None:
@@ -218,14 +235,7 @@ class BlockWriter:
         checksum = hashlib.sha256(data).hexdigest()
         relpath = self._store.relpath(job.namespace, meta.key, checksum)
         started = time.perf_counter()
-        try:
-            self._store.write(relpath, data)
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            log.warning("disk full (ENOSPC) writing block %s; not written", meta.key)
-            self._used = None  # re-read usage and free space before the next write
-            return "dropped_no_space"
+        self._store.write(relpath, data)  # a full disk or read-only folder: _process_safely
         now = self._clock()
         block = StoredBlock(
             key=meta.key,
@@ -262,7 +272,9 @@ class BlockWriter:
             return self._index.add_block(block)
         except IndexUnavailable:
             raise
-        except Exception:
+        except Exception as exc:
+            if fault_of(exc) is not None:
+                raise
             # An admin may have dropped the namespace row (cache clear): restore it once.
             log.info("re-recording namespace %s after a failed insert", namespace.digest[:12])
             self._index.upsert_namespace(namespace)
