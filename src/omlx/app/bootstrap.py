@@ -20,6 +20,7 @@ from omlx.app.responses_store import MemoryResponseStore, ResponseStore
 from omlx.app.sealing import ReasoningSeal
 from omlx.app.service import GenerationService
 from omlx.app.settings import Settings
+from omlx.app.startup_errors import check_cache_folder, index_error
 from omlx.app.templates import ChatRenderer
 from omlx.domain.memory import MemoryAccount
 
@@ -186,10 +187,10 @@ def _open_ssd(settings: Settings, closers: list) -> SsdParts:
     from sqlalchemy import exc as sa_exc
 
     from omlx.adapters.blockfiles import CacheDirLock, CacheDirLocked, FileBlockStore
-    from omlx.adapters.sqlindex import backend, connect_index, display, index_path, sqlite_url
+    from omlx.adapters.sqlindex import backend, display, index_path, sqlite_url
 
     cache_dir = settings.cache_dir
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    check_cache_folder(cache_dir)  # a path under a file, read-only, not ours: one line
     url = settings.index_url or sqlite_url(index_path(cache_dir))
     shared = backend(url) == "postgresql"
     lock = CacheDirLock(cache_dir, shared=shared)
@@ -205,20 +206,45 @@ def _open_ssd(settings: Settings, closers: list) -> SsdParts:
     closers.append(lock.release)
     server_id = settings.server_identity
     try:
-        index = connect_index(url)
+        index = _connect_or_set_aside(url, None if shared else index_path(cache_dir))
         closers.append(index.close)
         if shared:
             from omlx.adapters.sqlindex.postgres import hold_identity
 
             closers.append(hold_identity(index.engine, server_id).close)
     except sa_exc.OperationalError as exc:
+        if not shared:
+            raise index_error(display(url), exc) from None
         first = str(exc.orig or exc).strip().splitlines()[0]
         raise RuntimeError(f"cannot reach the index {display(url)}: {first}") from None
+    except sa_exc.DatabaseError as exc:
+        raise index_error(display(url), exc) from None
     if shared:
         log.info("shared index %s, as server %s", display(url), server_id)
     store = FileBlockStore(cache_dir, writer_id=server_id)
     closers.append(store.close)  # its read threads, after the writer and the flush
     return SsdParts(cache_dir, index, store, shared, server_id)
+
+
+def _connect_or_set_aside(url: Any, db: Path | None) -> Any:
+    """The index at ``url``; a damaged SQLite file ``db`` is moved aside for a new one."""
+    from sqlalchemy import exc as sa_exc
+
+    from omlx.adapters.sqlindex import connect_index
+    from omlx.adapters.sqlindex.damaged import is_damaged, set_aside
+
+    try:
+        return connect_index(url)
+    except sa_exc.DatabaseError as exc:
+        if db is None or not is_damaged(exc):
+            raise
+        moved = set_aside(db)
+        log.warning(
+            "the index %s is damaged (%s): moved to %s; starting with a new, empty index "
+            "(cached prefixes are computed again; the old block files are reclaimed)",
+            db, str(exc.orig or exc).strip().splitlines()[0], moved,
+        )
+        return connect_index(url)
 
 
 def _digest_cache(index: Any):
