@@ -236,7 +236,7 @@ def test_tick_flushes_recency_on_the_writer_thread(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("error", "reason", "said"),
     [
-        (OSError(errno.ENOSPC, "No space left on device"), "no_space", "the disk is full (ENOSPC"),
+        (OSError(errno.ENOSPC, "No space left on device"), "no_space", "out of space (ENOSPC"),
         (OSError(errno.EROFS, "Read-only file system"), "read_only", "read-only or not writable (EROFS"),
         (PermissionError(errno.EACCES, "Permission denied"), "read_only", "not writable (EACCES"),
     ],
@@ -298,7 +298,7 @@ def test_a_full_index_database_is_the_same_episode(tmp_path: Path, caplog: pytes
             writer.submit(meta, ns, data)
         assert writer.close(timeout=10)
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2 and "the disk is full (database or disk is full)" in lines[0], lines
+    assert len(lines) == 2 and "out of space (database or disk is full)" in lines[0], lines
     assert writer.stats()["dropped_no_space"] == 4 and writer.stats()["written"] == 2
     index.close()
     assert_cache_invariants(tmp_path)  # the files of the failed rows were removed

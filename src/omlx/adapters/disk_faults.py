@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+import time
 
 NO_SPACE = "no_space"
 READ_ONLY = "read_only"
@@ -27,8 +28,9 @@ _SQLITE = (
     ("readonly database", READ_ONLY),
     ("read-only", READ_ONLY),
 )
-_WHAT = {NO_SPACE: "the disk is full", READ_ONLY: "the folder is read-only or not writable"}
-_WHILE = {NO_SPACE: "while the disk was full", READ_ONLY: "while it was not writable"}
+_WHAT = {NO_SPACE: "out of space", READ_ONLY: "read-only or not writable"}
+_UNTIL = {NO_SPACE: "until there is room", READ_ONLY: "until it is writable again"}
+_WHILE = {NO_SPACE: "while out of space", READ_ONLY: "while not writable"}
 
 
 def fault_of(exc: BaseException | None) -> str | None:
@@ -47,37 +49,53 @@ def fault_of(exc: BaseException | None) -> str | None:
 
 
 class FaultEpisodes:
-    """Logs the start and the end of each run of failures of one kind, for one folder."""
+    """Logs the start and the end of each run of failures of one kind, for one folder.
 
-    def __init__(self, where: str, logger: logging.Logger, what: str = "blocks are not written") -> None:
+    The same fault back within ``quiet_s`` of its last warning (a budget that flaps
+    between full and not) is counted silently instead of starting a new episode.
+    """
+
+    def __init__(
+        self, where: str, logger: logging.Logger, what: str = "blocks are not written", quiet_s: float = 60.0
+    ) -> None:
         """``where``: the folder, in the log lines; ``what``: what the fault stops."""
         self.where = where
         self.what = what
+        self.quiet_s = quiet_s
         self._log = logger
         self._lock = threading.Lock()
         self._fault: str | None = None
+        self._announced = False
+        self._last_warning = -float("inf")
+        self._last_kind: str | None = None
         self._dropped = 0
 
     @property
     def fault(self) -> str | None:
         return self._fault
 
-    def failed(self, fault: str, exc: BaseException) -> None:
+    def failed(self, fault: str, exc: BaseException | str) -> None:
+        """One write failed for ``fault``; the first of an episode is logged, with ``exc``."""
+        now = time.monotonic()
         with self._lock:
-            first = self._fault != fault
+            starts = self._fault != fault
+            announce = starts and (now - self._last_warning >= self.quiet_s or fault != self._last_kind)
             self._fault = fault
             self._dropped += 1
-        if first:
+            if announce:
+                self._announced, self._last_warning, self._last_kind = True, now, fault
+        if announce:
             self._log.warning(
-                "%s: %s (%s); %s until it can be written again",
-                self.where, _WHAT[fault], _first_line(exc), self.what,
+                "%s: %s (%s); %s %s",
+                self.where, _WHAT[fault], exc if isinstance(exc, str) else _first_line(exc), self.what,
+                _UNTIL[fault],
             )
 
     def succeeded(self) -> None:
         with self._lock:
-            fault, dropped = self._fault, self._dropped
-            self._fault, self._dropped = None, 0
-        if fault is not None:
+            fault, dropped, announced = self._fault, self._dropped, self._announced
+            self._fault, self._dropped, self._announced = None, 0, False
+        if fault is not None and announced:
             self._log.warning(
                 "%s: written again (%d writes dropped %s)", self.where, dropped, _WHILE[fault]
             )

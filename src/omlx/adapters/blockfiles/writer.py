@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from omlx.adapters.blockfiles.budget import DiskBudget
-from omlx.adapters.disk_faults import FaultEpisodes, fault_of
+from omlx.adapters.disk_faults import NO_SPACE, FaultEpisodes, fault_of
 from omlx.domain.blocks import BlockMeta, NamespaceInfo, StoredBlock
 from omlx.domain.eviction import evict
 from omlx.domain.ports import BlockIndex, BlockStore, IndexUnavailable
@@ -230,7 +230,8 @@ class BlockWriter:
             self._index.upsert_namespace(job.namespace)
             self._namespaces.add(job.namespace.digest)
         if not self._make_room(len(data)):
-            log.warning("no room within the cache budget for block %s; not written", meta.key)
+            self._faults.failed(NO_SPACE, "no room within paged_ssd_cache_max_size and the disk's free-space reserve")
+            log.debug("no room within the cache budget for block %s; not written", meta.key)
             return "dropped_no_space"
         checksum = hashlib.sha256(data).hexdigest()
         relpath = self._store.relpath(job.namespace, meta.key, checksum)
