@@ -11,7 +11,7 @@ from litestar.openapi import OpenAPIConfig
 from omlx import __version__
 from omlx.app.api.anthropic.controller import AnthropicController
 from omlx.app.api.auth import api_key_guard
-from omlx.app.api.body import CheckedRequest
+from omlx.app.api.body import CheckedRequest, release_large_bodies
 from omlx.app.api.encoding import EncodingController
 from omlx.app.api.errors import EXCEPTION_HANDLERS
 from omlx.app.api.health import HealthController
@@ -70,7 +70,7 @@ def create_app(container: Container) -> Litestar:
             "metrics": Provide(provide_metrics, sync_to_thread=False),
         },
         guards=[api_key_guard(settings.api_key)] if settings.api_key else [],
-        middleware=[RequestMetrics(metrics)],
+        middleware=[release_large_bodies, RequestMetrics(metrics)],
         before_send=[count_unmatched(metrics)],
         exception_handlers=EXCEPTION_HANDLERS,
         request_class=CheckedRequest,  # nesting bounded, types strict (api.body)

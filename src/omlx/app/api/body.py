@@ -10,16 +10,28 @@ converter and the schema compilers all recurse, and Python's stack ends near 1,0
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import sys
+import time
 from typing import Any
 
 import msgspec
 from litestar import Request
-from litestar.types import Empty
+from litestar.types import ASGIApp, Empty, Receive, Scope, Send
 
 from omlx.app.errors import InvalidRequest
 
 # Deeper than any real request: OpenAI allows 10 levels of schema nesting (about 20 of JSON).
 MAX_NESTING = 128
+# A body this large leaves large transient strings behind (the body, its decoded text, a
+# rendered prompt): released once its response is out (``release_large_body``).
+LARGE_BODY_BYTES = 1 << 20
+_RELEASE_EVERY_S = 0.1
+_LARGE = "omlx_large_body"
+_released_at = 0.0
 
 
 class TooDeep(InvalidRequest):
@@ -82,5 +94,38 @@ class CheckedRequest(Request):
         if self._json is Empty and self._connection_state.json is Empty:
             field = self.route_handler.parsed_data_field
             data_type = field.annotation if field is not None else None
-            self._connection_state.json = decode_body(await self.body(), data_type)
+            body = await self.body()
+            if len(body) >= LARGE_BODY_BYTES:
+                self.scope.setdefault("state", {})[_LARGE] = True  # type: ignore[typeddict-item]
+            self._connection_state.json = decode_body(body, data_type)
         return await super().json()
+
+
+def release_large_bodies(app: ASGIApp) -> ASGIApp:
+    """Middleware: once a large body's request is answered (refused or not), free what it
+    left behind, so RSS falls back.
+
+    A refused prompt's text is held by reference cycles (the exception's traceback and
+    its frames) until the cyclic collector runs, and glibc keeps freed heap pages in each
+    thread's arena. At most every tenth of a second, whatever the traffic.
+    """
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await app(scope, receive, send)
+        finally:
+            if scope.get("state", {}).get(_LARGE):
+                _release()
+
+    return middleware
+
+
+def _release() -> None:
+    global _released_at
+    if time.monotonic() - _released_at < _RELEASE_EVERY_S:
+        return
+    _released_at = time.monotonic()
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError, TypeError):  # musl: no malloc_trim
+            ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
