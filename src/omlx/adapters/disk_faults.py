@@ -1,4 +1,5 @@
-"""Disk faults while serving, named and logged once per episode.
+"""Disk faults while serving (a full disk, a read-only folder, writes failing), named and
+logged once per episode.
 
 A full disk or a read-only cache folder fails every block write the same way: one
 WARNING when writes start failing for a reason, one line when a write succeeds again,
@@ -15,6 +16,7 @@ import time
 
 NO_SPACE = "no_space"
 READ_ONLY = "read_only"
+IO_ERROR = "io_error"  # the disk refuses writes through files already open (SQLite's IOERR)
 
 _ERRNOS = {
     errno.ENOSPC: NO_SPACE,
@@ -22,15 +24,17 @@ _ERRNOS = {
     errno.EROFS: READ_ONLY,
     errno.EACCES: READ_ONLY,
     errno.EPERM: READ_ONLY,
+    errno.EIO: IO_ERROR,
 }
 _SQLITE = (
     ("database or disk is full", NO_SPACE),
     ("readonly database", READ_ONLY),
     ("read-only", READ_ONLY),
+    ("disk i/o error", IO_ERROR),
 )
-_WHAT = {NO_SPACE: "out of space", READ_ONLY: "read-only or not writable"}
-_UNTIL = {NO_SPACE: "until there is room", READ_ONLY: "until it is writable again"}
-_WHILE = {NO_SPACE: "while out of space", READ_ONLY: "while not writable"}
+_WHAT = {NO_SPACE: "out of space", READ_ONLY: "read-only or not writable", IO_ERROR: "writes fail"}
+_UNTIL = {NO_SPACE: "until there is room", READ_ONLY: "until it is writable again", IO_ERROR: "until they work"}
+_WHILE = {NO_SPACE: "while out of space", READ_ONLY: "while not writable", IO_ERROR: "while writes failed"}
 
 
 def fault_of(exc: BaseException | None) -> str | None:

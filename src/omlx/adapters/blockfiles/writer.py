@@ -53,6 +53,7 @@ class WriterStats:
     dropped_queue_full: int = 0
     dropped_no_space: int = 0
     dropped_read_only: int = 0
+    dropped_io_error: int = 0
     dropped_closed: int = 0
     dropped_error: int = 0
     dropped_index_unavailable: int = 0
@@ -91,6 +92,7 @@ class BlockWriter:
         self._lock = threading.Lock()  # pending keys and stats
         self._stats = WriterStats()
         self._namespaces: set[str] = set()
+        self._orphans: set[str] = set()  # files whose row failed and that could not be removed
         self._used: int | None = None
         self._used_at = 0.0
         self._abandoned = 0  # jobs dropped by a close that ran out of time
@@ -198,9 +200,14 @@ class BlockWriter:
     def _process_safely(self, job: WriteJob) -> None:
         try:
             outcome = self._process(job)
-        except IndexUnavailable as exc:  # already logged once by the index
+        except IndexUnavailable as exc:  # already logged once by the index, unless the disk
             log.debug("block %s not written: %s", job.meta.key, exc)
-            outcome = "dropped_index_unavailable"
+            fault = fault_of(exc)
+            if fault is None:
+                outcome = "dropped_index_unavailable"
+            else:  # SQLite on a full or read-only disk
+                self._faults.failed(fault, exc.__cause__ or exc)
+                outcome = f"dropped_{fault}"
         except Exception as exc:
             fault = fault_of(exc)
             if fault is None:
@@ -214,6 +221,8 @@ class BlockWriter:
         else:
             if outcome == "written":
                 self._faults.succeeded()
+                if self._orphans:
+                    self._retry_orphans()
         self._finish(job.meta.key, outcome)
 
     def _finish(self, key: str, outcome: str) -> None:
@@ -253,7 +262,7 @@ class BlockWriter:
         try:
             recorded = self._add_row(job.namespace, block)
         except Exception:
-            self._store.delete(relpath)  # no row: the file must not linger as an orphan
+            self._delete_orphan(relpath)  # no row: the file must not linger as an orphan
             raise
         if not recorded:
             self._lose_race(block)
@@ -267,6 +276,22 @@ class BlockWriter:
             self._stats.write_seconds += elapsed
         self._used = (self._used or 0) + len(data)
         return "written"
+
+    def _delete_orphan(self, relpath: str) -> None:
+        """Remove a file whose row was not written; when the folder refuses even that (it
+        became read-only), remember it and retry after the next successful write."""
+        try:
+            self._store.delete(relpath)
+        except OSError:
+            self._orphans.add(relpath)
+
+    def _retry_orphans(self) -> None:
+        for relpath in list(self._orphans):
+            try:
+                self._store.delete(relpath)
+            except OSError:
+                return
+            self._orphans.discard(relpath)
 
     def _add_row(self, namespace: NamespaceInfo, block: StoredBlock) -> bool:
         try:

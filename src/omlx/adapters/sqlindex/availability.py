@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 
+from omlx.adapters.disk_faults import fault_of
 from omlx.domain.ports import IndexUnavailable
 
 log = logging.getLogger(__name__)
@@ -82,10 +83,21 @@ def _timed_out(exc: BaseException) -> bool:
 
 
 class AlwaysAvailable:
-    """The embedded SQLite index: its errors are real errors, raised as they are."""
+    """The embedded SQLite index: its errors are real errors, raised as they are, except a
+    full disk or a read-only folder, which is ``IndexUnavailable`` (the caller defers or
+    drops the write; the block writer logs the episode once)."""
 
     down = False
 
+    def __init__(self, label: str = "index.db") -> None:
+        self._label = label
+
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
-        yield
+        try:
+            yield
+        except sa_exc.DBAPIError as exc:
+            fault = fault_of(exc)
+            if fault is None:
+                raise
+            raise IndexUnavailable(f"index {self._label}: {fault.replace('_', ' ')}: {_first_line(exc)}") from exc
