@@ -203,3 +203,32 @@ def test_postgresql_stopped_and_restarted(chat_model, tmp_path):
     assert follow.status_code == 503
     assert len(lines_with(log, "unreachable")) >= 1 and "Traceback" not in log, lines_with(log, "unreachable")
     assert len(lines_with(log, "answers again")) >= 1
+
+
+def test_an_index_damaged_while_serving(chat_model, tmp_path):
+    cache = tmp_path / "cache"
+    server = ServerProcess("--model", str(chat_model), "--block-size", "16", cache_dir=cache,
+                           log_path=tmp_path / "first.log")
+    with server:
+        base = server.base_url
+        for i in range(3):
+            ask(base, prompt(i))
+        time.sleep(1.5)  # the writer has recorded those blocks
+        db = cache / "index.db"
+        data = bytearray(db.read_bytes())
+        data[100 : len(data)] = os.urandom(len(data) - 100)  # every page after the header
+        db.write_bytes(bytes(data))
+        (cache / "index.db-wal").write_bytes(os.urandom(8192))
+        for i in range(3, 9):  # still answered: lookups miss, writes are dropped
+            ask(base, prompt(i))
+        time.sleep(1.5)
+        log = server.read_log()
+    assert "Traceback" not in log
+    assert len(lines_with(log, ": its index is damaged (")) == 1, lines_with(log, "damaged")
+    again = ServerProcess("--model", str(chat_model), "--block-size", "16", cache_dir=cache,
+                          log_path=tmp_path / "second.log")
+    with again:
+        ask(again.base_url, prompt(0))
+    log = again.read_log()
+    assert len(lines_with(log, "is damaged")) == 1 and "Traceback" not in log
+    assert_cache_invariants(cache)

@@ -8,7 +8,7 @@ import sqlite3
 
 from sqlalchemy.exc import OperationalError
 
-from omlx.adapters.disk_faults import IO_ERROR, NO_SPACE, READ_ONLY, FaultEpisodes, fault_of
+from omlx.adapters.disk_faults import DAMAGED, IO_ERROR, NO_SPACE, READ_ONLY, FaultEpisodes, fault_of
 
 
 def test_faults_are_named_from_oserrors_and_sqlite_messages():
@@ -28,6 +28,8 @@ def test_faults_are_named_from_oserrors_and_sqlite_messages():
     assert fault_of(OSError(errno.EIO, "I/O error")) == IO_ERROR
     assert fault_of(OperationalError("COMMIT", {}, sqlite3.OperationalError("disk I/O error"))) == IO_ERROR
     assert fault_of(OSError(errno.ENOENT, "No such file")) is None
+    malformed = sqlite3.DatabaseError("database disk image is malformed")
+    assert fault_of(OperationalError("SELECT", {}, malformed)) == DAMAGED
 
 
 def test_one_warning_per_episode_one_recovery_line_and_no_flapping(caplog):

@@ -17,6 +17,7 @@ import time
 NO_SPACE = "no_space"
 READ_ONLY = "read_only"
 IO_ERROR = "io_error"  # the disk refuses writes through files already open (SQLite's IOERR)
+DAMAGED = "damaged"  # the index file was damaged under the running server
 
 _ERRNOS = {
     errno.ENOSPC: NO_SPACE,
@@ -31,10 +32,27 @@ _SQLITE = (
     ("readonly database", READ_ONLY),
     ("read-only", READ_ONLY),
     ("disk i/o error", IO_ERROR),
+    ("database disk image is malformed", DAMAGED),
+    ("file is not a database", DAMAGED),
 )
-_WHAT = {NO_SPACE: "out of space", READ_ONLY: "read-only or not writable", IO_ERROR: "writes fail"}
-_UNTIL = {NO_SPACE: "until there is room", READ_ONLY: "until it is writable again", IO_ERROR: "until they work"}
-_WHILE = {NO_SPACE: "while out of space", READ_ONLY: "while not writable", IO_ERROR: "while writes failed"}
+_WHAT = {
+    NO_SPACE: "out of space",
+    READ_ONLY: "read-only or not writable",
+    IO_ERROR: "writes fail",
+    DAMAGED: "its index is damaged",
+}
+_UNTIL = {
+    NO_SPACE: "until there is room",
+    READ_ONLY: "until it is writable again",
+    IO_ERROR: "until they work",
+    DAMAGED: "until a restart (which moves the damaged index aside and makes a new one)",
+}
+_WHILE = {
+    NO_SPACE: "while out of space",
+    READ_ONLY: "while not writable",
+    IO_ERROR: "while writes failed",
+    DAMAGED: "while the index was damaged",
+}
 
 
 def fault_of(exc: BaseException | None) -> str | None:

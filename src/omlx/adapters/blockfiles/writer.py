@@ -54,6 +54,7 @@ class WriterStats:
     dropped_no_space: int = 0
     dropped_read_only: int = 0
     dropped_io_error: int = 0
+    dropped_damaged: int = 0
     dropped_closed: int = 0
     dropped_error: int = 0
     dropped_index_unavailable: int = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -84,8 +85,9 @@ def _timed_out(exc: BaseException) -> bool:
 
 class AlwaysAvailable:
     """The embedded SQLite index: its errors are real errors, raised as they are, except a
-    full disk or a read-only folder, which is ``IndexUnavailable`` (the caller defers or
-    drops the write; the block writer logs the episode once)."""
+    full disk, a read-only folder, failing writes or a damaged file, which are
+    ``IndexUnavailable`` (lookups miss, writes are deferred or dropped; the block writer
+    logs the episode once)."""
 
     down = False
 
@@ -96,7 +98,7 @@ class AlwaysAvailable:
     def guard(self) -> Iterator[None]:
         try:
             yield
-        except sa_exc.DBAPIError as exc:
+        except (sa_exc.DBAPIError, sqlite3.Error) as exc:  # the request path's raw driver calls too
             fault = fault_of(exc)
             if fault is None:
                 raise
