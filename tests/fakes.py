@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from omlx.domain.blocks import (
+from omlx.domain.cache.blocks import (
     BlockMeta,
     BlockRead,
     DecodedBlock,
@@ -21,7 +21,7 @@ from omlx.domain.blocks import (
     ReadFailure,
     StoredBlock,
 )
-from omlx.domain.keys import block_key, object_key
+from omlx.domain.cache.keys import block_key, object_key
 from omlx.domain.ports import EvictionPlan, IndexUnavailable
 
 # --- Clock -------------------------------------------------------------------------
@@ -169,6 +169,7 @@ class FakeBlockIndex:
     def __init__(self) -> None:
         self.namespaces: dict[str, NamespaceInfo] = {}
         self.blocks: dict[str, StoredBlock] = {}
+        self.heads: dict[str, tuple[int, ...]] = {}
         self.down = False
         self.evicting_elsewhere = False
         self.lookups = 0
@@ -181,11 +182,13 @@ class FakeBlockIndex:
         self._check()
         self.namespaces[namespace.digest] = namespace
 
-    def add_block(self, block: StoredBlock) -> bool:
+    def add_block(self, block: StoredBlock, tokens: Sequence[int] = ()) -> bool:
         self._check()
         if block.key in self.blocks:
             return False
         self.blocks[block.key] = block
+        if tokens:
+            self.heads[block.key] = tuple(tokens)
         return True
 
     def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]:
@@ -198,6 +201,20 @@ class FakeBlockIndex:
         mine = [b for b in self.blocks.values() if b.parent_key == parent_key and b.kind == "kv"]
         mine.sort(key=lambda b: (-b.last_access, -b.created_at, b.key))
         return mine[:limit]
+
+    def nearest_children(
+        self, parent_key: str, tokens: Sequence[int], limit: int
+    ) -> list[tuple[StoredBlock, tuple[int, ...]]]:
+        self._check()
+        mine = sorted(
+            (self.heads[b.key], b)
+            for b in self.blocks.values()
+            if b.parent_key == parent_key and b.kind == "kv" and b.key in self.heads
+        )
+        want = tuple(tokens)
+        below = [(b, h) for h, b in mine if h <= want][::-1][:limit]
+        above = [(b, h) for h, b in mine if h > want][:limit]
+        return below + above
 
     def point_children(self, parent_keys: Sequence[str]) -> list[StoredBlock]:
         self._check()
@@ -326,6 +343,7 @@ class FakeColdSource:
         self.batches: list[list[str]] = []  # the chains asked of get_many
         self.touched: list[str] = []
         self.children_calls: list[str] = []
+        self.present_calls: list[list[str]] = []
 
     def get(self, key: str, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
         self.gets.append(key)
@@ -361,13 +379,14 @@ class FakeColdSource:
         return key in self.blocks
 
     def present(self, keys: Sequence[str]) -> set[str]:
+        self.present_calls.append(list(keys))
         return {k for k in keys if k in self.blocks}
 
     def point_children(self, parent_keys: Sequence[str]) -> list[BlockMeta]:
         parents = set(parent_keys)
         return [m for m, _, _ in self.blocks.values() if m.parent_key in parents and m.kind != "kv"]
 
-    def children(self, parent_key: str) -> list[BlockMeta]:
+    def children(self, parent_key: str, want: Sequence[int] = ()) -> list[BlockMeta]:
         self.children_calls.append(parent_key)
         return [
             meta
@@ -377,6 +396,37 @@ class FakeColdSource:
 
     def touch(self, keys: Sequence[str]) -> None:
         self.touched.extend(keys)
+
+
+# --- KeptCaches --------------------------------------------------------------------
+
+
+class FakeKeptCaches:
+    """Finished list caches, the last ``entries`` of them; ``take`` cuts a copy at the prefix."""
+
+    def __init__(self, entries: int = 2) -> None:
+        self.entries = entries
+        self.kept: list[tuple[tuple[int, ...], list[int]]] = []
+        self.taken = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(8 * len(cache) for _, cache in self.kept)
+
+    def take(self, prompt: Sequence[int], prefix: int) -> list[int] | None:
+        wanted = tuple(prompt[:prefix])
+        for tokens, cache in reversed(self.kept):
+            if tokens[:prefix] == wanted and len(tokens) >= prefix:
+                self.taken += 1
+                return list(cache[:prefix])
+        return None
+
+    def keep(self, tokens: Sequence[int], cache: list[int]) -> None:
+        if self.entries > 0 and len(cache) == len(tokens):
+            self.kept = [*self.kept, (tuple(tokens), list(cache))][-self.entries :]
+
+    def clear(self) -> None:
+        self.kept.clear()
 
 
 # --- GrammarCompiler / TokenConstraint ---------------------------------------------

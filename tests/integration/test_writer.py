@@ -15,7 +15,7 @@ from omlx.adapters.blockfiles.budget import DiskBudget, default_reserve
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.blockfiles.writer import BlockWriter
 from omlx.adapters.sqlindex import SqlBlockIndex, open_index
-from omlx.domain.cold_tier import RecencyBuffer
+from omlx.domain.cache.cold_tier import RecencyBuffer
 from tests.storage_checks import (
     assert_cache_invariants,
     block_files_bytes,
@@ -283,7 +283,7 @@ def test_a_full_index_database_is_the_same_episode(tmp_path: Path, caplog: pytes
     real_add = index.add_block
     full = OperationalError("INSERT", {}, sqlite3.OperationalError("database or disk is full"))
 
-    def add_block(block):
+    def add_block(block, tokens=()):
         raise full
 
     index.add_block = add_block

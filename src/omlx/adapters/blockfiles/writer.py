@@ -19,13 +19,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from omlx.adapters.blockfiles.budget import DiskBudget
 from omlx.adapters.disk_faults import NO_SPACE, FaultEpisodes, fault_of
-from omlx.domain.blocks import BlockMeta, NamespaceInfo, StoredBlock
-from omlx.domain.eviction import evict
+from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo, StoredBlock
+from omlx.domain.cache.eviction import evict
 from omlx.domain.ports import BlockIndex, BlockStore, IndexUnavailable
 
 log = logging.getLogger(__name__)
@@ -261,7 +261,7 @@ class BlockWriter:
             kind=meta.kind,
         )
         try:
-            recorded = self._add_row(job.namespace, block)
+            recorded = self._add_row(job.namespace, block, meta.tokens)
         except Exception:
             self._delete_orphan(relpath)  # no row: the file must not linger as an orphan
             raise
@@ -294,9 +294,9 @@ class BlockWriter:
                 return
             self._orphans.discard(relpath)
 
-    def _add_row(self, namespace: NamespaceInfo, block: StoredBlock) -> bool:
+    def _add_row(self, namespace: NamespaceInfo, block: StoredBlock, tokens: Sequence[int]) -> bool:
         try:
-            return self._index.add_block(block)
+            return self._index.add_block(block, tokens)
         except IndexUnavailable:
             raise
         except Exception as exc:
@@ -305,7 +305,7 @@ class BlockWriter:
             # An admin may have dropped the namespace row (cache clear): restore it once.
             log.info("re-recording namespace %s after a failed insert", namespace.digest[:12])
             self._index.upsert_namespace(namespace)
-            return self._index.add_block(block)
+            return self._index.add_block(block, tokens)
 
     def _lose_race(self, block: StoredBlock) -> None:
         """Another writer recorded this key first: keep only the file its row names."""

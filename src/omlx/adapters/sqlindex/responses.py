@@ -20,7 +20,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
 from omlx.adapters.sqlindex.availability import Availability
-from omlx.adapters.sqlindex.engine import writer_engine
+from omlx.adapters.sqlindex.database import writer_engine
 from omlx.adapters.sqlindex.models import ResponseRow
 from omlx.adapters.sqlindex.urls import display
 from omlx.domain.ports import IndexUnavailable

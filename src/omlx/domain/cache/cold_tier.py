@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Generator, Sequence
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from omlx.domain.blocks import (
+from omlx.domain.cache.blocks import (
     BlockMeta,
     BlockRead,
     DecodedBlock,
@@ -28,19 +27,24 @@ from omlx.domain.blocks import (
     ReadFailure,
     StoredBlock,
 )
-from omlx.domain.keys import EXTERNAL, KV, rederives
-from omlx.domain.ports import BlockIndex, BlockSink, BlockStore, Clock, IndexUnavailable
+from omlx.domain.cache.keys import EXTERNAL, KV, rederives
+from omlx.domain.ports import (
+    BlockIndex,
+    BlockSink,
+    BlockStore,
+    Clock,
+    IndexUnavailable,
+    SystemClock,
+)
 
 log = logging.getLogger(__name__)
 
 # Candidates for token-granular matching asked of the index per lookup: the prefix cache
 # reads at most a few of them, most recently used first.
 CHILDREN_LIMIT = 16
-
-
-class _SystemClock:
-    def now(self) -> float:
-        return time.time()
+# Children nearest the prompt in token order, asked on each side of it: the one sharing
+# the longest run is among them however many siblings there are (block_heads, 0013).
+NEAREST_LIMIT = 4
 
 
 class RecencyBuffer:
@@ -59,7 +63,7 @@ class RecencyBuffer:
         max_pending: int = 4096,
     ) -> None:
         self._index = index
-        self._clock: Clock = clock if clock is not None else _SystemClock()
+        self._clock: Clock = clock if clock is not None else SystemClock()
         self.interval = interval
         self._max_pending = max_pending
         self._hits: dict[str, float] = {}
@@ -152,7 +156,7 @@ class ColdTier:
         self._index = index
         self._writer = writer
         self._decode = decode
-        self._clock: Clock = clock if clock is not None else _SystemClock()
+        self._clock: Clock = clock if clock is not None else SystemClock()
         self.recency = recency if recency is not None else RecencyBuffer(index, self._clock)
         self.drop_missing_rows = drop_missing_rows
         self.stats = ColdTierStats()
@@ -207,6 +211,8 @@ class ColdTier:
             log.error("block %s does not match this namespace or its tokens; not stored", meta.key)
             self._count("dropped")
             return
+        if meta.kind == KV and not meta.tokens:  # the index keeps them, to rank siblings
+            meta = replace(meta, tokens=tuple(tokens))
         try:
             accepted = self._writer.submit(meta, self.namespace, data)
         except Exception:
@@ -222,7 +228,10 @@ class ColdTier:
 
     def present(self, keys: Sequence[str]) -> set[str]:
         found = {k for k in keys if self._writer.pending(k)}
-        rows = self._lookup([k for k in keys if k not in found])
+        asked = [k for k in keys if k not in found]
+        if not asked:  # all queued: no index query
+            return found
+        rows = self._lookup(asked)
         if rows is None:
             return found
         return found | {k for k, r in rows.items() if r.namespace == self.namespace.digest}
@@ -242,20 +251,28 @@ class ColdTier:
             if r.namespace == self.namespace.digest
         ]
 
-    def children(self, parent_key: str) -> list[BlockMeta]:
+    def children(self, parent_key: str, want: Sequence[int] = ()) -> list[BlockMeta]:
         try:
-            rows = self._index.children(parent_key, CHILDREN_LIMIT)
+            near = (
+                self._index.nearest_children(parent_key, want, NEAREST_LIMIT) if want else []
+            )
+            recent = self._index.children(parent_key, CHILDREN_LIMIT)
         except IndexUnavailable as exc:
             log.debug("children of %s: index unavailable (%s)", parent_key, exc)
             return []
         except Exception:
             log.exception("index lookup of the children of %s failed", parent_key)
             return []
-        return [
-            BlockMeta(r.key, r.parent_key, r.namespace, r.token_count)
-            for r in rows
-            if r.namespace == self.namespace.digest
-        ]
+        ns = self.namespace.digest
+        found = {
+            r.key: BlockMeta(r.key, r.parent_key, r.namespace, r.token_count, tokens=tokens)
+            for r, tokens in near
+            if r.namespace == ns and len(tokens) == r.token_count
+        }
+        for r in recent:
+            if r.namespace == ns and r.key not in found:
+                found[r.key] = BlockMeta(r.key, r.parent_key, r.namespace, r.token_count)
+        return list(found.values())
 
     def touch(self, keys: Sequence[str]) -> None:
         self.recency.record(keys)

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from omlx.domain.blocks import BlockMeta
-from omlx.domain.hot_tier import HotBlock
-from omlx.domain.keys import block_key
+from omlx.domain.cache.blocks import BlockMeta
+from omlx.domain.cache.hot_tier import HotBlock
+from omlx.domain.cache.keys import block_key
 
 # At most this many cold candidates are read per lookup: each read is a block file.
 MAX_COLD_CANDIDATE_READS = 3
@@ -43,9 +43,12 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def upper_bound(meta: BlockMeta, want: Sequence[int]) -> int:
     """The most tokens a child can share with ``want``, known without reading it.
 
-    A child no longer than ``want`` is checked by its key: rehashing ``want``'s first
-    ``token_count`` tokens either gives its key (all shared) or not (one fewer at most).
+    Exact where the index listed the child's tokens. Otherwise a child no longer than
+    ``want`` is checked by its key: rehashing ``want``'s first ``token_count`` tokens
+    either gives its key (all shared) or not (one fewer at most).
     """
+    if meta.tokens:
+        return common_prefix(meta.tokens, want)
     n = meta.token_count
     if n > len(want):
         return len(want)
