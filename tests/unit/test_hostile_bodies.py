@@ -62,7 +62,8 @@ def test_nesting_at_the_limit_is_served():
 
 
 def test_nesting_depth_counts_iteratively_and_stops_past_the_limit():
-    assert nesting_depth({"a": [1, {"b": []}]}, 10) == 3
+    assert nesting_depth({"a": [1, {"b": []}]}, 10) == 4
+    assert nesting_depth([[[]]], 10) == 3
     assert nesting_depth("x", 10) == 0
     deep: list = []
     for _ in range(50_000):

@@ -27,7 +27,7 @@ from omlx.app.errors import InvalidRequest
 # Deeper than any real request: OpenAI allows 10 levels of schema nesting (about 20 of JSON).
 MAX_NESTING = 128
 # A body this large leaves large transient strings behind (the body, its decoded text, a
-# rendered prompt): released once its response is out (``release_large_body``).
+# rendered prompt): released once its response is out (``release_large_bodies``).
 LARGE_BODY_BYTES = 1 << 20
 _RELEASE_EVERY_S = 0.1
 _LARGE = "omlx_large_body"
@@ -43,6 +43,8 @@ def nesting_depth(value: Any, limit: int) -> int:
 
     Iterative, so a hostile body cannot exhaust the stack here.
     """
+    if not isinstance(value, dict | list):
+        return 0
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
@@ -52,8 +54,8 @@ def nesting_depth(value: Any, limit: int) -> int:
             if deepest > limit:
                 return deepest
         children = node.values() if isinstance(node, dict) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list) and c)
-    return deepest if isinstance(value, dict | list) else 0
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return deepest
 
 
 def decode_body(body: bytes, data_type: Any | None) -> Any:
