@@ -209,3 +209,55 @@ def test_a_one_of_a_ref_points_into_is_left_as_it_is(grammars, tokenizer):
     }
     g = OutputGrammar(json_schema=json.dumps(schema), strict=False)
     assert accepts(grammars, tokenizer, g, '{"a": "x", "b": 2}')
+
+
+def one_key_objects(n: int) -> dict:
+    return {
+        "anyOf": [
+            {"type": "object", "properties": {f"k{i}": {"type": "string"}}, "required": [f"k{i}"]}
+            for i in range(n)
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [{"$ref": "#"}, {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}],
+    ids=["itself", "each-other"],
+)
+def test_a_schema_that_only_refers_to_itself_is_refused_at_compile(grammars, schema):
+    with pytest.raises(GrammarError, match=r"\$ref refers only to itself"):
+        grammars.constraint(OutputGrammar(json_schema=json.dumps(schema)))
+
+
+def test_a_recursive_schema_with_a_base_case_is_served(grammars, tokenizer):
+    tree = {"$defs": {"n": {"type": "object", "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}}}},
+            "$ref": "#/$defs/n"}
+    assert accepts(grammars, tokenizer, OutputGrammar(json_schema=json.dumps(tree)), '{"c": [{"c": []}]}')
+
+
+def test_an_anyof_of_thousands_is_refused_as_too_large(grammars):
+    with pytest.raises(GrammarError, match="too large: an anyOf of 3000"):
+        grammars.constraint(OutputGrammar(json_schema=json.dumps(one_key_objects(3000))))
+    params = {"type": "object", "properties": {"x": {"oneOf": one_key_objects(1001)["anyOf"]}}}
+    with pytest.raises(GrammarError, match="too large: an oneOf of 1001"):
+        grammars.constraint(forced(HERMES, name="t", parameters=json.dumps(params)))
+
+
+def test_a_grammar_failing_mid_answer_ends_it_as_length_not_stop(grammars, tokenizer, monkeypatch):
+    """Past the parser's limit (here forced: the limit check skipped) the row is cut short."""
+    from omlx.adapters.grammar import llguidance
+    from omlx.adapters.mlx.processors import grammar_finish_reason
+    from omlx.domain.generation import GenerationRequest
+
+    monkeypatch.setattr(llguidance, "_check_alternatives", lambda schema: None)
+    constraint = grammars.constraint(OutputGrammar(json_schema=json.dumps(one_key_objects(3000))))
+    words = np.zeros((constraint.vocab_size + 31) // 32, dtype=np.int32)
+    request = GenerationRequest(prompt_tokens=(1,), max_tokens=8, constraint=constraint)
+    assert grammar_finish_reason(request, "stop") == "stop"
+    for token in tokenizer.encode('{"k1": "x"}', add_special_tokens=False):
+        constraint.fill_bitmask(words)
+        if not constraint.advance(token):
+            break
+    assert constraint.failure() is not None
+    assert grammar_finish_reason(request, "stop") == "length"

@@ -163,10 +163,11 @@ class ChatPipeline:
         self.observer: CacheMissObserver | None = None  # the API's metrics
 
     async def count_tokens(self, chat: ChatRequest) -> int:
-        text = await anyio.to_thread.run_sync(
-            self.renderer.render, chat.messages, chat.tools, chat.template_kwargs
-        )
-        return len(self.service.encode_text(text))
+        def count() -> int:
+            text = self.renderer.render(chat.messages, chat.tools, chat.template_kwargs)
+            return len(self.service.encode_text(text))
+
+        return await anyio.to_thread.run_sync(count)
 
     async def prepare(
         self, chat: ChatRequest, response_id: str, previous_id: str | None = None

@@ -147,7 +147,7 @@ class ModelLoader:
         grammars = _grammar_compiler(model)
         served = serve_chat(
             settings, spec, model, engine, weights=weights_bytes(model.model),
-            encode=PrefixReusingEncoder(backend).encode if backend is not None else None,
+            encode=PrefixReusingEncoder(backend, max_tokens=model.context_length).encode if backend is not None else None,
             grammars=grammars,
         )
         served.prefix_cache, served.cold_tier = prefix_cache, cold_tier

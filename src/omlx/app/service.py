@@ -18,6 +18,7 @@ import anyio
 
 from omlx.app.errors import Busy, GenerationFailed, InvalidRequest
 from omlx.app.progress import PrefillWatch
+from omlx.app.prompt_limit import PromptLimit
 from omlx.app.sampling import Sampling, sampling_params
 from omlx.app.sampling import logprobs_count as _logprobs
 from omlx.domain.generation import (
@@ -74,6 +75,7 @@ class GenerationService:
         # The tokenizer's own encode unless a faster equal one is given (a growing
         # conversation's tokens reused: adapters.mlx.prompt_tokens).
         self._encode = encode or (lambda text: list(self.tokenizer.encode(text, add_special_tokens=False)))
+        self.prompt_limit = PromptLimit.of(self.tokenizer, model.context_length)
         self.max_queued = max_queued
         self.default_max_tokens = default_max_tokens
         self.observer: GenerationObserver | None = None
@@ -86,6 +88,8 @@ class GenerationService:
 
     def encode_text(self, text: str, param: str = "messages") -> list[int]:
         # The rendered template already holds its special tokens; don't add a BOS twice.
+        # Call it off the event loop: a long prompt takes a while (chat.py, the controllers).
+        self.prompt_limit.check(text, param)
         try:
             return self._encode(text)
         except Exception as exc:  # e.g. lone surrogates from a JSON \ud800 escape

@@ -55,6 +55,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     prompt_normalizations: tuple[str, ...] = ("claude_code_billing_header",)
     responses_max_stored: int = 1000
     responses_max_age_days: int = 30
+    responses_max_size: str = "256MB"  # all stored responses together
     dashboard_sample_seconds: float = 5.0
 
     @property
@@ -81,7 +82,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     @property
     def responses_retention(self) -> Retention:
-        return Retention(self.responses_max_stored, self.responses_max_age_days)
+        return Retention(
+            self.responses_max_stored, self.responses_max_age_days, parse_size(self.responses_max_size)
+        )
 
     @property
     def model_list(self) -> tuple[str, ...]:

@@ -56,6 +56,10 @@ class TokenConstraint(Protocol):
         """Take the token chosen; False when the grammar did not allow it."""
         ...
 
+    def failure(self) -> str | None:
+        """Why the grammar can go no further (a limit of the grammar engine), or None."""
+        ...
+
 
 class GrammarCompiler(Protocol):
     """Compiles output grammars for one model's tokenizer (slow: never on the engine thread)."""

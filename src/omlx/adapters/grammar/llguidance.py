@@ -11,6 +11,7 @@ a fresh state that costs about a microsecond.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import re
 import threading
@@ -25,6 +26,9 @@ from omlx.adapters.grammar.one_of import ONE_OF_ADVICE
 from omlx.domain.grammar import GrammarError, OutputGrammar
 
 log = logging.getLogger(__name__)
+
+# anyOf/oneOf branches of one schema node: llguidance's parser fails past about 2,000.
+MAX_ALTERNATIVES = 1000
 
 
 def tokenizer_json(tokenizer: Any) -> str:
@@ -56,6 +60,9 @@ class Constraint:
 
     def advance(self, token: int) -> bool:
         return bool(self._matcher.consume_token(token))
+
+    def failure(self) -> str | None:
+        return refusal_reason(self._matcher.get_error()) if self._matcher.is_error() else None
 
 
 class LLGuidanceCompiler:
@@ -132,10 +139,14 @@ class LLGuidanceCompiler:
             if found is not None:
                 self._cache.move_to_end(grammar)
                 return found
+        for schema in (grammar.json_schema, *(c.parameters for c in grammar.calls)):
+            if schema is not None:
+                _check_alternatives(schema)
         tokenizer = self.tokenizer
         matcher = LLMatcher(tokenizer, lark_grammar(grammar, self._literal), log_level=0)
         if matcher.is_error():
             raise GrammarError(refusal_reason(matcher.get_error()))
+        _check_it_can_start(matcher)
         with self._lock:
             self._cache[grammar] = matcher
             while len(self._cache) > self._cache_size:
@@ -152,6 +163,41 @@ class LLGuidanceCompiler:
 
     def token_bytes(self, token: int) -> bytes:
         return self.tokenizer.decode_bytes([token])
+
+
+def _check_alternatives(schema_json: str) -> None:
+    """A 400 for a schema with more alternatives than llguidance's parser takes at a step.
+
+    An ``anyOf`` of 3,000 objects compiles, then fails at the first key (its parser holds
+    at most 2,000 items per row); refusing it up front beats a truncated answer.
+    """
+    stack: list[Any] = [json.loads(schema_json)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in ("anyOf", "oneOf"):
+                branches = node.get(key)
+                if isinstance(branches, list) and len(branches) > MAX_ALTERNATIVES:
+                    raise GrammarError(
+                        f"the schema is too large: an {key} of {len(branches)} alternatives "
+                        f"(at most {MAX_ALTERNATIVES})"
+                    )
+            stack.extend(v for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, dict | list))
+
+
+def _check_it_can_start(matcher: LLMatcher) -> None:
+    """A grammar with no first token (a schema that only refers to itself has no values)
+    compiles, then fails at the first step: refuse it now, as the client's mistake."""
+    probe = matcher.deep_copy()
+    mask = probe.compute_bitmask()
+    if probe.is_error() or not any(mask):
+        detail = refusal_reason(probe.get_error()) if probe.is_error() else "no token can start it"
+        raise GrammarError(
+            f"no output can satisfy it ({detail}): a schema whose $ref refers only to itself, "
+            "directly or through others, has no values"
+        )
 
 
 def _lark_string(text: str) -> str:

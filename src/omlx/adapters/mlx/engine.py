@@ -32,7 +32,7 @@ from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.fused_prefill import FusingBatchGenerator
 from omlx.adapters.mlx.jobs import Emit, Job, log_finished, phases_of, tier_of
 from omlx.adapters.mlx.loader import LoadedModel
-from omlx.adapters.mlx.processors import request_processors, token_logprob
+from omlx.adapters.mlx.processors import grammar_finish_reason, request_processors, token_logprob
 from omlx.adapters.mlx.sampling import Sampler, make_sampler
 from omlx.adapters.mlx.warm_up import warm_up
 from omlx.domain.generation import (
@@ -390,7 +390,7 @@ class MLXEngine:
             tail = job.stops.feed(job.detok.last_segment) + job.stops.flush()
             if tail or job.logprobs:
                 self._emit_text(job, tail)
-            reason = "stop" if job.stops.stopped else r.finish_reason
+            reason = "stop" if job.stops.stopped else grammar_finish_reason(job.request, r.finish_reason)
             self._finish(job, reason, r.prompt_cache, r.all_tokens)
 
     @staticmethod

@@ -12,6 +12,7 @@ from litestar.openapi import OpenAPIConfig
 from omlx import __version__
 from omlx.app.api.anthropic.controller import AnthropicController
 from omlx.app.api.auth import api_key_guard
+from omlx.app.api.body import CheckedRequest, release_large_bodies
 from omlx.app.api.dashboard import (
     ApiFamily,
     Dashboard,
@@ -87,9 +88,10 @@ def create_app(container: Container) -> Litestar:
             "dashboard": Provide(provide_dashboard, sync_to_thread=False),
         },
         guards=[api_key_guard(settings.api_key)] if settings.api_key else [],
-        middleware=[RequestMetrics(metrics), ApiFamily()],
+        middleware=[release_large_bodies, RequestMetrics(metrics), ApiFamily()],
         before_send=[count_unmatched(metrics)],
         exception_handlers=EXCEPTION_HANDLERS,
+        request_class=CheckedRequest,  # nesting bounded, types strict (api.body)
         request_max_body_size=settings.max_request_body_bytes,
         openapi_config=OpenAPIConfig(
             title="omlx",

@@ -21,6 +21,7 @@ from omlx.app.errors import (
     InvalidRequest,
     ModelUnavailable,
     NotFound,
+    StoreUnavailable,
     Unauthorized,
 )
 
@@ -59,6 +60,7 @@ _STATUS: dict[type[AppError], int] = {
     ClientGone: 499,
     GenerationFailed: 500,
     ModelUnavailable: 503,
+    StoreUnavailable: 503,
 }
 
 
