@@ -161,11 +161,13 @@ class ModelLoader:
         from omlx.domain.cold_tier import ColdTier
         from omlx.domain.hot_tier import HotTier
         from omlx.domain.prefix_cache import PrefixCache
+        from omlx.domain.reuse_eviction import ReuseLevelPolicy
 
         settings = self.settings
         namespace = model.namespace(settings.block_size)
         codec = MLXKVCodec(model.layout)
-        hot = HotTier(settings.hot_cache_bytes)
+        # One-off blocks (side calls) leave RAM before a reused conversation's (issue 20).
+        hot = HotTier(settings.hot_cache_bytes, ReuseLevelPolicy())
         cold_tier = None
         if self.cold is not None:
             ssd = self.cold.ssd
