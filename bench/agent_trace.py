@@ -62,7 +62,8 @@ from trace_shape import Step, build_trace, chatml
 
 PEERS = ("omlx", "mlx_lm.server", "llama.cpp")
 BLOCK = 64  # omlx's default block size (tokens)
-DEFAULT_SCALE = {"long": 1.0, "8b-geometry": 0.18, "default": 0.2}
+# Of the recorded sizes (a 24k-token first prompt): what this 2-core machine prefills in time.
+DEFAULT_SCALE = {"long": 0.6, "8b-geometry": 0.1, "default": 0.2}
 
 
 def model_target(kind: str, layers: int | None) -> dict[str, Any]:
@@ -284,6 +285,29 @@ def parse_scales(values: list[str]) -> dict[str, float]:
     return out
 
 
+def replot(paths: list[Path], out: Path | None) -> None:
+    """Report and plot saved results; several files (e.g. one peer run later) merge by model."""
+    import json
+
+    results = [json.loads(p.read_text()) for p in paths]
+    merged = results[0]
+    by_name = {m["model"]: m for m in merged["models"]}
+    for extra in results[1:]:
+        merged["peers"] += [p for p in extra["peers"] if p not in merged["peers"]]
+        merged["skipped"] = {k: v for k, v in merged["skipped"].items() if k not in extra["peers"]}
+        merged.setdefault("merged_from", []).append({"args": extra["args"], "git_sha": extra.get("git_sha")})
+        for m in extra["models"]:
+            if m["model"] in by_name:
+                by_name[m["model"]]["runs"] += [r for r in m["runs"] if r["peer"] != "omlx" or
+                                                 not any(x["peer"] == "omlx" for x in by_name[m["model"]]["runs"])]
+            else:
+                merged["models"].append(m)
+    merged["verdicts"] = verdicts(merged)
+    report(merged)
+    write_json("agent_trace", merged, out)
+    plot(merged)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="long,8b-geometry", help="comma-separated: long, 8b-geometry, default")
@@ -298,7 +322,12 @@ def main() -> None:
     parser.add_argument("--mlx-lm-arg", action="append", default=[])
     parser.add_argument("--llama-cpp-arg", action="append", default=[])
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (caches, logs)")
+    parser.add_argument("--replot", type=Path, nargs="+", default=None,
+                        help="no run: report and plot these JSON results (runs of one model merged)")
     args = parser.parse_args()
+    if args.replot:
+        replot(args.replot, args.json)
+        return
     args.scales = parse_scales(args.scale)
     models = [m for m in args.models.split(",") if m]
     if unknown := set(models) - set(DEFAULT_SCALE):
