@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from omlx.domain.blocks import BlockMeta
-from omlx.domain.eviction import LRUPolicy
-from omlx.domain.hot_tier import HotTier
+from omlx.domain.cache.blocks import BlockMeta
+from omlx.domain.cache.eviction import LRUPolicy
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.reuse_eviction import ReuseLevelPolicy
 from omlx.domain.ports import EvictionPolicy
-from omlx.domain.reuse_eviction import ReuseLevelPolicy
 
 ROOT = "namespace"
 

@@ -90,7 +90,7 @@ def _cache_health(settings: Settings, served: Served) -> dict[str, Any]:
         cache["layout"] = layout.counts()
     if prefix_cache is not None:
         cache["block_size"] = settings.block_size
-        cache["hot"] = _asdict(prefix_cache.hot.stats())
+        cache["hot"] = _asdict(prefix_cache.stats().hot)
         cache["ssd"] = served.cold_tier is not None
     return cache
 

@@ -23,8 +23,8 @@ from omlx.adapters.mlx.cache_layout import ModelLayout, kv_dtype_of, probe_layou
 from omlx.adapters.mlx.errors import UnsupportedModelError
 from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, LoadedGGUF, default_model_path, load_gguf
 from omlx.adapters.mlx.prepared import PreparedWeights
-from omlx.domain.blocks import NamespaceInfo
-from omlx.domain.keys import namespace_digest
+from omlx.domain.cache.blocks import NamespaceInfo
+from omlx.domain.cache.keys import namespace_digest
 from omlx.domain.model_ids import model_id_for
 
 log = logging.getLogger(__name__)
