@@ -243,7 +243,7 @@ def run_model(kind: str, args: argparse.Namespace, peers: list[str], workdir: Pa
         return len(ids(text))
 
     scale = args.scales.get(kind, DEFAULT_SCALE[kind])
-    steps = build_trace(count, scale=scale, main_turns=args.main_turns)
+    steps = build_trace(count, scale=scale, main_turns=args.main_turns, text_commit=args.text_commit)
     longest = max(count(chatml(s.messages)) for s in steps)
     n_ctx = min(target["context"], -(-(longest + 256) // 1024) * 1024)
     if longest + 64 > target["context"]:
@@ -314,9 +314,12 @@ def main() -> None:
     parser.add_argument("--scale", action="append", default=[], help="MODEL=FACTOR of the recorded sizes")
     parser.add_argument("--layers", type=int, default=None, help="8b-geometry's layers (default 24)")
     parser.add_argument("--main-turns", type=int, default=12)
-    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated; omlx always")
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-floor", action="store_true", help="skip omlx's floor probes")
+    parser.add_argument("--text-commit", default=None,
+                        help="take the trace's text from this commit (default: the working tree); "
+                        "runs to compare need the same")
     parser.add_argument("--json", type=Path, default=None, help="default: bench/out/agent_trace.json")
     parser.add_argument("--omlx-arg", action="append", default=[])
     parser.add_argument("--mlx-lm-arg", action="append", default=[])
@@ -333,8 +336,8 @@ def main() -> None:
     if unknown := set(models) - set(DEFAULT_SCALE):
         parser.error(f"unknown models {sorted(unknown)}")
     peers = [p for p in args.peers.split(",") if p]
-    if set(peers) - set(PEERS) or "omlx" not in peers:
-        parser.error(f"--peers takes omlx plus any of {PEERS[1:]}")
+    if set(peers) - set(PEERS) or not peers:
+        parser.error(f"--peers takes any of {PEERS} (a run without omlx is merged by --replot)")
     skipped = {}
     if "llama.cpp" in peers and llama_cpp_python() is None:
         peers.remove("llama.cpp")

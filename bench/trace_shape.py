@@ -17,6 +17,7 @@ summary plus its tail); follow-ups after it. Standard library only.
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,12 +43,14 @@ class Step:
 
 
 class TextSource:
-    """Consecutive slices of this repository's text, cut to a token count (deterministic)."""
+    """Consecutive slices of this repository's text, cut to a token count (deterministic).
 
-    def __init__(self, count: Count, root: Path = ROOT) -> None:
-        paths = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
-        paths += sorted((root / "src" / "omlx").rglob("*.py"))
-        self._text = "\n".join(p.read_text(errors="replace") for p in paths if p.is_file())
+    The text is README, docs and source as of ``commit`` (the working tree when None):
+    pin it, or every edit to the docs changes the trace's bytes between two runs.
+    """
+
+    def __init__(self, count: Count, root: Path = ROOT, commit: str | None = None) -> None:
+        self._text = "\n".join(_texts(root, commit))
         self._pos = 0
         self._count = count
 
@@ -64,6 +67,22 @@ class TextSource:
             out.append(line)
             have += max(self._count(line), 1)
         return "".join(out)
+
+
+def _texts(root: Path, commit: str | None) -> list[str]:
+    """README.md, docs/*.md and src/omlx/**/*.py, in that order, from ``commit`` or the tree."""
+    if commit is None:
+        paths = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+        paths += sorted((root / "src" / "omlx").rglob("*.py"))
+        return [p.read_text(errors="replace") for p in paths if p.is_file()]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
+
+    names = git("ls-tree", "-r", "--name-only", commit).splitlines()
+    docs = sorted(n for n in names if n.startswith("docs/") and n.count("/") == 1 and n.endswith(".md"))
+    src = sorted((n for n in names if n.startswith("src/omlx/") and n.endswith(".py")), key=lambda n: Path(n).parts)
+    return [git("show", f"{commit}:{n}") for n in ["README.md", *docs, *src] if n == "README.md" or n in names]
 
 
 def load_shapes(path: Path = SHAPES) -> dict[str, dict]:
@@ -88,7 +107,8 @@ def _tool_call(i: int, name: str) -> Message:
 
 
 def build_trace(count: Count, scale: float = 1.0, tool_result_tokens: int = 600,
-                main_turns: int = 12, shapes: dict[str, dict] | None = None) -> list[Step]:
+                main_turns: int = 12, shapes: dict[str, dict] | None = None,
+                text_commit: str | None = None) -> list[Step]:
     """The whole trace: main-session turns, sub-agent, side calls, second session, restart, compaction.
 
     ``count`` tokenizes (the servers' tokenizer); ``scale`` multiplies the recorded prompt
@@ -96,7 +116,7 @@ def build_trace(count: Count, scale: float = 1.0, tool_result_tokens: int = 600,
     repository's files are 300-3,000 tokens).
     """
     shapes = shapes or load_shapes()
-    src = TextSource(count)
+    src = TextSource(count, commit=text_commit)
     cc, codex = shapes["claude-code"], shapes["codex"]
     s = scale
     main_system = {"role": "system", "content": source_block(src, cc["system"]["tokens"], s) + "\n\n" + _tools_text(src, cc["tools"], s)}
