@@ -127,3 +127,11 @@ def test_the_main_session_survives_a_sub_agent_and_side_calls_within_budget() ->
 def test_plain_lru_loses_the_main_session_to_the_same_sequence() -> None:
     _, found, _ = _agent_session(LRUPolicy())
     assert found[-1] < 11  # the contrast the policy exists for
+
+
+def test_a_block_read_back_from_disk_for_a_match_counts_as_reused() -> None:
+    hot = HotTier(10 * 4, ReuseLevelPolicy())
+    for key, parent in (("m0", ROOT), ("m1", "m0")):  # the main session, promoted after a restart
+        hot.put(BlockMeta(key=key, parent_key=parent, namespace="ns", token_count=64), (), key, 10, reused=True)
+    Agent(hot).request(session("side", 3))  # a side call needs room
+    assert {"m0", "m1"} <= set(hot.keys())

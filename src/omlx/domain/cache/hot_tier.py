@@ -99,11 +99,15 @@ class HotTier:
             self._policy.record_access(key, block.nbytes)
             return True
 
-    def put(self, meta: BlockMeta, tokens: tuple[int, ...], payload: Any, nbytes: int) -> bool:
+    def put(
+        self, meta: BlockMeta, tokens: tuple[int, ...], payload: Any, nbytes: int,
+        *, reused: bool = False,
+    ) -> bool:
         """Store a block, evicting unpinned blocks (policy order) to make room; False when it cannot fit.
 
         A key already present is only touched (same key, same content). Nothing is evicted
         for a block that would not fit even after evicting every unpinned block.
+        ``reused``: a block read back from disk for a request that matched it (a hit).
         """
         if nbytes < 0:
             raise ValueError("nbytes must be >= 0")
@@ -126,6 +130,8 @@ class HotTier:
             children.setdefault(meta.parent_key, set()).add(meta.key)
             self._bytes += nbytes
             self._policy.record_insert(meta.key, nbytes, meta.parent_key)
+            if reused:
+                self._policy.record_hit(meta.key, nbytes)
             return True
 
     def pin(self, keys: Iterable[str]) -> None:
