@@ -135,3 +135,12 @@ def test_a_block_read_back_from_disk_for_a_match_counts_as_reused() -> None:
         hot.put(BlockMeta(key=key, parent_key=parent, namespace="ns", token_count=64), (), key, 10, reused=True)
     Agent(hot).request(session("side", 3))  # a side call needs room
     assert {"m0", "m1"} <= set(hot.keys())
+
+
+def test_a_chain_read_back_from_disk_does_not_climb_a_level_per_block() -> None:
+    policy = ReuseLevelPolicy()
+    parent = None
+    for i in range(5):
+        policy.record_promotion(f"b{i}", 10, parent)
+        parent = f"b{i}"
+    assert {policy.level(f"b{i}") for i in range(5)} == {1}

@@ -255,6 +255,10 @@ class EvictionPolicy(Protocol):
         """Note that a later request matched ``key``: it is being reused."""
         ...
 
+    def record_promotion(self, key: str, nbytes: int, parent_key: str | None) -> None:
+        """Note ``key`` back in RAM from disk because a request matched it."""
+        ...
+
     def record_access(self, key: str, nbytes: int) -> None:
         """Note another use of ``key`` (recency only: not a new block, not a match)."""
         ...

@@ -32,6 +32,9 @@ class LRUPolicy:
     def record_hit(self, key: str, nbytes: int) -> None:
         self.record_access(key, nbytes)
 
+    def record_promotion(self, key: str, nbytes: int, parent_key: str | None) -> None:
+        self.record_access(key, nbytes)
+
     def remove(self, key: str) -> None:
         self._order.pop(key, None)
 

@@ -129,9 +129,10 @@ class HotTier:
             children = self._children if meta.kind == KV else self._points
             children.setdefault(meta.parent_key, set()).add(meta.key)
             self._bytes += nbytes
-            self._policy.record_insert(meta.key, nbytes, meta.parent_key)
             if reused:
-                self._policy.record_hit(meta.key, nbytes)
+                self._policy.record_promotion(meta.key, nbytes, meta.parent_key)
+            else:
+                self._policy.record_insert(meta.key, nbytes, meta.parent_key)
             return True
 
     def pin(self, keys: Iterable[str]) -> None:

@@ -43,6 +43,15 @@ class ReuseLevelPolicy:
         level = min(self._level_of.get(key, -1) + 1, len(self._levels) - 1)
         self._place(key, nbytes, level)
 
+    def record_promotion(self, key: str, nbytes: int, parent_key: str | None) -> None:
+        """``key`` read back from disk for a request that matched it: reused, at least level 1.
+
+        Its history left with it, so it takes its parent's level (or 1), never one above:
+        a chain read back block by block must not climb a level per block.
+        """
+        level = max(self._level_of.get(parent_key, 0) if parent_key is not None else 0, 1)
+        self._place(key, nbytes, min(level, len(self._levels) - 1))
+
     def record_access(self, key: str, nbytes: int) -> None:
         """Used again without being matched (same request re-storing it): recency only."""
         self._place(key, nbytes, self._level_of.get(key, 0))
