@@ -232,7 +232,8 @@ def distinct_tokens(prompts: list[list[dict[str, str]]], count_ids) -> int:
     return total
 
 
-def run_model(kind: str, args: argparse.Namespace, peers: list[str], workdir: Path) -> dict[str, Any]:
+def run_model(kind: str, args: argparse.Namespace, peers: list[str], workdir: Path,
+              checkpoint=lambda model: None) -> dict[str, Any]:
     target = model_target(kind, args.layers if kind == "8b-geometry" else None)
     tokenizer = Tokenizer.from_file(str(target["folder"] / "tokenizer.json"))
 
@@ -253,9 +254,11 @@ def run_model(kind: str, args: argparse.Namespace, peers: list[str], workdir: Pa
           f"{longest} tokens", flush=True)
     ctx = {"workdir": workdir, "count": count, "n_ctx": n_ctx, "floor": not args.no_floor,
            "extra": {"omlx": args.omlx_arg, "mlx_lm": args.mlx_lm_arg, "llama_cpp": args.llama_cpp_arg}}
-    runs = []
+    runs: list[dict[str, Any]] = []
+    model = {"model": kind, "geometry": target["geometry"], "scale": scale, "runs": runs}
     for round_, peer in interleaved(peers, args.repeats):
         runs.append(run_trace(peer, round_, target, steps, ctx))
+        checkpoint(model)  # an interrupted run keeps the peers it finished
     prompts = [s.messages for s in steps]
     if ctx["floor"]:  # the probes' tails are cached too
         prompts += [floor_probe(s) for s in steps if s.session == "main" and s.shared_with_previous]
@@ -350,8 +353,16 @@ def main() -> None:
         print(f"note: {note}")
     workdir = Path(tempfile.mkdtemp(prefix="omlx-trace-bench-"))
     t0 = time.perf_counter()
+    done: list[dict[str, Any]] = []
+
+    def checkpoint(model: dict[str, Any]) -> None:
+        write_json("agent_trace_partial", {**result, "models": [*done, model]},
+                   args.json.with_name(args.json.stem + "_partial.json") if args.json else None)
+
     try:
-        result["models"] = [run_model(kind, args, peers, workdir) for kind in models]
+        for kind in models:
+            done.append(run_model(kind, args, peers, workdir, checkpoint))
+        result["models"] = done
     finally:
         if args.keep:
             print(f"kept {workdir}")
