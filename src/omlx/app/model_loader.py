@@ -164,11 +164,13 @@ class ModelLoader:
         from omlx.domain.cache.cold_tier import ColdTier
         from omlx.domain.cache.hot_tier import HotTier
         from omlx.domain.cache.prefix_cache import PrefixCache
+        from omlx.domain.cache.reuse_eviction import ReuseLevelPolicy
 
         settings = self.settings
         namespace = model.namespace(settings.block_size)
         codec = MLXKVCodec(model.layout)
-        hot = HotTier(settings.hot_cache_bytes)
+        # One-off blocks (side calls) leave RAM before a reused conversation's (issue 20).
+        hot = HotTier(settings.hot_cache_bytes, ReuseLevelPolicy())
         cold_tier = None
         if self.cold is not None:
             ssd = self.cold.ssd
