@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas
+from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas, log_blas
 from omlx.app.chat import ChatPipeline
 from omlx.app.container import Container
 from omlx.app.model_loader import SharedCold
@@ -35,7 +35,7 @@ def bootstrap(settings: Settings, *, load_in_background: bool = False, **overrid
     already loaded model).
     """
     load_optimized_blas()  # before the first import of mlx below
-    log.info(describe_blas())
+    log_blas()
     from omlx.adapters.mlx.memory import return_freed_memory, total_ram_bytes
     from omlx.app.catalog import CHAT, catalog
     from omlx.app.model_loader import ModelLoader

@@ -130,12 +130,7 @@ class ModelLoader:
             account=self.account,
         )
         if engine.budget is not None:
-            log.info(
-                "memory guard of %s: kv_memory_limit %d bytes, %d bytes of KV per token, "
-                "at most %d tokens per request",
-                spec.id, engine.budget.limit_bytes, engine.budget.bytes_per_token,
-                engine.budget.token_capacity,
-            )
+            log.info("memory guard of %s: %s", spec.id, _guard_line(engine.budget, model.context_length))
         engine.start()
         served.closers.append(engine.stop)  # last added, closed first: nothing is stored after
         backend = fast_backend(model.tokenizer)
@@ -277,4 +272,18 @@ def _grammar_compiler(model: Any) -> Any:
     return LLGuidanceCompiler(
         model.tokenizer, sorted(model.tokenizer.eos_token_ids), model.config.get("vocab_size"),
         build_now=False,  # a chore (_run_when_quiet), or the first constrained request
+    )
+
+
+def _guard_line(budget: Any, context: int) -> str:
+    """The memory guard in words: its limit, KV per token and what one request may use,
+    which the model's context caps long before the memory does on a small model."""
+    from omlx.domain.memory import format_bytes
+
+    per_request = min(budget.token_capacity, context)
+    limit = "the model's context" if per_request == context else "the memory"
+    return (
+        f"{format_bytes(budget.limit_bytes)} of KV memory, {format_bytes(budget.bytes_per_token)} per token: "
+        f"room for {budget.token_capacity:,} tokens in all; a request may use {per_request:,} "
+        f"(prompt + max_tokens, capped by {limit})"
     )

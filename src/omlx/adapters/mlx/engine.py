@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     from omlx.domain.prefix_cache import PrefixCache, PrefixHit
 
 log = logging.getLogger(__name__)
+# Request numbers shared by every model's engine: each request line names one request.
+_REQUEST_IDS = itertools.count(1)
 
 Emit = Callable[[GenerationEvent], None]
 _GREEDY = SamplingParams()
@@ -129,7 +131,7 @@ class MLXEngine:
         self.prefix_cache = prefix_cache
         self.config = config or EngineConfig()
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._ids = itertools.count(1)
+        self._ids = _REQUEST_IDS  # one numbering for the process: log lines stay unique
         self._running: dict[int, _Job] = {}  # batcher uid -> job
         self._jobs: dict[int, _Job] = {}  # job id -> job (waiting or running)
         self._stopping = threading.Event()
@@ -534,8 +536,9 @@ class MLXEngine:
         prompt = len(job.request.prompt_tokens)
         cut_short = first is None and job.prefilled < prompt - 1
         log.info(
-            "request %d %s: prompt %d tokens, %d cached%s, %d generated; queued %s, first token %s%s",
+            "request %d (%s) %s: prompt %d tokens, %d cached%s, %d generated; queued %s, first token %s%s",
             job.id,
+            self.model.model_id,
             reason,
             prompt,
             job.cached_tokens,
