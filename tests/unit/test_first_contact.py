@@ -107,3 +107,26 @@ def test_a_port_in_use_is_one_line_naming_the_port_and_the_flag():
     assert "--port" in str(caught.value)
     free = bind_listener("127.0.0.1", 0)
     free.close()
+
+
+def test_the_models_sampling_defaults_fill_what_a_request_leaves_out():
+    from omlx.app.sampling import Sampling, sampling_params
+
+    defaults = {"temperature": 0.0, "top_p": 0.8, "repetition_penalty": 1.2}
+    left_out = sampling_params(Sampling(), 100, defaults)
+    assert (left_out.temperature, left_out.top_p, left_out.penalties.repetition) == (0.0, 0.8, 1.2)
+    sent = sampling_params(Sampling(temperature=0.7, top_p=1.0), 100, defaults)
+    assert (sent.temperature, sent.top_p) == (0.7, 1.0)
+    assert sampling_params(Sampling(), 100).temperature == 1.0  # no defaults: OpenAI's
+
+
+def test_generation_config_json_gives_the_sampling_keys(tmp_path: Path):
+    from omlx.adapters.mlx.generation_config import read_generation_config
+
+    assert read_generation_config(tmp_path) == {}
+    (tmp_path / "generation_config.json").write_text(
+        '{"do_sample": true, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "eos_token_id": 2}'
+    )
+    assert read_generation_config(tmp_path) == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    (tmp_path / "generation_config.json").write_text('{"do_sample": false, "temperature": 0.6}')
+    assert read_generation_config(tmp_path) == {"temperature": 0.0}

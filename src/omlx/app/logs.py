@@ -15,6 +15,8 @@ def configure_logging(level: str) -> None:
     """Route every logger through one handler and format at ``level`` (a name: "info")."""
     numeric = logging.getLevelName(level.upper())
     logging.basicConfig(level=numeric, format=LOG_FORMAT, force=True)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_plain_uvicorn_name)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         # uvicorn's own config is off (log_config=None): its lines propagate to ours.
         logger = logging.getLogger(name)
@@ -22,3 +24,10 @@ def configure_logging(level: str) -> None:
         logger.propagate = True
     for name in _QUIET_AT_INFO:
         logging.getLogger(name).setLevel(logging.WARNING if numeric > logging.DEBUG else numeric)
+
+
+def _plain_uvicorn_name(record: logging.LogRecord) -> bool:
+    """uvicorn logs its start and stop lines as ``uvicorn.error``: show them as ``uvicorn``."""
+    if record.name == "uvicorn.error":
+        record.name = "uvicorn"
+    return True

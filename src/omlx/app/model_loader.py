@@ -140,6 +140,7 @@ class ModelLoader:
             default_max_tokens=settings.default_max_tokens,
             encode=PrefixReusingEncoder(backend).encode if backend is not None else None,
             grammars=grammars,
+            sampling_defaults=model.generation_config,
         )
         served.engine = engine
         served.generation = generation
