@@ -94,13 +94,13 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
     )
     for ns in report["namespaces"]:
         click.echo(
-            f"  {ns['model_name']} [{ns['namespace'][:12]}]: {ns['blocks']} blocks, "
-            f"{ns['tokens']} tokens, {format_size(ns['nbytes'])}, "
+            f"  {ns['model_name']} [{ns['namespace'][:12]}]: {_count(ns['blocks'], 'block')}, "
+            f"{_count(ns['tokens'], 'token')}, {format_size(ns['nbytes'])}, "
             f"last used {_ago(ns['newest_access'] or ns['last_used_at'])}"
         )
     total, disk = report["total"], report["disk"]
     click.echo(
-        f"total:        {total['blocks']} blocks, {total['tokens']} tokens, "
+        f"total:        {_count(total['blocks'], 'block')}, {_count(total['tokens'], 'token')}, "
         f"{format_size(total['nbytes'])}"
     )
     prepared = report["prepared_weights"]
@@ -271,7 +271,9 @@ def vacuum_command(
                     max_bytes,
                     unused_namespaces,
                     unused_days,
-                    lease if target.shared else None,
+                    # Beside a live server the grace spares its recent blocks from eviction
+                    # too, as the line above promised; a shared index has its lease.
+                    lease if target.shared else spare,
                 )
             _compact(target, index, owned=spare is None)
         finally:
@@ -320,7 +322,7 @@ def _vacuum(
             click.echo(f"dropped unused model {name} [{digest[:12]}]")
         gone = delete_files(store, blocks, _progress)
         click.echo(
-            f"dropped {len(stale)} unused namespaces: {len(blocks)} blocks ({format_size(gone)})"
+            f"dropped {_count(len(stale), 'unused namespace')}: {_count(len(blocks), 'block')} ({format_size(gone)})"
         )
         freed += gone
     budget = DiskBudget(store.root, max_bytes=max_bytes if max_bytes is not None else 2**62)
@@ -333,7 +335,8 @@ def _vacuum(
         click.echo("another server is evicting now; the budget is left to it")
         victims = []
     evicted = sum(v.nbytes for v in victims)
-    click.echo(f"evicted {len(victims)} least recently used blocks ({format_size(evicted)})")
+    spared = "" if lease is None else f"; blocks used in the last {lease:.0f} s were spared"
+    click.echo(f"evicted {len(victims)} least recently used blocks ({format_size(evicted)}){spared}")
     return freed + evicted
 
 
@@ -381,7 +384,7 @@ def clear_command(cache_dir: Path, model: str | None, yes: bool, index_url: str 
         index.close()
     if not target.shared and lock_holder(cache_dir) is None:
         store.prune_empty_dirs()  # with servers running, a new folder may be about to get a file
-    click.echo(f"cleared {len(blocks)} blocks of {len(chosen)} namespaces ({format_size(freed)})")
+    click.echo(f"cleared {_count(len(blocks), 'block')} of {_count(len(chosen), 'namespace')} ({format_size(freed)})")
 
 
 @db_group.command("upgrade")
@@ -395,6 +398,11 @@ def db_upgrade_command(cache_dir: Path, index_url: str | None) -> None:
     upgrade(target.url)
     after = current_revision(target.url)
     click.echo(f"index {target.label}: revision {before or 'none'} -> {after}")
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 namespace``, ``2 namespaces``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _ago(at: float | None) -> str:
