@@ -115,3 +115,20 @@ def test_a_config_file_mistake_names_the_file(tmp_path, text, expected):
 def test_a_flag_mistake_is_one_line(tmp_path, args, expected):
     said = _serve_fails(*args, "--port", str(free_port()), cwd=tmp_path)
     assert expected in said
+
+
+def test_the_log_reads_as_one_format_with_sizes_and_models_named(aliased_default_server):
+    body = {"model": "gpt-4o", "max_tokens": 2, "messages": [{"role": "user", "content": "Hello"}]}
+    httpx.post(aliased_default_server.base_url + "/v1/chat/completions", json=body, timeout=60)
+    lines = [line for line in aliased_default_server.read_log().splitlines() if line]
+    stamped = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) \S+: ")
+    assert all(stamped.match(line) for line in lines), [x for x in lines if not stamped.match(x)]
+    log = "\n".join(lines)
+    assert "INFO uvicorn: Started server process" in log and "INFO uvicorn.access: " in log
+    assert "alembic" not in log and "created the cache index" in log  # one line, not sixteen
+    assert re.search(r"memory guard of smollm2-135m-instruct: [\d.]+ [KMG]B of KV memory", log)
+    assert "a request may use 8,192 (prompt + max_tokens, capped by the model's context)" in log
+    assert "ReconcileReport(" not in log and "cache folder reconciled: nothing to remove" in log
+    served = [line for line in lines if re.search(r"omlx\.adapters\.mlx\.engine: request \d+ ", line)]
+    assert served and all("(smollm2-135m-instruct)" in line for line in served)
+    assert log.index("serving smollm2-135m-instruct on") < log.index("uvicorn: Started server process")

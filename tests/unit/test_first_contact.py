@@ -130,3 +130,43 @@ def test_generation_config_json_gives_the_sampling_keys(tmp_path: Path):
     assert read_generation_config(tmp_path) == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
     (tmp_path / "generation_config.json").write_text('{"do_sample": false, "temperature": 0.6}')
     assert read_generation_config(tmp_path) == {"temperature": 0.0}
+
+
+def test_the_reference_blas_is_a_warning_an_optimized_one_info(monkeypatch, caplog):
+    import logging
+    import sys
+
+    from omlx.adapters.mlx import blas
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(blas, "_loaded", None)
+    with caplog.at_level(logging.INFO, logger=blas.log.name):
+        blas.log_blas()
+        monkeypatch.setattr(blas, "_loaded", "/usr/lib/libopenblas.so.0")
+        blas.log_blas()
+    assert [(r.levelname, r.getMessage().split(" (")[0]) for r in caplog.records] == [
+        ("WARNING", "BLAS: mlx's bundled reference BLAS"),
+        ("INFO", "BLAS: optimized"),
+    ]
+
+
+def test_configure_logging_routes_uvicorn_and_quiets_alembic():
+    import logging
+
+    from omlx.app.logs import configure_logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        configure_logging("info")
+        assert logging.getLogger("alembic").getEffectiveLevel() == logging.WARNING
+        assert logging.getLogger("uvicorn.error").propagate and not logging.getLogger("uvicorn.error").handlers
+        configure_logging("debug")
+        assert logging.getLogger("alembic").getEffectiveLevel() == logging.DEBUG
+    finally:
+        for handler in root.handlers[:]:
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+        logging.getLogger("alembic").setLevel(logging.NOTSET)
