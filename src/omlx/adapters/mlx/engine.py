@@ -56,8 +56,7 @@ if TYPE_CHECKING:
     from omlx.domain.prefix_cache import PrefixCache, PrefixHit
 
 log = logging.getLogger(__name__)
-# Request numbers shared by every model's engine: each request line names one request.
-_REQUEST_IDS = itertools.count(1)
+_REQUEST_IDS = itertools.count(1)  # shared by every model's engine: numbers are process-wide
 
 Emit = Callable[[GenerationEvent], None]
 _GREEDY = SamplingParams()
