@@ -55,13 +55,13 @@ TOOLS = [
 ]
 
 SOURCE_FILES = [
-    "src/omlx/domain/keys.py",
-    "src/omlx/domain/blocks.py",
+    "src/omlx/domain/cache/keys.py",
+    "src/omlx/domain/cache/blocks.py",
     "src/omlx/domain/ports.py",
-    "src/omlx/domain/prefix_cache.py",
-    "src/omlx/domain/hot_tier.py",
-    "src/omlx/domain/eviction.py",
-    "src/omlx/domain/cold_tier.py",
+    "src/omlx/domain/cache/prefix_cache.py",
+    "src/omlx/domain/cache/hot_tier.py",
+    "src/omlx/domain/cache/eviction.py",
+    "src/omlx/domain/cache/cold_tier.py",
     "src/omlx/adapters/mlx/kv_codec.py",
     "src/omlx/adapters/blockfiles/format.py",
     "src/omlx/adapters/blockfiles/store.py",
@@ -69,12 +69,12 @@ SOURCE_FILES = [
 
 USER_TURNS = [
     "Look at keys.py above. What exactly does block_key hash? Answer in one sentence.",
-    "Call read_file on src/omlx/domain/blocks.py. Reply with the tool call as JSON only.",
+    "Call read_file on src/omlx/domain/cache/blocks.py. Reply with the tool call as JSON only.",
     "Tool result: 70 lines; dataclasses NamespaceInfo, BlockMeta, StoredBlock, DecodedBlock. Which one is an index row?",
     "Call run_tests with path tests/unit. Reply with the tool call as JSON only.",
     "Tool result: 212 passed in 3.1 s. Summarize the state of the work in one line.",
     "Call grep for 'def lookup' in src/omlx/domain. Reply with the tool call as JSON only.",
-    "Tool result: src/omlx/domain/prefix_cache.py:104:    def lookup(self, tokens). What does it return?",
+    "Tool result: src/omlx/domain/cache/prefix_cache.py:104:    def lookup(self, tokens). What does it return?",
     "Call edit_file to add a docstring to PrefixCache.lookup. Reply with the tool call as JSON only.",
 ]
 

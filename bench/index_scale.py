@@ -54,8 +54,8 @@ from common import (
 from summary import fmt_spread, out_path, summarize, write_json
 
 from omlx.adapters.sqlindex import open_index
-from omlx.domain.cold_tier import CHILDREN_LIMIT
-from omlx.domain.keys import CACHE_FORMAT_VERSION
+from omlx.domain.cache.cold_tier import CHILDREN_LIMIT
+from omlx.domain.cache.keys import CACHE_FORMAT_VERSION
 
 CHAIN = 32  # blocks per stored prefix: 2,048 tokens at 64 per block
 SHARED_FILES = 256

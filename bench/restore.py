@@ -56,11 +56,11 @@ from omlx.adapters.blockfiles.writer import BlockWriter  # noqa: E402
 from omlx.adapters.mlx.kv_codec import MLXKVCodec  # noqa: E402
 from omlx.adapters.mlx.loader import load_model  # noqa: E402
 from omlx.adapters.sqlindex import open_index  # noqa: E402
-from omlx.domain.blocks import BlockMeta, NamespaceInfo  # noqa: E402
-from omlx.domain.cold_tier import ColdTier  # noqa: E402
-from omlx.domain.hot_tier import HotTier  # noqa: E402
-from omlx.domain.keys import chain_keys, namespace_digest  # noqa: E402
-from omlx.domain.prefix_cache import PrefixCache  # noqa: E402
+from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo  # noqa: E402
+from omlx.domain.cache.cold_tier import ColdTier  # noqa: E402
+from omlx.domain.cache.hot_tier import HotTier  # noqa: E402
+from omlx.domain.cache.keys import chain_keys, namespace_digest  # noqa: E402
+from omlx.domain.cache.prefix_cache import PrefixCache  # noqa: E402
 
 MB = 1e6
 _LAYOUT: list[Any] = []  # the loaded model's cache layout, set once in main()
@@ -145,14 +145,14 @@ def restore_serial(tier: ColdTier, metas: list[BlockMeta]) -> tuple[list[Any], f
 
 
 def restore_prefix_cache(tier: ColdTier, ns: NamespaceInfo, tokens: list[int]) -> tuple[int, float]:
-    """What a request does after a restart: PrefixCache.lookup (empty RAM tier) then restore."""
+    """What a request does after a restart: its session's lookup (empty RAM tier), then restore."""
     cache = PrefixCache(namespace=ns, codec=codec_of_model(), hot=HotTier(10**11), cold=tier)
     t0 = time.perf_counter()
-    hit = cache.lookup([*tokens, 0])  # one extra token: lookup always leaves one to compute
-    cache.restore(hit)
+    session = cache.begin([*tokens, 0])  # one extra token: lookup always leaves one to compute
+    session.restore()
     elapsed = time.perf_counter() - t0
-    cache.release(hit)
-    return hit.cached_tokens, elapsed
+    session.close()
+    return session.cached_tokens, elapsed
 
 
 def sequential_read(paths: list[Path]) -> tuple[int, float]:
@@ -331,7 +331,7 @@ def main() -> None:
         drop_page_cache()
         cached, server_path_s = restore_prefix_cache(tier, ns, tokens[:n])
         print(
-            f"PrefixCache.lookup+restore after a drop (the server's path): {cached} tokens in {server_path_s:.3f} s",
+            f"a CacheSession's lookup + restore after a drop (the server's path): {cached} tokens in {server_path_s:.3f} s",
             flush=True,
         )
         sequential_read(paths)  # files now in the page cache
@@ -355,7 +355,7 @@ def main() -> None:
         f"(a') ColdTier.get x{len(metas)}, serial, + assemble": summarize(r["serial_mb_s"] for r in rounds),
         "(b) sequential read of the same files": summarize(r["read_mb_s"] for r in rounds),
         "(c) cat of the same files > /dev/null": summarize(r["cat_mb_s"] for r in rounds),
-        "PrefixCache.lookup + restore (server path)": summarize([nbytes / MB / server_path_s]),
+        "CacheSession lookup + restore (server path)": summarize([nbytes / MB / server_path_s]),
         "restore, files already in the page cache": summarize([nbytes / MB / warm_restore_s]),
     }
     restore_med = statistics.median(r["restore_s"] for r in rounds)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from omlx.domain.blocks import (
+from omlx.domain.cache.blocks import (
     BlockMeta,
     BlockRead,
     DecodedBlock,
@@ -21,7 +21,7 @@ from omlx.domain.blocks import (
     ReadFailure,
     StoredBlock,
 )
-from omlx.domain.keys import block_key, object_key
+from omlx.domain.cache.keys import block_key, object_key
 from omlx.domain.ports import EvictionPlan, IndexUnavailable
 
 # --- Clock -------------------------------------------------------------------------
@@ -326,6 +326,7 @@ class FakeColdSource:
         self.batches: list[list[str]] = []  # the chains asked of get_many
         self.touched: list[str] = []
         self.children_calls: list[str] = []
+        self.present_calls: list[list[str]] = []
 
     def get(self, key: str, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
         self.gets.append(key)
@@ -361,6 +362,7 @@ class FakeColdSource:
         return key in self.blocks
 
     def present(self, keys: Sequence[str]) -> set[str]:
+        self.present_calls.append(list(keys))
         return {k for k in keys if k in self.blocks}
 
     def point_children(self, parent_keys: Sequence[str]) -> list[BlockMeta]:
@@ -377,6 +379,37 @@ class FakeColdSource:
 
     def touch(self, keys: Sequence[str]) -> None:
         self.touched.extend(keys)
+
+
+# --- KeptCaches --------------------------------------------------------------------
+
+
+class FakeKeptCaches:
+    """Finished list caches, the last ``entries`` of them; ``take`` cuts a copy at the prefix."""
+
+    def __init__(self, entries: int = 2) -> None:
+        self.entries = entries
+        self.kept: list[tuple[tuple[int, ...], list[int]]] = []
+        self.taken = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(8 * len(cache) for _, cache in self.kept)
+
+    def take(self, prompt: Sequence[int], prefix: int) -> list[int] | None:
+        wanted = tuple(prompt[:prefix])
+        for tokens, cache in reversed(self.kept):
+            if tokens[:prefix] == wanted and len(tokens) >= prefix:
+                self.taken += 1
+                return list(cache[:prefix])
+        return None
+
+    def keep(self, tokens: Sequence[int], cache: list[int]) -> None:
+        if self.entries > 0 and len(cache) == len(tokens):
+            self.kept = [*self.kept, (tuple(tokens), list(cache))][-self.entries :]
+
+    def clear(self) -> None:
+        self.kept.clear()
 
 
 # --- GrammarCompiler / TokenConstraint ---------------------------------------------

@@ -15,8 +15,8 @@ from omlx.adapters.blockfiles.format import RawTensor, kv_layers, pack_block, un
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.sqlindex.engine import index_path, make_engine
 from omlx.adapters.sqlindex.repository import SqlBlockIndex, connect_index
-from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, StoredBlock
-from omlx.domain.keys import block_key, namespace_digest
+from omlx.domain.cache.blocks import BlockMeta, DecodedBlock, NamespaceInfo, StoredBlock
+from omlx.domain.cache.keys import block_key, namespace_digest
 
 
 def make_namespace(model_name: str = "org/Tiny Model", **identity: object) -> NamespaceInfo:

@@ -24,7 +24,7 @@ from omlx.adapters.sqlindex import (
     open_index,
 )
 from omlx.app.admin import admin_group, db_group
-from omlx.domain.blocks import NamespaceInfo, StoredBlock
+from omlx.domain.cache.blocks import NamespaceInfo, StoredBlock
 from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace, record_block
 
 SRC = Path(__file__).resolve().parents[2] / "src"

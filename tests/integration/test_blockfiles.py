@@ -34,7 +34,7 @@ from omlx.adapters.blockfiles.format import (
 from omlx.adapters.blockfiles.lock import CacheDirLock, CacheDirLocked, is_locked, lock_holder
 from omlx.adapters.blockfiles.store import FileBlockStore, key_of, safe_folder_name
 from omlx.adapters.sqlindex import open_index
-from omlx.domain.blocks import BlockMeta, StoredBlock
+from omlx.domain.cache.blocks import BlockMeta, StoredBlock
 from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace
 
 SRC = Path(__file__).resolve().parents[2] / "src"

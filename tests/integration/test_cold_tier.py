@@ -17,9 +17,9 @@ from omlx.adapters.blockfiles.format import RawTensor, pack_block
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.blockfiles.writer import BlockWriter
 from omlx.adapters.sqlindex import SqlBlockIndex, open_index
-from omlx.domain.blocks import BlockMeta, NamespaceInfo
-from omlx.domain.cold_tier import ColdTier, RecencyBuffer
-from omlx.domain.keys import block_key
+from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
+from omlx.domain.cache.cold_tier import ColdTier, RecencyBuffer
+from omlx.domain.cache.keys import block_key
 from omlx.domain.ports import ColdSource
 from tests.fakes import FakeClock
 from tests.storage_checks import assert_cache_invariants, fake_decode, make_chain, make_namespace

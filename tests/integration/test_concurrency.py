@@ -18,8 +18,8 @@ from omlx.domain.generation import (
     SamplingParams,
     TextDelta,
 )
-from omlx.domain.hot_tier import HotTier
-from omlx.domain.prefix_cache import PrefixCache
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.engine_helpers import Run, generate, greedy
 
 
@@ -198,7 +198,7 @@ def test_hot_tier_gives_memory_back_before_a_request_waits(tiny):
             generate(filler, greedy(chat(tiny, f"Fill the cache, part {i}. " + "words " * 60), 40))
     finally:
         filler.stop()
-    hot_before = cache.hot.stats().bytes
+    hot_before = cache.stats().hot.bytes
     assert hot_before > 64 * 1024
     bpt = 512
     pair = KVBudget(1 << 40, bpt).batch_bytes([400 + 30, 100 + 30])  # two rows of 512 positions
@@ -211,7 +211,7 @@ def test_hot_tier_gives_memory_back_before_a_request_waits(tiny):
         engine.submit(greedy(chat(tiny, "Brand new question two"), 100), b.emit)
         assert a.done.wait(120) and b.done.wait(120)
         assert timeline.index("b", PrefillStarted) < timeline.index("a", Finished)
-        stats = cache.hot.stats()
+        stats = cache.stats().hot
         assert stats.evictions > 0
         assert stats.bytes < hot_before
     finally:
@@ -233,16 +233,16 @@ def test_cancel_and_finish_release_pins_at_once(tiny):
         job_id = engine.submit(greedy(prompt, 1500), run.emit)
         while not any(isinstance(e, TextDelta) for e in run.events):
             run.done.wait(0.01)
-        assert cache.stats().active_leases == 1 and cache.hot.stats().pinned > 0
+        assert cache.stats().active_leases == 1 and cache.stats().hot.pinned > 0
         engine.cancel(job_id)
         assert run.done.wait(30) and run.finished.reason == "cancelled"
         assert run.finished.cached_tokens > 0
-        assert cache.stats().active_leases == 0 and cache.hot.stats().pinned == 0
+        assert cache.stats().active_leases == 0 and cache.stats().hot.pinned == 0
         assert engine.active == 0 and engine.queued == 0
 
         finished = generate(engine, greedy(prompt, 4))
         assert finished.finished.cached_tokens > 0
-        assert cache.stats().active_leases == 0 and cache.hot.stats().pinned == 0
+        assert cache.stats().active_leases == 0 and cache.stats().hot.pinned == 0
     finally:
         engine.stop()
 

@@ -16,8 +16,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.kv_codec import MLXKVCodec
 from omlx.adapters.mlx.loader import load_model
-from omlx.domain.hot_tier import HotTier
-from omlx.domain.prefix_cache import PrefixCache
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.engine_helpers import generate, greedy
 from tests.hybrid_models import build_hybrid_model
 
@@ -116,13 +116,14 @@ def test_a_window_several_windows_long_is_restored_exactly_at_every_kept_point(t
     # every boundary the first request kept, and the points in between it marked
     points = set()
     for length in range(2, len(prompt)):
-        hit = cache.lookup([*prompt[:length], 7])
+        session = cache.begin([*prompt[:length], 7])
+        hit = session.hit
         points.add(hit.cached_tokens)
         if hit.cached_tokens in (0,) or hit.cached_tokens in points - {hit.cached_tokens}:
-            cache.release(hit)
+            session.close()
             continue
-        restored = cache.restore(hit)
-        cache.release(hit)
+        restored = session.restore()
+        session.close()
         tail = ([*prompt[:length], 7])[hit.cached_tokens :]
         got = model.model(mx.array([tail]), cache=restored)[0, -1]
         fresh = make_prompt_cache(model.model)
@@ -169,7 +170,7 @@ def test_the_layout_enters_the_namespace(tmp_path):
     assert identity["cache_layout"][0].startswith("state:2:")
     assert identity["cache_layout"][-1].startswith("mlx_lm:")
     other = dict(identity, cache_layout=["kv"] * 4)
-    from omlx.domain.keys import namespace_digest
+    from omlx.domain.cache.keys import namespace_digest
 
     assert namespace_digest(identity) != namespace_digest(other)
 

@@ -10,8 +10,8 @@ from safetensors.numpy import load as st_load
 
 from omlx.adapters.blockfiles.format import decode_block, encode_block, joined
 from omlx.adapters.mlx.kv_codec import KVBlock, MLXKVCodec
-from omlx.domain.blocks import BlockMeta
-from omlx.domain.keys import block_key
+from omlx.domain.cache.blocks import BlockMeta
+from omlx.domain.cache.keys import block_key
 
 LAYERS, HEADS, DIM = 3, 2, 8
 

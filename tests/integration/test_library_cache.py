@@ -23,7 +23,7 @@ from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.sqlindex import open_index
 from omlx.app.admin import admin_group
 from omlx.cache import CacheConfig, CacheFactory, PagedSSDCacheManager
-from omlx.domain.keys import EXTERNAL
+from omlx.domain.cache.keys import EXTERNAL
 from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace, record_block
 
 SRC = Path(__file__).resolve().parents[2] / "src"

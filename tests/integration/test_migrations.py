@@ -28,7 +28,7 @@ from omlx.adapters.sqlindex import (
 from omlx.adapters.sqlindex.migrate import HEAD_REVISION, migrations_dir
 from omlx.adapters.sqlindex.models import Base
 from omlx.adapters.sqlindex.postgres import make_pg_engine
-from omlx.domain.blocks import StoredBlock
+from omlx.domain.cache.blocks import StoredBlock
 from tests.storage_checks import (
     assert_cache_invariants,
     make_chain,
@@ -259,8 +259,8 @@ def test_external_blocks_count_in_cache_usage_and_go_on_downgrade(
 
     from omlx.adapters.blockfiles.format import RawTensor, pack_layers
     from omlx.adapters.sqlindex.migrate import alembic_config
-    from omlx.domain.blocks import BlockMeta
-    from omlx.domain.keys import EXTERNAL, external_key
+    from omlx.domain.cache.blocks import BlockMeta
+    from omlx.domain.cache.keys import EXTERNAL, external_key
 
     index, store = connect_index(index_url), FileBlockStore(tmp_path)
     ns = make_namespace()

@@ -18,9 +18,9 @@ from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.kv_codec import MLXKVCodec, _groups
 from omlx.adapters.mlx.loader import load_model
 from omlx.domain.generation import PrefillProgress, TextDelta
-from omlx.domain.hot_tier import HotTier
-from omlx.domain.keys import chain_keys
-from omlx.domain.prefix_cache import PrefixCache
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.keys import chain_keys
+from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.engine_helpers import Run, generate, greedy, submit
 
 BLOCK, STEP = 16, 64
@@ -37,9 +37,10 @@ def prompt(n: int, seed: int = 0) -> list[int]:
 
 
 def cache_for(model) -> PrefixCache:
-    return PrefixCache(
-        namespace=model.namespace(BLOCK), codec=MLXKVCodec(model.layout), hot=HotTier(1 << 30)
-    )
+    hot = HotTier(1 << 30)
+    cache = PrefixCache(namespace=model.namespace(BLOCK), codec=MLXKVCodec(model.layout), hot=hot)
+    cache.hot = hot  # type: ignore[attr-defined]  # the test's handle on the tier it built
+    return cache
 
 
 def test_batch_rows_was_written_for_this_mlx_lm():

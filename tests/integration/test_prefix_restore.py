@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 
 from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.finished_caches import FinishedCaches
 from omlx.adapters.mlx.kv_codec import MLXKVCodec
 from omlx.adapters.mlx.loader import load_model
-from omlx.domain.hot_tier import HotTier
-from omlx.domain.partial_match import common_prefix
-from omlx.domain.prefix_cache import PrefixCache
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.partial_match import common_prefix
+from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.engine_helpers import generate, greedy
 
 SYSTEM = "You are a careful coding assistant. " * 12
@@ -26,21 +27,29 @@ class RecordingPrefixCache(PrefixCache):
         super().__init__(**kwargs)
         self.stored: list[list[int]] = []
 
-    def capture(self, prompt: Sequence[int], hit: Any = None) -> Any:
-        capture = super().capture(prompt, hit)
-        finished = capture.finished
+    def begin(self, prompt: Sequence[int]) -> Any:
+        session = super().begin(prompt)
+        finished = session.finished
 
-        def recording(tokens: Sequence[int], cache: Any) -> None:
-            self.stored.append(list(tokens))
+        def recording(tokens: Sequence[int] | None, cache: Any) -> None:
+            if cache is not None and tokens:
+                self.stored.append(list(tokens))
             finished(tokens, cache)
 
-        capture.finished = recording
-        return capture
+        session.finished = recording
+        return session
 
 
-def make_prefix_cache(model, block_size: int, hot_bytes: int = 1 << 30) -> RecordingPrefixCache:
+def make_prefix_cache(
+    model, block_size: int, hot_bytes: int = 1 << 30, keep_finished: int = 2
+) -> RecordingPrefixCache:
     namespace = model.namespace(block_size)
-    return RecordingPrefixCache(namespace=namespace, codec=MLXKVCodec(), hot=HotTier(hot_bytes))
+    return RecordingPrefixCache(
+        namespace=namespace,
+        codec=MLXKVCodec(),
+        hot=HotTier(hot_bytes),
+        kept=FinishedCaches(keep_finished),
+    )
 
 
 def converse(model, engine, turns: list[str], max_tokens: int = 12, prompts: list | None = None):
@@ -72,8 +81,8 @@ def run_conversation(
     keep_finished: int = 2,
     engines: list | None = None,
 ):
-    cache = make_prefix_cache(model, block_size) if block_size else None
-    config = EngineConfig(max_concurrent=4, prefill_step_size=64, keep_finished=keep_finished)
+    cache = make_prefix_cache(model, block_size, keep_finished=keep_finished) if block_size else None
+    config = EngineConfig(max_concurrent=4, prefill_step_size=64)
     engine = MLXEngine(model, cache, config)
     if engines is not None:
         engines.append(engine)
@@ -111,8 +120,8 @@ def test_three_turns_identical_with_and_without_cache_tiny(tiny, block_size):
         assert cached_tokens == token_exact(prompts[turn], cache.stored[:turn])
     stats = cache.stats()
     assert stats.partial_hits == 2 and stats.hit_tokens == sum(c for _, _, c in cached)
-    assert cache.hot.stats().bytes <= cache.hot.stats().max_bytes
-    assert cache.hot.stats().pinned == 0
+    assert cache.stats().hot.bytes <= cache.stats().hot.max_bytes
+    assert cache.stats().hot.pinned == 0
 
 
 def test_a_next_turn_continues_the_previous_cache_in_place_to_the_same_output(tiny):
@@ -120,15 +129,15 @@ def test_a_next_turn_continues_the_previous_cache_in_place_to_the_same_output(ti
     restored, _ = run_conversation(tiny, 16, TURNS, keep_finished=0, engines=engines)
     continued, cache = run_conversation(tiny, 16, TURNS, engines=engines)
     assert continued == restored  # texts, prompt lengths and cached tokens alike
-    assert engines[0].finished_caches.continued == 0
-    assert engines[1].finished_caches.continued == len(TURNS) - 1
-    assert cache.hot.stats().pinned == 0
+    assert engines[0].prefix_cache.stats().continued_requests == 0
+    assert engines[1].prefix_cache.stats().continued_requests == len(TURNS) - 1
+    assert cache.stats().hot.pinned == 0
 
 
 def test_two_branches_continue_from_one_kept_cache_to_their_own_outputs(tiny):
     def run(keep: int):
-        cache = make_prefix_cache(tiny, 16)
-        engine = MLXEngine(tiny, cache, EngineConfig(keep_finished=keep))
+        cache = make_prefix_cache(tiny, 16, keep_finished=keep)
+        engine = MLXEngine(tiny, cache, EngineConfig())
         engine.start()
         try:
             trunk = tiny.tokenizer.apply_chat_template(
@@ -138,7 +147,7 @@ def test_two_branches_continue_from_one_kept_cache_to_their_own_outputs(tiny):
             texts = [generate(engine, greedy(trunk, 6)).text]
             for branch in ([5, 6, 7, 8], [9, 10], [5, 6, 7, 8]):  # two branches, then the first again
                 texts.append(generate(engine, greedy([*trunk, *branch], 6)).text)
-            return texts, engine.finished_caches.continued
+            return texts, cache.stats().continued_requests
         finally:
             engine.stop()
 
@@ -171,7 +180,7 @@ def test_two_conversations_share_the_system_prompt_blocks(tiny):
     engine.start()
     try:
         converse(tiny, engine, ["First conversation."])
-        blocks_after_first = cache.hot.stats().blocks
+        blocks_after_first = cache.stats().hot.blocks
         second = converse(tiny, engine, ["A different question entirely."])
     finally:
         engine.stop()
@@ -180,7 +189,7 @@ def test_two_conversations_share_the_system_prompt_blocks(tiny):
     assert second[0][2] >= shared_blocks * 16  # restored, not recomputed
     # The second conversation added only its own blocks: the shared ones exist once.
     second_prompt_blocks = second[0][1] // 16
-    assert cache.hot.stats().blocks <= blocks_after_first + second_prompt_blocks - shared_blocks + 2
+    assert cache.stats().hot.blocks <= blocks_after_first + second_prompt_blocks - shared_blocks + 2
 
 
 def test_default_model_three_turns_identical_with_and_without_cache():

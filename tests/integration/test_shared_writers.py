@@ -15,7 +15,7 @@ from omlx.adapters.blockfiles.budget import DiskBudget
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.blockfiles.writer import BlockWriter
 from omlx.adapters.sqlindex import SqlBlockIndex, connect_index
-from omlx.domain.blocks import BlockMeta
+from omlx.domain.cache.blocks import BlockMeta
 from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace
 
 BIG = 10**12

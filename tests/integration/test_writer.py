@@ -15,7 +15,7 @@ from omlx.adapters.blockfiles.budget import DiskBudget, default_reserve
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.blockfiles.writer import BlockWriter
 from omlx.adapters.sqlindex import SqlBlockIndex, open_index
-from omlx.domain.cold_tier import RecencyBuffer
+from omlx.domain.cache.cold_tier import RecencyBuffer
 from tests.storage_checks import (
     assert_cache_invariants,
     block_files_bytes,

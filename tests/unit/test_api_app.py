@@ -8,9 +8,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from omlx.app.api.app import create_app
 from omlx.app.settings import load_settings
-from omlx.domain.cold_tier import ColdTierStats
-from omlx.domain.hot_tier import HotTierStats
-from omlx.domain.prefix_cache import PrefixCacheStats
+from omlx.domain.cache.cold_tier import ColdTierStats
+from omlx.domain.cache.hot_tier import HotTierStats
+from omlx.domain.cache.prefix_cache import PrefixCacheStats
 from tests.unit.api_fakes import MODEL, FakeEngine, fake_container, reply
 
 HI = [{"role": "user", "content": "hi"}]
@@ -139,17 +139,11 @@ def test_metrics_count_requests_tokens_and_first_tokens():
 
 
 def test_metrics_read_cache_tiers_at_scrape_time():
-    class Hot:
-        def stats(self):
-            return HotTierStats(
-                blocks=3, bytes=300, max_bytes=1000, hits=5, misses=1, evictions=2, pinned=0
-            )
+    hot = HotTierStats(blocks=3, bytes=300, max_bytes=1000, hits=5, misses=1, evictions=2, pinned=0)
 
     class Prefix:
-        hot = Hot()
-
         def stats(self):
-            return PrefixCacheStats(7, 700, 320, 5, 1, 4, 4, 0, None)
+            return PrefixCacheStats(7, 700, 320, 5, 1, 4, 4, 0, None, hot=hot)
 
     class Writer:
         def stats(self):

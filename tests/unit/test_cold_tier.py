@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from omlx.domain.blocks import BlockMeta, NamespaceInfo
-from omlx.domain.cold_tier import ColdTier, RecencyBuffer
-from omlx.domain.eviction import evict
-from omlx.domain.keys import block_key, namespace_digest
+from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
+from omlx.domain.cache.cold_tier import ColdTier, RecencyBuffer
+from omlx.domain.cache.eviction import evict
+from omlx.domain.cache.keys import block_key, namespace_digest
 from tests.fakes import FakeBlockIndex, FakeBlockSink, FakeBlockStore, FakeClock, FakeCodec
 
 BLOCK = 4

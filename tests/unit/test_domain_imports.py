@@ -51,6 +51,7 @@ PORT_FAKES = [
     ("BlockIndex", "FakeBlockIndex"),
     ("ColdSource", "FakeColdSource"),
     ("BlockSink", "FakeBlockSink"),
+    ("KeptCaches", "FakeKeptCaches"),
     ("EvictionPolicy", "LRUPolicy"),
     ("GrammarCompiler", "FakeGrammarCompiler"),
     ("TokenConstraint", "FakeTokenConstraint"),
@@ -60,7 +61,8 @@ PORT_FAKES = [
 @pytest.mark.parametrize(("port_name", "impl_name"), PORT_FAKES)
 def test_fakes_implement_their_ports(port_name: str, impl_name: str) -> None:
     # Protocols are structural: keep the fakes' method names and parameters in step.
-    from omlx.domain import eviction, ports
+    from omlx.domain import ports
+    from omlx.domain.cache import eviction
     from tests import fakes
 
     port = getattr(ports, port_name)

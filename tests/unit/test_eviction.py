@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omlx.domain.blocks import StoredBlock
-from omlx.domain.eviction import LRUPolicy, plan_eviction
+from omlx.domain.cache.blocks import StoredBlock
+from omlx.domain.cache.eviction import LRUPolicy, plan_eviction
 from omlx.domain.ports import EvictionPolicy
 
 

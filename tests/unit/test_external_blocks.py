@@ -24,9 +24,9 @@ from omlx.adapters.blockfiles.format import (
     unpack_block,
     unpack_layers,
 )
-from omlx.domain.blocks import BlockMeta, NamespaceInfo
-from omlx.domain.cold_tier import ColdTier, RecencyBuffer
-from omlx.domain.keys import (
+from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
+from omlx.domain.cache.cold_tier import ColdTier, RecencyBuffer
+from omlx.domain.cache.keys import (
     EXTERNAL,
     KV,
     STATE,

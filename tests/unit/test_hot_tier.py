@@ -10,8 +10,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from omlx.domain.blocks import BlockMeta
-from omlx.domain.hot_tier import HotTier
+from omlx.domain.cache.blocks import BlockMeta
+from omlx.domain.cache.hot_tier import HotTier
 
 
 def parent_of(key: str) -> str:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omlx.domain.keys import (
+from omlx.domain.cache.keys import (
     CACHE_FORMAT_VERSION,
     KINDS,
     KV,

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omlx.domain.blocks import BlockMeta
-from omlx.domain.keys import block_key, chain_keys
-from omlx.domain.partial_match import MAX_COLD_CANDIDATE_READS, common_prefix, upper_bound
+from omlx.domain.cache.blocks import BlockMeta
+from omlx.domain.cache.keys import block_key, chain_keys
+from omlx.domain.cache.partial_match import MAX_COLD_CANDIDATE_READS, common_prefix, upper_bound
 from tests.fakes import FakeCodec, FakeColdSource
 from tests.unit.test_prefix_cache import (
     all_keys,
@@ -65,16 +64,17 @@ def test_a_partial_match_never_exceeds_the_common_prefix(
     if restart:
         pc = make(bs, hot_bytes=8 * bs * ram_blocks, cold=cold)
     query = stem[:cut] + tail
-    hit = pc.lookup(query)
+    hit_session = pc.begin(query)
+    hit = hit_session.hit
     assert hit.cached_tokens <= best_prefix(query, stored)
     assert hit.cached_tokens < max(len(query), 1)
     assert 0 <= hit.partial_tokens < bs
-    assert (pc.restore(hit) or []) == query[: hit.cached_tokens]  # the KV of exactly those tokens
+    assert (hit_session.restore() or []) == query[: hit.cached_tokens]  # the KV of exactly those tokens
     if len(branches) <= MAX_COLD_CANDIDATE_READS:
         # The disk holds every block, and each branch adds at most one child per parent:
         # every candidate gets read, so nothing is lost to the RAM budget or the restart.
         assert hit.cached_tokens == best_prefix(query, stored)
-    pc.release(hit)
+    hit_session.close()
     assert pc.hot.stats().pinned == 0 and pc.stats().active_leases == 0
     assert pc.hot.stats().bytes <= pc.hot.max_bytes
 
@@ -85,11 +85,12 @@ def test_a_child_block_with_a_diverging_tail_gives_its_common_prefix() -> None:
     a = seq(3 * bs)
     pc.store(a, list(a))
     query = a[: bs + 5] + seq(20, 9000)  # leaves a's block 1 after its 5th token
-    hit = pc.lookup(query)
+    hit_session = pc.begin(query)
+    hit = hit_session.hit
     keys = chain_keys(pc.namespace.digest, a, bs)
     assert (hit.cached_tokens, hit.n_blocks, hit.partial_tokens) == (bs + 5, 1, 5)
     assert hit.keys == (keys[0], keys[1])
-    assert pc.restore(hit) == a[: bs + 5]
+    assert hit_session.restore() == a[: bs + 5]
 
 
 def test_the_longest_of_several_children_wins() -> None:
@@ -100,7 +101,8 @@ def test_the_longest_of_several_children_wins() -> None:
         branch = stem + seq(tail_len, start)
         pc.store(branch, list(branch))
     query = stem + seq(9, 200) + [7, 7]
-    hit = pc.lookup(query)
+    hit_session = pc.begin(query)
+    hit = hit_session.hit
     assert hit.cached_tokens == bs + 9 and hit.partial_tokens == 9
 
 
@@ -110,12 +112,13 @@ def test_the_partial_block_is_pinned_while_used_and_released() -> None:
     first = seq(bs + 5)
     serve(pc, first)
     partial_key = all_keys(pc.namespace.digest, first, bs)[-1]
-    hit = pc.lookup([*first, 1, 2])
+    hit_session = pc.begin([*first, 1, 2])
+    hit = hit_session.hit
     assert hit.keys[-1] == partial_key and pc.is_pinned(partial_key)
     other = seq(bs, 7000)
     pc.store(other, list(other))  # needs room: only unpinned blocks may go, and none is
     assert partial_key in pc.hot
-    pc.release(hit)
+    hit_session.close()
     assert not pc.is_pinned(partial_key) and pc.hot.stats().pinned == 0
     pc.store(other, list(other))
     assert other and chain_keys(pc.namespace.digest, other, bs)[0] in pc.hot
@@ -141,14 +144,15 @@ def test_a_partial_match_from_disk_after_a_restart_is_read_verified_and_promoted
     make(bs, cold=cold).store(first, list(first))
     restarted = make(bs, cold=cold)
     query = first[: 2 * bs + 6] + seq(5, 9000)  # diverges inside the stored partial block
-    hit = restarted.lookup(query)
+    hit_session = restarted.begin(query)
+    hit = hit_session.hit
     partial_key = all_keys(restarted.namespace.digest, first, bs)[-1]
     assert (hit.cached_tokens, hit.cold_hits, hit.partial_tokens) == (2 * bs + 6, 2, 6)
     assert partial_key in cold.gets and partial_key in restarted.hot
-    assert restarted.restore(hit) == query[: 2 * bs + 6]
-    restarted.release(hit)
+    assert hit_session.restore() == query[: 2 * bs + 6]
+    hit_session.close()
     reads = len(cold.gets)
-    assert restarted.lookup(query).cached_tokens == 2 * bs + 6
+    assert restarted.begin(query).cached_tokens == 2 * bs + 6
     assert len(cold.gets) == reads  # the second time from RAM
 
 
@@ -161,7 +165,7 @@ def test_a_corrupt_partial_block_on_disk_is_not_served() -> None:
     meta, tokens, _ = cold.blocks[partial_key]
     forged = FakeCodec().encode(tokens, seq(10, 500), meta)  # tokens that do not rehash to the key
     cold.blocks[partial_key] = (meta, tokens, forged)
-    hit = make(bs, cold=cold).lookup(first)
+    hit = make(bs, cold=cold).begin(first).hit
     assert hit.cached_tokens == bs and hit.partial_tokens == 0
     assert partial_key not in cold.blocks  # dropped, to be recomputed
 
@@ -173,7 +177,8 @@ def test_the_disk_is_not_asked_when_ram_already_gives_the_most() -> None:
     first = seq(bs + 10)
     serve(pc, first)
     cold.children_calls.clear()
-    hit = pc.lookup(first)
+    hit_session = pc.begin(first)
+    hit = hit_session.hit
     assert hit.cached_tokens == bs + 9
     assert cold.children_calls == []
 
@@ -186,7 +191,7 @@ def test_at_most_a_few_disk_candidates_are_read() -> None:
         branch = [1, *seq(bs - 1, 1000 * (i + 1))]
         writer.store(branch, list(branch))
     query = [1, *seq(bs, 500)]
-    hit = make(bs, cold=cold).lookup(query)
+    hit = make(bs, cold=cold).begin(query).hit
     assert hit.cached_tokens == 1
     walk_miss = chain_keys(namespace(bs).digest, query, bs)[0]
     assert cold.gets[0] == walk_miss
@@ -203,14 +208,15 @@ def test_an_exact_disk_candidate_is_found_by_its_key_with_one_read() -> None:
         writer.store(branch, list(branch))
     restarted = make(bs, cold=cold)
     query = stem + seq(5, 300) + [9, 9]
-    hit = restarted.lookup(query)
+    hit_session = restarted.begin(query)
+    hit = hit_session.hit
     assert hit.cached_tokens == bs + 5
     full_key = chain_keys(restarted.namespace.digest, stem, bs)[0]
     # The other three rank lower unread: their keys prove they share at most 4 tokens.
     assert cold.gets == [full_key, block_key(full_key, seq(5, 300))]
 
 
-def test_a_failing_child_lookup_leaks_no_pins() -> None:
+def test_a_failing_child_lookup_is_a_miss_and_leaks_no_pins() -> None:
     class ExplodingChildren(FakeColdSource):
         def children(self, parent_key: str):  # type: ignore[override]
             raise RuntimeError("bug in the cold tier")
@@ -219,7 +225,7 @@ def test_a_failing_child_lookup_leaks_no_pins() -> None:
     pc = make(bs, cold=ExplodingChildren())
     prompt = seq(3 * bs + 1)
     pc.store(prompt[: 2 * bs], prompt[: 2 * bs])
-    with pytest.raises(RuntimeError):
-        pc.lookup(prompt)  # blocks 0 and 1 from RAM, then the children lookup explodes
+    session = pc.begin(prompt)  # blocks 0 and 1 from RAM, then the children lookup explodes
+    assert session.cached_tokens == 0
     assert pc.hot.stats().pinned == 0
     assert pc.stats().active_leases == 0

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omlx.domain.blocks import BlockMeta, NamespaceInfo
-from omlx.domain.hot_tier import HotTier
-from omlx.domain.keys import block_key, chain_keys, namespace_digest
-from omlx.domain.partial_match import common_prefix
-from omlx.domain.prefix_cache import PrefixCache
+from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.keys import block_key, chain_keys, namespace_digest
+from omlx.domain.cache.partial_match import common_prefix
+from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.fakes import FakeClock, FakeCodec, FakeColdSource
 
 
@@ -19,21 +19,30 @@ def namespace(bs: int) -> NamespaceInfo:
     return NamespaceInfo(digest, "fake", "/models/fake", bs, "float16", 2)
 
 
+class CacheWithHot(PrefixCache):
+    """The facade, with a handle on the hot tier the test built (the engine holds none)."""
+
+    hot: HotTier
+
+
 def make(
     bs: int = 16,
     hot_bytes: int = 1 << 30,
     cold: FakeColdSource | None = None,
     codec: FakeCodec | None = None,
     **kwargs: object,
-) -> PrefixCache:
-    return PrefixCache(
+) -> CacheWithHot:
+    hot = HotTier(hot_bytes)
+    pc = CacheWithHot(
         namespace=namespace(bs),
         codec=codec or FakeCodec(),
-        hot=HotTier(hot_bytes),
+        hot=hot,
         cold=cold,
         clock=FakeClock(),
         **kwargs,  # type: ignore[arg-type]
     )
+    pc.hot = hot
+    return pc
 
 
 def seq(n: int, start: int = 0) -> list[int]:
@@ -42,11 +51,12 @@ def seq(n: int, start: int = 0) -> list[int]:
 
 def serve(pc: PrefixCache, tokens: list[int]) -> int:
     """One request: look up, restore, 'compute' the rest, store, release; returns cached tokens."""
-    hit = pc.lookup(tokens)
-    restored = pc.restore(hit) or []
+    hit_session = pc.begin(tokens)
+    hit = hit_session.hit
+    restored = hit_session.restore() or []
     assert restored == tokens[: hit.cached_tokens]
     pc.store(tokens, list(tokens))  # the fake cache holds each position's token id
-    pc.release(hit)
+    hit_session.close()
     return hit.cached_tokens
 
 
@@ -87,7 +97,8 @@ def test_lookup_finds_the_longest_leading_run(
     for tokens in stored:
         pc.store(tokens, list(tokens))
     query = stem[:cut] + tail
-    hit = pc.lookup(query)
+    hit_session = pc.begin(query)
+    hit = hit_session.hit
     expected = best_prefix(query, stored)  # to the token, as a token-exact cache would
     assert hit.cached_tokens == expected
     assert hit.cached_tokens < max(len(query), 1)  # at least one token left to prefill
@@ -97,9 +108,9 @@ def test_lookup_finds_the_longest_leading_run(
         list(hit.keys[: hit.n_blocks]) == chain_keys(pc.namespace.digest, query, bs)[: hit.n_blocks]
     )
     assert len(hit.keys) == hit.n_blocks + (1 if hit.partial_tokens else 0)
-    assert (pc.restore(hit) or []) == query[: hit.cached_tokens]
+    assert (hit_session.restore() or []) == query[: hit.cached_tokens]
     assert all(pc.is_pinned(k) for k in hit.keys)
-    pc.release(hit)
+    hit_session.close()
     assert pc.hot.stats().pinned == 0
     # Shared blocks are held once; each stored sequence adds at most its partial block.
     unique = {k for s in stored for k in all_keys(pc.namespace.digest, s, bs)}
@@ -112,28 +123,30 @@ def test_a_follow_up_turn_reuses_the_whole_previous_request_but_keeps_one_token(
     first = seq(3 * bs + 5)
     assert serve(pc, first) == 0
     follow_up = first + seq(bs, 9000)
-    hit = pc.lookup(follow_up)
+    hit_session = pc.begin(follow_up)
+    hit = hit_session.hit
     assert hit.cached_tokens == 3 * bs + 5  # the previous request's partial block, too
     assert (hit.hot_hits, hit.cold_hits, hit.partial_tokens) == (3, 0, 5)
     assert hit.keys[-1] == all_keys(pc.namespace.digest, first, bs)[-1]
-    pc.release(hit)
+    hit_session.close()
     exact = seq(4 * bs)
     pc.store(exact, list(exact))
-    assert pc.lookup(exact).cached_tokens == 4 * bs - 1  # a whole-prompt match leaves one token
+    assert pc.begin(exact).cached_tokens == 4 * bs - 1  # a whole-prompt match leaves one token
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 15, 16, 17])
 def test_short_prompts_match_all_but_their_last_token(n: int) -> None:
     pc = make(16)
     pc.store(seq(64), seq(64))
-    hit = pc.lookup(seq(n))
+    hit_session = pc.begin(seq(n))
+    hit = hit_session.hit
     assert hit.cached_tokens == max(n - 1, 0)
-    assert (pc.restore(hit) or []) == seq(max(n - 1, 0))
+    assert (hit_session.restore() or []) == seq(max(n - 1, 0))
     if n <= 1:
-        assert hit.keys == () and hit.lease == 0 and pc.restore(hit) is None
-    pc.release(hit)
+        assert hit.keys == () and hit.lease == 0 and hit_session.restore() is None
+    hit_session.close()
     assert pc.hot.stats().pinned == 0
-    assert pc.lookup(seq(17, 500)).cached_tokens == 0  # no shared token, nothing restored
+    assert pc.begin(seq(17, 500)).cached_tokens == 0  # no shared token, nothing restored
 
 
 @pytest.mark.parametrize("bs", [16, 64])
@@ -144,7 +157,8 @@ def test_two_conversations_share_their_prefix_blocks(bs: int) -> None:
     assert pc.store(a, list(a)) == 3
     assert pc.store(b, list(b)) == 1
     assert pc.hot.stats().blocks == 4
-    hit = pc.lookup([*b, 7])
+    hit_session = pc.begin([*b, 7])
+    hit = hit_session.hit
     assert hit.cached_tokens == 3 * bs and hit.hot_hits == 3
 
 
@@ -153,12 +167,13 @@ def test_matched_blocks_are_pinned_until_release() -> None:
     pc = make(bs, hot_bytes=8 * bs * 3)  # room for three blocks
     prompt = seq(2 * bs + 1)
     pc.store(prompt, list(prompt))
-    hit = pc.lookup(prompt)
+    hit_session = pc.begin(prompt)
+    hit = hit_session.hit
     assert all(pc.is_pinned(k) for k in hit.keys)
     other = seq(3 * bs, 5000)
     pc.store(other, list(other))  # wants three blocks; only one is free to evict
     assert all(k in pc.hot for k in hit.keys)
-    pc.release(hit)
+    hit_session.close()
     assert not any(pc.is_pinned(k) for k in hit.keys)
     pc.store(other, list(other))
     assert not any(k in pc.hot for k in hit.keys)
@@ -168,13 +183,13 @@ def test_release_is_counted_per_hit_and_idempotent() -> None:
     pc = make(16)
     prompt = seq(33)
     pc.store(prompt, list(prompt))
-    first, second = pc.lookup(prompt), pc.lookup(prompt)
-    pc.release(first)
-    pc.release(first)  # a second release must not drop the other request's pin
-    assert all(pc.is_pinned(k) for k in second.keys)
+    first, second = pc.begin(prompt), pc.begin(prompt)
+    first.close()
+    first.finished(None, None)  # a second release must not drop the other request's pin
+    assert all(pc.is_pinned(k) for k in second.hit.keys)
     assert pc.stats().active_leases == 1
-    pc.release(second)
-    assert not any(pc.is_pinned(k) for k in second.keys)
+    second.close()
+    assert not any(pc.is_pinned(k) for k in second.hit.keys)
     assert pc.stats().active_leases == 0
 
 
@@ -186,14 +201,16 @@ def test_cold_blocks_are_promoted_after_a_restart(bs: int) -> None:
     assert len(cold.puts) == 5  # four full blocks and the partial one
 
     restarted = make(bs, cold=cold)  # empty RAM, same disk
-    hit = restarted.lookup(prompt)  # a replay: all but the last token
+    hit_session = restarted.begin(prompt)  # a replay: all but the last token
+    hit = hit_session.hit
     assert (hit.cached_tokens, hit.hot_hits, hit.cold_hits) == (4 * bs + 2, 0, 4)
     assert hit.partial_tokens == 2
-    assert restarted.restore(hit) == prompt[: 4 * bs + 2]
+    assert hit_session.restore() == prompt[: 4 * bs + 2]
     assert all(k in restarted.hot for k in hit.keys)
-    restarted.release(hit)
+    hit_session.close()
     reads = len(cold.gets)
-    again = restarted.lookup(prompt)
+    again_session = restarted.begin(prompt)
+    again = again_session.hit
     assert (again.hot_hits, again.cold_hits, again.cached_tokens) == (4, 0, 4 * bs + 2)
     assert len(cold.gets) == reads
     assert cold.touched == list(again.keys)  # RAM hits reach the cold tier's recency
@@ -211,11 +228,12 @@ def test_hot_and_cold_hits_mix_and_stop_at_the_first_miss() -> None:
     pc.hot.clear()
     pc.hot.put(*_hot_args(pc, prompt, 0, keys))
     del cold.blocks[keys[3]]
-    hit = pc.lookup(prompt)
+    hit_session = pc.begin(prompt)
+    hit = hit_session.hit
     assert (hit.hot_hits, hit.cold_hits, hit.cached_tokens) == (1, 2, 3 * bs)
     assert keys[4] not in cold.gets  # the walk stopped at block 3
     assert cold.touched == [keys[0]]
-    assert pc.restore(hit) == prompt[: 3 * bs]
+    assert hit_session.restore() == prompt[: 3 * bs]
 
 
 def test_the_disk_part_of_a_prefix_is_asked_for_in_one_batch() -> None:
@@ -227,12 +245,13 @@ def test_the_disk_part_of_a_prefix_is_asked_for_in_one_batch() -> None:
     pc = make(bs, cold=cold)
     pc.hot.put(*_hot_args(pc, prompt, 0, keys))
     pc.hot.put(*_hot_args(pc, prompt, 3, keys))  # RAM holds a block in the middle too
-    hit = pc.lookup(prompt)
+    hit_session = pc.begin(prompt)
+    hit = hit_session.hit
     assert (hit.hot_hits, hit.cold_hits, hit.cached_tokens) == (2, 4, 6 * bs)
     assert cold.batches == [[keys[1], keys[2], keys[4], keys[5]]]  # RAM's blocks not read
     assert cold.gets == [keys[1], keys[2], keys[4], keys[5]]
     assert list(hit.keys) == keys
-    assert pc.restore(hit) == prompt[: 6 * bs]
+    assert hit_session.restore() == prompt[: 6 * bs]
     assert all(k in pc.hot for k in keys)
 
 
@@ -244,12 +263,13 @@ def test_a_ram_block_evicted_by_the_walk_is_read_alone() -> None:
     keys = chain_keys(namespace(bs).digest, prompt, bs)
     pc = make(bs, hot_bytes=2 * 8 * bs, cold=cold)  # RAM holds two blocks
     pc.hot.put(*_hot_args(pc, prompt, 2, keys))
-    hit = pc.lookup(prompt)  # promoting blocks 0 and 1 pushes block 2 out before its turn
+    hit_session = pc.begin(prompt)  # promoting blocks 0 and 1 pushes block 2 out before its turn
+    hit = hit_session.hit
     assert cold.batches == [[keys[0], keys[1], keys[3]]]
     assert cold.gets == [keys[0], keys[1], keys[2], keys[3]]
     assert (hit.hot_hits, hit.cold_hits, hit.cached_tokens) == (0, 4, 4 * bs)
-    assert pc.restore(hit) == prompt[: 4 * bs]
-    pc.release(hit)
+    assert hit_session.restore() == prompt[: 4 * bs]
+    hit_session.close()
     assert pc.hot.stats().pinned == 0
 
 
@@ -269,7 +289,7 @@ def test_a_corrupt_or_foreign_cold_block_is_a_miss() -> None:
     keys = chain_keys(namespace(bs).digest, prompt, bs)
     meta, tokens, _ = cold.blocks[keys[1]]
     cold.blocks[keys[1]] = (meta, tokens, b"not json")
-    hit = make(bs, cold=cold).lookup(prompt)
+    hit = make(bs, cold=cold).begin(prompt).hit
     assert hit.cached_tokens == bs
     assert keys[1] not in cold.blocks  # dropped, to be recomputed
 
@@ -282,7 +302,7 @@ def test_a_cold_read_error_is_a_miss() -> None:
     cold = BrokenCold()
     prompt = seq(33)
     make(16, cold=cold).store(prompt, list(prompt))
-    assert make(16, cold=cold).lookup(prompt).cached_tokens == 0
+    assert make(16, cold=cold).begin(prompt).cached_tokens == 0
 
 
 def test_store_queues_each_block_once() -> None:
@@ -317,8 +337,9 @@ def test_blocks_that_do_not_fit_in_ram_still_reach_disk_and_serve_hits() -> None
     prompt = seq(2 * bs + 1)
     pc.store(prompt, list(prompt))
     assert len(cold.puts) == 3 and pc.hot.stats().blocks == 0
-    hit = pc.lookup(prompt)
-    assert hit.cold_hits == 2 and pc.restore(hit) == prompt[: 2 * bs]
+    hit_session = pc.begin(prompt)
+    hit = hit_session.hit
+    assert hit.cold_hits == 2 and hit_session.restore() == prompt[: 2 * bs]
 
 
 def test_store_without_cold_source_and_existing_blocks_are_touched() -> None:
@@ -344,7 +365,7 @@ def test_stats_count_lookups_and_hits() -> None:
     assert s.last_hit_at == FakeClock().now()
 
 
-def test_a_failing_lookup_leaks_no_pins() -> None:
+def test_a_failing_lookup_is_a_miss_and_leaks_no_pins() -> None:
     class ExplodingCold(FakeColdSource):
         def get(self, key: str, parent_key: str):  # type: ignore[override]
             raise RuntimeError("bug in the cold tier")
@@ -353,7 +374,7 @@ def test_a_failing_lookup_leaks_no_pins() -> None:
     pc = make(bs, cold=ExplodingCold())
     prompt = seq(3 * bs + 1)
     pc.store(prompt[: bs + 1], prompt[: bs + 1])
-    with pytest.raises(RuntimeError):
-        pc.lookup(prompt)  # block 0 from RAM, block 1 explodes
+    session = pc.begin(prompt)  # block 0 from RAM, block 1 explodes: never into the engine
+    assert session.cached_tokens == 0 and session.restore() is None
     assert pc.hot.stats().pinned == 0
     assert pc.stats().active_leases == 0

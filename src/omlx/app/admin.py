@@ -37,7 +37,7 @@ from omlx.app.admin_target import (
 )
 from omlx.app.progress import track
 from omlx.app.sizes import format_size, parse_size
-from omlx.domain.eviction import evict
+from omlx.domain.cache.eviction import evict
 
 T = TypeVar("T")
 

@@ -239,7 +239,7 @@ def _digest_cache(index: Any):
 def _start_shared_cold(settings: Settings, ssd: SsdParts, is_pinned: Any, closers: list) -> SharedCold:
     """The writer, recency and start-up reconcile every model's cold tier shares."""
     from omlx.adapters.blockfiles import BlockWriter, DiskBudget
-    from omlx.domain.cold_tier import RecencyBuffer
+    from omlx.domain.cache.cold_tier import RecencyBuffer
 
     recency = RecencyBuffer(ssd.index)
     writer = BlockWriter(

@@ -90,8 +90,9 @@ def _cache_health(settings: Settings, served: Served) -> dict[str, Any]:
         cache["layout"] = layout.counts()
     if prefix_cache is not None:
         cache["block_size"] = settings.block_size
-        cache["hot"] = _asdict(prefix_cache.hot.stats())
-        cache["restored"] = _restored(prefix_cache.stats())
+        stats = prefix_cache.stats()
+        cache["hot"] = _asdict(stats.hot)
+        cache["restored"] = _restored(stats)
         cache["ssd"] = served.cold_tier is not None
     return cache
 

@@ -124,8 +124,6 @@ class ModelLoader:
                 max_concurrent=settings.max_concurrent_requests,
                 prefill_step_size=settings.prefill_step_size,
                 kv_memory_limit=self.kv_memory_limit,
-                # Kept finished caches duplicate hot-tier blocks: a quarter of the guard at most.
-                keep_finished_bytes=min(2 << 30, self.kv_memory_limit // 4) if self.kv_memory_limit else 2 << 30,
             ),
             account=self.account,
         )
@@ -153,10 +151,11 @@ class ModelLoader:
         return served
 
     def _cache(self, model: Any, served: Served) -> tuple[Any, Any]:
+        from omlx.adapters.mlx.finished_caches import FinishedCaches
         from omlx.adapters.mlx.kv_codec import MLXKVCodec
-        from omlx.domain.cold_tier import ColdTier
-        from omlx.domain.hot_tier import HotTier
-        from omlx.domain.prefix_cache import PrefixCache
+        from omlx.domain.cache.cold_tier import ColdTier
+        from omlx.domain.cache.hot_tier import HotTier
+        from omlx.domain.cache.prefix_cache import PrefixCache
 
         settings = self.settings
         namespace = model.namespace(settings.block_size)
@@ -170,11 +169,13 @@ class ModelLoader:
                 namespace, ssd.store, ssd.index, self.cold.writer, codec.decode,
                 recency=self.cold.recency, drop_missing_rows=not ssd.shared,
             )
-            cold_tier.writer = self.cold.writer
             served.closers.append(cold_tier.flush)
         layout = model.layout.domain if model.layout is not None else None
+        # Kept finished caches duplicate hot-tier blocks: a quarter of the guard at most.
+        limit = self.kv_memory_limit
+        kept = FinishedCaches(max_bytes=min(2 << 30, limit // 4) if limit else 2 << 30)
         prefix_cache = PrefixCache(
-            namespace=namespace, codec=codec, hot=hot, cold=cold_tier, layout=layout
+            namespace=namespace, codec=codec, hot=hot, cold=cold_tier, layout=layout, kept=kept
         )
         log.info(
             "prefix cache of %s: hot tier %s, SSD tier %s, block size %d, namespace %s",

@@ -19,9 +19,9 @@ from omlx.adapters.blockfiles.format import pack_layers, unpack_block, unpack_la
 from omlx.adapters.blockfiles.lock import CacheDirLock, CacheDirLocked
 from omlx.adapters.sqlindex import SqlBlockIndex, backend, connect_index, index_path, sqlite_url
 from omlx.cache.layers import from_tensors, to_tensors
-from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, StoredBlock
-from omlx.domain.cold_tier import ColdTier, RecencyBuffer
-from omlx.domain.keys import EXTERNAL, external_key
+from omlx.domain.cache.blocks import BlockMeta, DecodedBlock, NamespaceInfo, StoredBlock
+from omlx.domain.cache.cold_tier import ColdTier, RecencyBuffer
+from omlx.domain.cache.keys import EXTERNAL, external_key
 
 log = logging.getLogger(__name__)
 

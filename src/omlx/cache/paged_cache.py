@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from omlx.cache.layers import shared
-from omlx.domain.blocks import BlockMeta
-from omlx.domain.hot_tier import HotTier, HotTierStats
-from omlx.domain.keys import EXTERNAL
+from omlx.domain.cache.blocks import BlockMeta
+from omlx.domain.cache.hot_tier import HotTier, HotTierStats
+from omlx.domain.cache.keys import EXTERNAL
 
 
 class PagedCache:

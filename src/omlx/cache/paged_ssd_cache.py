@@ -19,8 +19,8 @@ from omlx.adapters.blockfiles.budget import DEFAULT_MAX_BYTES
 from omlx.cache.disk import DiskTier
 from omlx.cache.layers import checked, compact, shared
 from omlx.cache.paged_cache import PagedCache
-from omlx.domain.blocks import NamespaceInfo
-from omlx.domain.keys import EXTERNAL, EXTERNAL_HASH_MAX, namespace_digest
+from omlx.domain.cache.blocks import NamespaceInfo
+from omlx.domain.cache.keys import EXTERNAL, EXTERNAL_HASH_MAX, namespace_digest
 
 DEFAULT_HOT_CACHE_BYTES = 2 * 10**9  # as the server's --hot-cache-max-size
 

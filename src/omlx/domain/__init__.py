@@ -1,23 +1,41 @@
-"""The pure-Python core of omlx: block keys, block values, prefix matching, tiers, ports.
+"""The pure-Python core of omlx: the block cache (``cache/``), ports, generation vocabulary.
 
 Imports only the standard library (``tests/unit/test_domain_imports.py`` checks it).
 """
 
 from __future__ import annotations
 
-from omlx.domain.blocks import BlockMeta, DecodedBlock, NamespaceInfo, NamespaceUsage, StoredBlock
-from omlx.domain.eviction import LRUPolicy, plan_eviction
-from omlx.domain.hot_tier import HotBlock, HotTier, HotTierStats
-from omlx.domain.keys import CACHE_FORMAT_VERSION, block_key, chain_keys, namespace_digest
-from omlx.domain.partial_match import PartialMatch, best_child, common_prefix
-from omlx.domain.ports import BlockIndex, BlockStore, Clock, ColdSource, EvictionPolicy, KVCodec
-from omlx.domain.prefix_cache import PrefixCache, PrefixCacheStats, PrefixHit
+from omlx.domain.cache.blocks import (
+    BlockMeta,
+    DecodedBlock,
+    NamespaceInfo,
+    NamespaceUsage,
+    PrefixHit,
+    StoredBlock,
+)
+from omlx.domain.cache.eviction import LRUPolicy, plan_eviction
+from omlx.domain.cache.hot_tier import HotBlock, HotTier, HotTierStats
+from omlx.domain.cache.keys import CACHE_FORMAT_VERSION, block_key, chain_keys, namespace_digest
+from omlx.domain.cache.partial_match import PartialMatch, best_child, common_prefix
+from omlx.domain.ports import (
+    BlockIndex,
+    BlockStore,
+    Clock,
+    ColdSource,
+    EvictionPolicy,
+    KeptCaches,
+    KVCodec,
+    SystemClock,
+)
+from omlx.domain.cache.prefix_cache import PrefixCache, PrefixCacheStats
+from omlx.domain.cache.session import CacheSession
 
 __all__ = [
     "CACHE_FORMAT_VERSION",
     "BlockIndex",
     "BlockMeta",
     "BlockStore",
+    "CacheSession",
     "Clock",
     "ColdSource",
     "DecodedBlock",
@@ -26,6 +44,7 @@ __all__ = [
     "HotTier",
     "HotTierStats",
     "KVCodec",
+    "KeptCaches",
     "LRUPolicy",
     "NamespaceInfo",
     "NamespaceUsage",
@@ -34,6 +53,7 @@ __all__ = [
     "PrefixCacheStats",
     "PrefixHit",
     "StoredBlock",
+    "SystemClock",
     "best_child",
     "block_key",
     "chain_keys",

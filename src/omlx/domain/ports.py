@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from omlx.domain.blocks import (
+from omlx.domain.cache.blocks import (
     BlockMeta,
     BlockRead,
     DecodedBlock,
@@ -31,6 +32,13 @@ class Clock(Protocol):
     def now(self) -> float:
         """Seconds since the epoch."""
         ...
+
+
+class SystemClock:
+    """The ``Clock`` of a running server: the system's wall clock."""
+
+    def now(self) -> float:
+        return time.time()
 
 
 class TokenConstraint(Protocol):
@@ -103,6 +111,31 @@ class KVCodec(Protocol):
 
     def decode(self, data: bytes) -> DecodedBlock:
         """Parse a block file's bytes; raises ``ValueError`` on a malformed file."""
+        ...
+
+
+class KeptCaches(Protocol):
+    """Finished requests' engine caches, kept whole for the next turn of their conversation.
+
+    An agent's next turn extends its previous prompt and reply; continuing the finished
+    cache in place spares copying its prefix out of the hot tier's blocks. Engine thread only.
+    """
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kept caches hold (beside the hot tier's copies of their blocks)."""
+        ...
+
+    def take(self, prompt: Sequence[int], prefix: int) -> Any | None:
+        """A cache holding exactly ``prompt[:prefix]``, cut from a kept one; None when none holds it."""
+        ...
+
+    def keep(self, tokens: Sequence[int], cache: Any) -> None:
+        """Keep a finished request's cache, which holds exactly ``tokens``; may decline it."""
+        ...
+
+    def clear(self) -> None:
+        """Forget every kept cache (memory is wanted, or the engine was reset)."""
         ...
 
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omlx.domain.blocks import BlockMeta
-from omlx.domain.keys import CACHE_FORMAT_VERSION, EXTERNAL
+from omlx.domain.cache.blocks import BlockMeta
+from omlx.domain.cache.keys import CACHE_FORMAT_VERSION, EXTERNAL
 
 # Bytes per element, in safetensors' own dtype spelling.
 DTYPE_SIZES: dict[str, int] = {
@@ -213,16 +213,35 @@ def block_metadata(meta: BlockMeta, layer_count: int, **extra: str) -> dict[str,
 
 
 def pack_block(
-    meta: BlockMeta, tokens: Sequence[int], layers: Sequence[tuple[RawTensor, RawTensor]]
+    meta: BlockMeta,
+    tokens: Sequence[int],
+    layers: Sequence[tuple[RawTensor, RawTensor]],
+    *,
+    leaves: Sequence[int] | None = None,
+    layer_count: int | None = None,
+    positions: int | None = None,
 ) -> bytes:
-    """A KV block file: ``tokens``, every layer's ``k.<i>``, every ``v.<i>``, and its metadata."""
+    """A KV block file: ``tokens``, every leaf's ``k.<leaf>``, then every ``v.<leaf>``, its metadata.
+
+    The one writer of this layout (the MLX codec encodes through it). ``leaves`` names
+    the layer of each of ``layers`` (default ``0..n-1``), ``layer_count`` the model's
+    cache leaves (default ``n``), ``positions`` those the KV holds (default its tokens).
+    All keys come before all values: each side is one span a reader can take whole.
+    """
     if len(tokens) != meta.token_count:
         raise ValueError(f"{len(tokens)} tokens for a block of {meta.token_count}")
+    names = list(leaves) if leaves is not None else list(range(len(layers)))
+    if len(names) != len(layers):
+        raise ValueError(f"{len(names)} leaves named for {len(layers)} layers")
     tensors = {"tokens": tokens_tensor(tokens)}
-    tensors.update((f"k.{i}", k) for i, (k, _) in enumerate(layers))
-    tensors.update((f"v.{i}", v) for i, (_, v) in enumerate(layers))
-    leaves = ",".join(str(i) for i in range(len(layers)))
-    metadata = block_metadata(meta, len(layers), leaves=leaves, positions=str(meta.token_count))
+    tensors.update((f"k.{leaf}", k) for leaf, (k, _) in zip(names, layers, strict=True))
+    tensors.update((f"v.{leaf}", v) for leaf, (_, v) in zip(names, layers, strict=True))
+    metadata = block_metadata(
+        meta,
+        layer_count if layer_count is not None else len(layers),
+        leaves=",".join(map(str, names)),
+        positions=str(positions if positions is not None else meta.token_count),
+    )
     return encode_block(tensors, metadata)
 
 

@@ -17,8 +17,8 @@ from typing import Protocol, TypeVar
 
 from omlx.adapters.blockfiles.format import unpack_block
 from omlx.adapters.blockfiles.store import FileBlockStore, key_of
-from omlx.domain.blocks import StoredBlock
-from omlx.domain.keys import EXTERNAL, rederives
+from omlx.domain.cache.blocks import StoredBlock
+from omlx.domain.cache.keys import EXTERNAL, rederives
 from omlx.domain.ports import BlockIndex
 
 T = TypeVar("T")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from omlx.domain.blocks import BlockRead, ReadFailure, StoredBlock
+from omlx.domain.cache.blocks import BlockRead, ReadFailure, StoredBlock
 
 READ_THREADS = 8
 READ_AHEAD_PER_THREAD = 2

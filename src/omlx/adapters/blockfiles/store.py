@@ -21,7 +21,7 @@ from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
 from omlx.adapters.blockfiles.reader import READ_THREADS, ReadAhead, verified_read
-from omlx.domain.blocks import BlockRead, NamespaceInfo, StoredBlock
+from omlx.domain.cache.blocks import BlockRead, NamespaceInfo, StoredBlock
 
 BLOCK_SUFFIX = ".safetensors"
 TEMP_SUFFIX = ".tmp"

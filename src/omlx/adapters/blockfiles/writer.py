@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from omlx.adapters.blockfiles.budget import DiskBudget
-from omlx.domain.blocks import BlockMeta, NamespaceInfo, StoredBlock
-from omlx.domain.eviction import evict
+from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo, StoredBlock
+from omlx.domain.cache.eviction import evict
 from omlx.domain.ports import BlockIndex, BlockStore, IndexUnavailable
 
 log = logging.getLogger(__name__)

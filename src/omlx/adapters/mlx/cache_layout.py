@@ -23,8 +23,8 @@ import mlx.core as mx
 import mlx_lm
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
-from omlx.domain.keys import KV, STATE, WINDOW
-from omlx.domain.layout import CacheLayout
+from omlx.domain.cache.keys import KV, STATE, WINDOW
+from omlx.domain.cache.layout import CacheLayout
 
 # Families whose batched prefill mlx-lm gets wrong: a request's cache would be wrong
 # whether or not omlx restores it, and a restore would spread the error. Each entry

@@ -21,44 +21,41 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from omlx.adapters.mlx import batch_rows
-from omlx.adapters.mlx.finished_caches import FinishedCaches
 from omlx.adapters.mlx.fused_prefill import FusingBatchGenerator
+from omlx.adapters.mlx.jobs import Emit, Job, log_finished, phases_of
 from omlx.adapters.mlx.loader import LoadedModel
 from omlx.adapters.mlx.memory import measure_kv_cost
 from omlx.adapters.mlx.processors import request_processors, token_logprob
 from omlx.adapters.mlx.sampling import Sampler, make_sampler
 from omlx.adapters.mlx.warm_up import warm_up
 from omlx.domain.generation import (
-    PHASES,
     Failed,
     Finished,
-    GenerationEvent,
     GenerationRequest,
     PrefillProgress,
     PrefillStarted,
     SamplingParams,
     StopStringMatcher,
     TextDelta,
-    TokenLogprob,
 )
 from omlx.domain.memory import KVBudget, MemoryAccount, format_bytes
 from omlx.domain.scheduler import Scheduler, Verdict
 
 if TYPE_CHECKING:
-    from omlx.domain.capture import RequestCapture
-    from omlx.domain.prefix_cache import PrefixCache, PrefixHit
+    from omlx.domain.cache.prefix_cache import PrefixCache
+    from omlx.domain.cache.session import CacheSession
 
 log = logging.getLogger(__name__)
 _REQUEST_IDS = itertools.count(1)  # shared by every model's engine: numbers are process-wide
 
-Emit = Callable[[GenerationEvent], None]
 _GREEDY = SamplingParams()
 
 
@@ -73,47 +70,9 @@ class EngineConfig:
     # Run a short final prefill chunk with the prompt's last token (``fused_prefill``):
     # one forward pass less per request; used on plain attention layouts only.
     fuse_last_token: bool = True
-    # Finished requests' caches kept to be continued in place by the next turn of their
-    # conversation (see ``FinishedCaches``); 0 turns it off.
-    keep_finished: int = 2
-    keep_finished_bytes: int = 2 << 30
     # Idle this long, the engine hands MLX's freed buffers back to the system; sooner, an
     # agent's next turn reuses them instead of faulting fresh pages in.
     release_buffers_after_s: float = 60.0
-
-
-@dataclass(slots=True)
-class _Job:
-    """One request's life on the engine thread."""
-
-    id: int
-    request: GenerationRequest
-    emit: Emit
-    submitted: float
-    uid: int | None = None
-    hit: PrefixHit | None = None
-    detok: Any = None
-    stops: StopStringMatcher | None = None
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    fed_tokens: int = 0  # generated tokens fed back to the model (the cache holds them)
-    hit_lost: int = 0  # KV-matched tokens recomputed for want of a restore point (hybrids)
-    prefilled: int = 0  # prompt positions in its cache so far (restored or computed)
-    capture: RequestCapture | None = None
-    # A fused final chunk's blocks, kept once its first token is out (position), so the
-    # cut is not on the time to first token.
-    deferred_capture: int | None = None
-    continued: bool = False  # its cache is a finished request's, continued in place
-    logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent with a delta
-    done: bool = False
-    waited_epoch: int = -1  # the batch state in which it last had to wait for memory
-    times: dict[str, float] = field(default_factory=dict)  # time.monotonic() marks
-    spent: dict[str, float] = field(default_factory=dict)  # seconds of lookup, restore, admit
-
-    @property
-    def length(self) -> int:
-        """Cache positions it may reach: its prompt plus every token it may generate."""
-        return len(self.request.prompt_tokens) + self.request.max_tokens
 
 
 class MLXEngine:
@@ -131,8 +90,8 @@ class MLXEngine:
         self.config = config or EngineConfig()
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._ids = _REQUEST_IDS  # one numbering for the process: log lines stay unique
-        self._running: dict[int, _Job] = {}  # batcher uid -> job
-        self._jobs: dict[int, _Job] = {}  # job id -> job (waiting or running)
+        self._running: dict[int, Job] = {}  # batcher uid -> job
+        self._jobs: dict[int, Job] = {}  # job id -> job (waiting or running)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._generator: BatchGenerator | None = None
@@ -148,7 +107,6 @@ class MLXEngine:
         budget = KVBudget(limit, cost.per_token, cost) if cost is not None else None
         self.scheduler = Scheduler(self.config.max_concurrent, budget, account, model.model_id)
         self.last_step_at = time.monotonic()
-        self.finished_caches = FinishedCaches(self.config.keep_finished, self.config.keep_finished_bytes)
         self._buffers_held = False  # MLX holds freed buffers worth releasing when idle
 
     @property
@@ -186,7 +144,7 @@ class MLXEngine:
         """Queue a request; returns its id for ``cancel``."""
         job_id = next(self._ids)
         self.scheduler.note_submitted()
-        self._inbox.put(("submit", _Job(job_id, request, emit, time.monotonic())))
+        self._inbox.put(("submit", Job(job_id, request, emit, time.monotonic())))
         return job_id
 
     def settled(self, job_id: int) -> bool:
@@ -288,27 +246,25 @@ class MLXEngine:
             self.scheduler.started(job)
             self._report_memory()
 
-    def _make_room(self, job: _Job, room: int) -> int:
-        """The hot tier gives RAM back for ``job`` (its own prefix pinned first); bytes left."""
+    def _make_room(self, job: Job, room: int) -> int:
+        """The prefix cache gives RAM back for ``job`` (its own prefix pinned first); bytes left."""
         assert self.prefix_cache is not None
-        if job.hit is None:  # pin its prefix: the shrink must not evict what it will restore
-            job.hit = self._lookup(job)
-        self.finished_caches.clear()  # copies of what the hot tier holds: they go first
-        before = self.prefix_cache.hot_bytes()
+        if job.session is None:  # pin its prefix: the shrink must not evict what it will restore
+            job.session = self._begin(job)
+        before = self.prefix_cache.held_bytes()
         left = self.prefix_cache.make_room(room)
         if left < before:
-            log.info("memory guard: the hot tier gave back %s for request %d", format_bytes(before - left), job.id)
+            log.info("memory guard: the prefix cache gave back %s for request %d", format_bytes(before - left), job.id)
         return left
 
     def _report_memory(self) -> None:
         """What this model's KV holds now, for the process-wide account (several models)."""
         account = self.scheduler.account
         if account is not None:
-            hot = self.prefix_cache.hot_bytes() if self.prefix_cache is not None else 0
-            kept = self.finished_caches.nbytes
-            account.set_kv(self.model.model_id, self.scheduler.reserved_bytes() + hot + kept)
+            held = self.prefix_cache.held_bytes() if self.prefix_cache is not None else 0
+            account.set_kv(self.model.model_id, self.scheduler.reserved_bytes() + held)
 
-    def _refuse(self, job: _Job) -> None:
+    def _refuse(self, job: Job) -> None:
         message = self.scheduler.refusal(job, len(job.request.prompt_tokens), job.request.max_tokens)
         self._release(job)
         self._jobs.pop(job.id, None)
@@ -325,33 +281,23 @@ class MLXEngine:
             sampler = self._samplers[key] = make_sampler(*key[:3], min_p=key[3])
         return sampler
 
-    def _lookup(self, job: _Job) -> PrefixHit:
-        started = time.monotonic()
-        job.times.setdefault("considered", started)
-        hit = self.prefix_cache.lookup(job.request.prompt_tokens)
-        job.spent["lookup"] = job.spent.get("lookup", 0.0) + time.monotonic() - started
-        return hit
+    def _begin(self, job: Job) -> CacheSession:
+        """Its prompt looked up, its prefix pinned (the prefix cache's session for it)."""
+        assert self.prefix_cache is not None
+        job.times.setdefault("considered", time.monotonic())
+        return self.prefix_cache.begin(job.request.prompt_tokens)
 
-    def _admit(self, job: _Job) -> None:
+    def _admit(self, job: Job) -> None:
         tokens = list(job.request.prompt_tokens)
         job.times.setdefault("considered", time.monotonic())
         cache = None
         if self.prefix_cache is not None:
-            if job.hit is None:
-                job.hit = self._lookup(job)
-            job.cached_tokens = job.hit.cached_tokens
-            job.hit_lost = job.hit.lost_tokens
-            if job.cached_tokens:
-                started = time.monotonic()
-                cache = self.finished_caches.take(tokens, job.cached_tokens)
-                if cache is None:
-                    cache = self.prefix_cache.restore(job.hit)
-                else:
-                    job.continued = True
-                job.spent["restore"] = time.monotonic() - started
-            job.capture = self.prefix_cache.capture(tokens, job.hit)
+            if job.session is None:
+                job.session = self._begin(job)
+            cache = job.session.restore()
+            job.cached_tokens = job.session.cached_tokens
         job.times["admitted"] = time.monotonic()
-        plan = job.capture.plan if job.capture is not None else ()
+        plan = job.session.plan if job.session is not None else ()
         (job.uid,) = self._generator.insert_segments(
             [self._segments(tokens, job.cached_tokens, plan)],
             max_tokens=[job.request.max_tokens],
@@ -395,48 +341,35 @@ class MLXEngine:
                     done, total = r.progress
                     job.prefilled = done + job.cached_tokens
                     job.emit(PrefillProgress(job.prefilled, total + job.cached_tokens))
-                    if job.capture is not None:
+                    if job.session is not None:
                         job.deferred_capture = job.prefilled
             elif job is not None:
                 done, total = r.progress
                 job.prefilled = done + job.cached_tokens
                 job.emit(PrefillProgress(job.prefilled, total + job.cached_tokens))
-                if r.end_of_segment and job.capture is not None:
-                    self._capture(job, batch_rows.prefill_row, job.cached_tokens + done, prefill=True)
+                if r.end_of_segment and job.session is not None:
+                    job.session.prefilled(self._view(batch_rows.prefill_row, job), job.cached_tokens + done)
         for r in generation_responses:
             job = self._running.get(r.uid)
             if job is None or job.done:
                 continue
             self._on_token(job, r)
-            if job.deferred_capture is not None and not job.done and job.capture is not None:
+            if job.deferred_capture is not None and not job.done and job.session is not None:
                 position, job.deferred_capture = job.deferred_capture, None
-                self._capture(job, batch_rows.decode_row, position, prefill=True)
+                job.session.prefilled(self._view(batch_rows.decode_row, job), position)
 
-    def _capture(self, job: _Job, row_of: Callable[..., Any], position: int, prefill: bool) -> None:
-        """Keep what a running request's cache holds up to ``position`` (never fails it)."""
-        started = time.perf_counter()
-        try:
-            view = row_of(self._generator, job.uid)
-            if view is None:
-                return
-            if prefill:
-                job.capture.prefilled(view, position)
-            else:
-                job.capture.decoded(view, position)
-        except Exception:
-            log.exception("could not keep the blocks of request %d at position %d", job.id, position)
-            job.capture = None  # stop trying; what was kept stays
-        finally:
-            self.prefix_cache.record_store(time.perf_counter() - started)
+    def _view(self, row_of: Callable[..., Any], job: Job) -> Callable[[], Any]:
+        """What gives a running request's cache as it is now, when the session asks for it."""
+        return partial(row_of, self._generator, job.uid)
 
-    def _on_token(self, job: _Job, r: Any) -> None:
+    def _on_token(self, job: Job, r: Any) -> None:
         if "first_token" not in job.times:
             job.times["first_token"] = time.monotonic()
         job.fed_tokens += 1
-        if r.finish_reason is None and job.capture is not None:
+        if r.finish_reason is None and job.session is not None:
             position = len(job.request.prompt_tokens) + job.fed_tokens
-            if job.capture.wants_decoded(position):
-                self._capture(job, batch_rows.decode_row, position, prefill=False)
+            if job.session.wants_decoded(position):
+                job.session.decoded(self._view(batch_rows.decode_row, job), position)
         is_eos = r.finish_reason == "stop"
         if not is_eos:
             job.completion_tokens += 1
@@ -461,20 +394,19 @@ class MLXEngine:
             self._finish(job, reason, r.prompt_cache, r.all_tokens)
 
     @staticmethod
-    def _emit_text(job: _Job, text: str) -> None:
+    def _emit_text(job: Job, text: str) -> None:
         """A text delta, with the log-probabilities of the tokens since the previous one."""
         job.emit(TextDelta(text, tuple(job.logprobs)))
         job.logprobs.clear()
 
-    def _finish(self, job: _Job, reason: str, cache: Any, tokens: list[int] | None) -> None:
-        """Unpin its prefix and drop its KV, tell the client, then store its new blocks.
+    def _finish(self, job: Job, reason: str, cache: Any, tokens: list[int] | None) -> None:
+        """Drop its KV, tell the client, then unpin its prefix and store its new blocks.
 
         The client hears first: cutting blocks waits for the batch's in-flight decode
         step, time no response should wait for. The job stays listed (``settled`` is
         False) until its blocks are stored, and the next command is read only after.
         """
         job.done = True
-        self._release(job)
         if job.uid is not None:
             self._running.pop(job.uid, None)
         self.scheduler.ended(job.id)
@@ -489,66 +421,24 @@ class MLXEngine:
                 phases_of(job),
             )
         )
-        self._log_finished(job, reason)
-        if cache is not None and tokens and self.prefix_cache is not None:
-            started = time.perf_counter()
-            try:
-                if job.capture is not None:
-                    job.capture.finished(tokens, cache)
-                else:
-                    self.prefix_cache.store(tokens, cache)
-            except Exception:
-                log.exception("could not store the blocks of request %d", job.id)
-            finally:
-                self.prefix_cache.record_store(time.perf_counter() - started)
+        log_finished(job, reason, self.model.model_id)
+        if job.session is not None:
+            job.session.finished(tokens, cache)  # never raises
         self._jobs.pop(job.id, None)
-        if cache is not None and tokens and self.prefix_cache is not None and self.prefix_cache.layout.plain:
-            self.finished_caches.keep(tokens, cache)
-            self._report_memory()
+        if job.session is not None and cache is not None:
+            self._report_memory()  # a finished cache may be kept for the next turn
         self._buffers_held = True
 
     def _release_buffers_if_idle(self) -> None:
         """Idle past ``release_buffers_after_s``: MLX's buffer pool and kept caches go back."""
         if self._buffers_held and time.monotonic() - self.last_step_at > self.config.release_buffers_after_s:
-            self.finished_caches.clear()
+            if self.prefix_cache is not None:
+                self.prefix_cache.drop_kept()
             mx.clear_cache()
             self._buffers_held = False
             self._report_memory()
 
-    def _log_finished(self, job: _Job, reason: str) -> None:
-        if log.isEnabledFor(logging.DEBUG):
-            phases = phases_of(job)
-            if phases:
-                log.debug(
-                    "request %d time to first token: %s", job.id,
-                    ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in phases),
-                )
-        self._log_summary(job, reason)
-
-    def _log_summary(self, job: _Job, reason: str) -> None:
-        """One line per request: what it cost, what the cache saved, how long it waited."""
-        t = job.times
-        first = t.get("first_token")
-        ttft = f"{first - job.submitted:.3f} s" if first is not None else "-"
-        waited = f"{t['admitted'] - job.submitted:.3f} s" if "admitted" in t else "-"
-        lost = job.hit_lost if job.hit_lost else 0
-        prompt = len(job.request.prompt_tokens)
-        cut_short = first is None and job.prefilled < prompt - 1
-        log.info(
-            "request %d (%s) %s: prompt %d tokens, %d cached%s, %d generated; queued %s, first token %s%s",
-            job.id,
-            self.model.model_id,
-            reason,
-            prompt,
-            job.cached_tokens,
-            f" ({lost} matched past the deepest restore point)" if lost else "",
-            job.completion_tokens,
-            waited,
-            ttft,
-            f"; prefill stopped at {job.prefilled} tokens" if cut_short and "admitted" in t else "",
-        )
-
-    def _cancel(self, job: _Job) -> None:
+    def _cancel(self, job: Job) -> None:
         if job.uid is None:
             self.scheduler.withdraw(job)
             self._finish(job, "cancelled", cache=None, tokens=None)
@@ -558,10 +448,10 @@ class MLXEngine:
         cache, tokens = removed.get(job.uid, (None, None))
         self._finish(job, "cancelled", cache, tokens)
 
-    def _release(self, job: _Job) -> None:
-        if job.hit is not None and self.prefix_cache is not None:
-            self.prefix_cache.release(job.hit)
-            job.hit = None
+    def _release(self, job: Job) -> None:
+        """Unpin its prefix: it leaves without a cache to keep (refused, failed)."""
+        if job.session is not None:
+            job.session.close()
 
     def _fail_all(self, message: str) -> None:
         for job in list(self._running.values()):
@@ -570,30 +460,7 @@ class MLXEngine:
             job.emit(Failed(message))
         self._running.clear()
         self.scheduler.clear()
-        self.finished_caches.clear()
+        if self.prefix_cache is not None:
+            self.prefix_cache.drop_kept()
         self._generator = self._new_generator()
         mx.clear_cache()
-
-
-def phases_of(job: _Job) -> tuple[tuple[str, float], ...]:
-    """Its time to first token by phase (``PHASES``); empty when no token came.
-
-    The marks are taken on the engine thread: ``considered`` when the scheduler first
-    looked at it, ``admitted`` after lookup and restore, ``inserted`` once in the
-    batcher, ``prefilled`` at the step that finished its prompt, ``first_token``.
-    """
-    t = job.times
-    if "first_token" not in t or "inserted" not in t:
-        return ()
-    lookup, restore = job.spent.get("lookup", 0.0), job.spent.get("restore", 0.0)
-    prefilled = t.get("prefilled", t["first_token"])
-    spans = {
-        "render": job.request.render_seconds,
-        "queue": max(t["admitted"] - job.submitted - lookup - restore, 0.0),
-        "lookup": lookup,
-        "restore": restore,
-        "admit": t["inserted"] - t["admitted"],
-        "prefill": max(prefilled - t["inserted"], 0.0),
-        "first_step": max(t["first_token"] - prefilled, 0.0),
-    }
-    return tuple((name, spans[name]) for name in PHASES)

@@ -1,7 +1,12 @@
-"""The last few finished requests' caches, for the next turn of a conversation to continue."""
+"""The last few finished requests' caches, for the next turn of a conversation to continue.
+
+The MLX side of the domain's ``KeptCaches`` port: the composition root hands one to the
+prefix cache, whose per-request sessions take from it and keep into it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -18,17 +23,16 @@ class FinishedCaches:
     be cut at a prefix.
     """
 
-    def __init__(self, entries: int, max_bytes: int) -> None:
-        self.entries = entries
+    def __init__(self, entries: int = 2, max_bytes: int = 2 << 30) -> None:
+        self.entries = entries  # 0 turns keeping off
         self.max_bytes = max_bytes
         self._kept: list[tuple[tuple[int, ...], list[Any], int]] = []  # oldest first
-        self.continued = 0  # requests that started from one (for tests and /metrics)
 
     @property
     def nbytes(self) -> int:
         return sum(n for _, _, n in self._kept)
 
-    def keep(self, tokens: list[int], cache: list[Any]) -> None:
+    def keep(self, tokens: Sequence[int], cache: list[Any]) -> None:
         if self.entries <= 0 or not _cuttable(cache) or cache[0].offset != len(tokens):
             return
         nbytes = sum(c.nbytes for c in cache)
@@ -40,7 +44,7 @@ class FinishedCaches:
         while len(self._kept) > self.entries or self.nbytes > self.max_bytes:
             self._kept.pop(0)
 
-    def take(self, prompt: list[int], prefix: int) -> list[Any] | None:
+    def take(self, prompt: Sequence[int], prefix: int) -> list[Any] | None:
         """Views of a kept cache holding ``prompt[:prefix]``, cut there; None when none does."""
         from mlx_lm.models.cache import KVCache
 
@@ -54,7 +58,6 @@ class FinishedCaches:
                     view = KVCache()
                     view.keys, view.values, view.offset = layer.keys, layer.values, prefix
                     views.append(view)
-                self.continued += 1
                 return views
         return None
 

@@ -30,13 +30,16 @@ from omlx.adapters.blockfiles.format import (
     encode_block,
     joined,
     kv_layers,
+    pack_block,
     unpack_block,
 )
 from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.batch_rows import RowView
+# One walker of nested CacheLists, cache_layout's (its owner may make it public).
 from omlx.adapters.mlx.cache_layout import ModelLayout, plain_layout
-from omlx.domain.blocks import BlockMeta, DecodedBlock
-from omlx.domain.keys import KV, STATE, WINDOW
+from omlx.adapters.mlx.cache_layout import _flat as _flat
+from omlx.domain.cache.blocks import BlockMeta, DecodedBlock
+from omlx.domain.cache.keys import KV, STATE, WINDOW
 
 # safetensors dtype names; bf16 travels as raw uint16 because numpy has no bfloat16.
 _TO_ST = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
@@ -91,11 +94,6 @@ class StateSnapshot:
     leaves: tuple[int, ...]
     arrays: tuple[tuple[Any, ...], ...]  # mx arrays, or (numpy view, mx dtype) read from disk
     nbytes: int
-
-
-def cache_is_plain_kv(cache: Sequence[object]) -> bool:
-    """Only plain ``KVCache`` layers (the layout with no window or state leaves)."""
-    return all(type(layer) is KVCache for layer in cache)
 
 
 class MLXKVCodec:
@@ -212,10 +210,10 @@ class MLXKVCodec:
     # ---- bytes (engine thread encodes, the request path decodes) --------------------
 
     def encode(self, payload: Any, tokens: Sequence[int], meta: BlockMeta) -> bytes:
-        tensors = {
-            "tokens": RawTensor("I32", (len(tokens),), np.asarray(tokens, np.int32).tobytes())
-        }
         if isinstance(payload, StateSnapshot):
+            tensors = {
+                "tokens": RawTensor("I32", (len(tokens),), np.asarray(tokens, np.int32).tobytes())
+            }
             slots = []
             for leaf, arrays in zip(payload.leaves, payload.arrays, strict=True):
                 slots.append([leaf, len(arrays)])
@@ -226,19 +224,29 @@ class MLXKVCodec:
                             _st_dtype(array), host.shape, memoryview(host)
                         )
             extra = {"state_slots": json.dumps(slots)}
-        else:
-            # Zero-copy views of the stacked arrays; encode_block copies each layer once. All
-            # keys, then all values: each side is one span that ``decode`` takes whole.
-            for prefix, side in (("k", "keys"), ("v", "values")):
-                for g in _groups(payload):
-                    host = _to_host(getattr(g, side))
-                    for row, leaf in enumerate(g.leaves or range(g.layer_count)):
-                        tensors[f"{prefix}.{leaf}"] = RawTensor(
-                            _st_name(g.dtype), host.shape[1:], memoryview(host[row])
-                        )
-            leaves = [leaf for g in _groups(payload) for leaf in (g.leaves or range(g.layer_count))]
-            extra = {"leaves": ",".join(map(str, leaves)), "positions": str(payload.positions)}
-        return encode_block(tensors, block_metadata(meta, len(self.layout().leaves), **extra))
+            return encode_block(tensors, block_metadata(meta, len(self.layout().leaves), **extra))
+        # Zero-copy views of the stacked arrays; encode_block copies each layer once.
+        leaves: list[int] = []
+        layers: list[tuple[RawTensor, RawTensor]] = []
+        for g in _groups(payload):
+            keys, values = _to_host(g.keys), _to_host(g.values)
+            name = _st_name(g.dtype)
+            for row, leaf in enumerate(g.leaves or range(g.layer_count)):
+                leaves.append(leaf)
+                layers.append(
+                    (
+                        RawTensor(name, keys.shape[1:], memoryview(keys[row])),
+                        RawTensor(name, values.shape[1:], memoryview(values[row])),
+                    )
+                )
+        return pack_block(
+            meta,
+            tokens,
+            layers,
+            leaves=leaves,
+            layer_count=len(self.layout().leaves),
+            positions=payload.positions,
+        )
 
     def decode(self, data: bytes) -> DecodedBlock:
         """Parse an object file; its arrays stay in ``data`` (zero-copy views) until ``assemble``."""
@@ -295,13 +303,6 @@ def _rebuild(entry: Any, built: dict[int, Any]) -> Any:
     if isinstance(entry, tuple):
         return CacheList(*(_rebuild(e, built) for e in entry))
     return built[entry]
-
-
-def _flat(cache: list[Any]) -> list[Any]:
-    out: list[Any] = []
-    for entry in cache:
-        out.extend(_flat(entry.caches) if isinstance(entry, CacheList) else [entry])
-    return out
 
 
 def _st_name(dtype: mx.Dtype) -> str:

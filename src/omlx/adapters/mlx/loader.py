@@ -24,8 +24,8 @@ from omlx.adapters.mlx.errors import UnsupportedModelError
 from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, LoadedGGUF, default_model_path, load_gguf
 from omlx.adapters.mlx.generation_config import BUNDLED_GENERATION_CONFIG, read_generation_config
 from omlx.adapters.mlx.prepared import PreparedWeights
-from omlx.domain.blocks import NamespaceInfo
-from omlx.domain.keys import namespace_digest
+from omlx.domain.cache.blocks import NamespaceInfo
+from omlx.domain.cache.keys import namespace_digest
 from omlx.domain.model_ids import model_id_for
 
 log = logging.getLogger(__name__)

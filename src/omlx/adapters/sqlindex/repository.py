@@ -26,8 +26,8 @@ from omlx.adapters.sqlindex.engine import index_path, make_engine, writer_engine
 from omlx.adapters.sqlindex.migrate import upgrade
 from omlx.adapters.sqlindex.models import BlockRow, NamespaceHostRow, NamespaceRow, WeightDigestRow
 from omlx.adapters.sqlindex.urls import SQLITE, display, sqlite_path, sqlite_url, to_url
-from omlx.domain.blocks import NamespaceInfo, NamespaceUsage, StoredBlock
-from omlx.domain.keys import CACHE_FORMAT_VERSION
+from omlx.domain.cache.blocks import NamespaceInfo, NamespaceUsage, StoredBlock
+from omlx.domain.cache.keys import CACHE_FORMAT_VERSION
 from omlx.domain.ports import EvictionPlan
 
 _BLOCKS = BlockRow.metadata.tables["blocks"]

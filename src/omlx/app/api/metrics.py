@@ -311,7 +311,7 @@ def _cache_families(c: Any, served: list[Any]) -> Iterator[Metric]:
         put("omlx_cache_lost_tokens", s.lost_tokens, m)
         put("omlx_cache_store_seconds", s.store_seconds, m)
         put("omlx_cache_blocks_queued", s.queued_blocks, m, "ssd")
-        hot = one.prefix_cache.hot.stats()
+        hot = s.hot
         put("omlx_cache_blocks_read", hot.hits, m, "hot")
         put("omlx_cache_blocks_evicted", hot.evictions, m, "hot")
         put("omlx_cache_blocks", hot.blocks, m, "hot")

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Generator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from omlx.domain.blocks import (
+from omlx.domain.cache.blocks import (
     BlockMeta,
     BlockRead,
     DecodedBlock,
@@ -28,19 +27,21 @@ from omlx.domain.blocks import (
     ReadFailure,
     StoredBlock,
 )
-from omlx.domain.keys import EXTERNAL, KV, rederives
-from omlx.domain.ports import BlockIndex, BlockSink, BlockStore, Clock, IndexUnavailable
+from omlx.domain.cache.keys import EXTERNAL, KV, rederives
+from omlx.domain.ports import (
+    BlockIndex,
+    BlockSink,
+    BlockStore,
+    Clock,
+    IndexUnavailable,
+    SystemClock,
+)
 
 log = logging.getLogger(__name__)
 
 # Candidates for token-granular matching asked of the index per lookup: the prefix cache
 # reads at most a few of them, most recently used first.
 CHILDREN_LIMIT = 16
-
-
-class _SystemClock:
-    def now(self) -> float:
-        return time.time()
 
 
 class RecencyBuffer:
@@ -59,7 +60,7 @@ class RecencyBuffer:
         max_pending: int = 4096,
     ) -> None:
         self._index = index
-        self._clock: Clock = clock if clock is not None else _SystemClock()
+        self._clock: Clock = clock if clock is not None else SystemClock()
         self.interval = interval
         self._max_pending = max_pending
         self._hits: dict[str, float] = {}
@@ -152,7 +153,7 @@ class ColdTier:
         self._index = index
         self._writer = writer
         self._decode = decode
-        self._clock: Clock = clock if clock is not None else _SystemClock()
+        self._clock: Clock = clock if clock is not None else SystemClock()
         self.recency = recency if recency is not None else RecencyBuffer(index, self._clock)
         self.drop_missing_rows = drop_missing_rows
         self.stats = ColdTierStats()
@@ -222,7 +223,10 @@ class ColdTier:
 
     def present(self, keys: Sequence[str]) -> set[str]:
         found = {k for k in keys if self._writer.pending(k)}
-        rows = self._lookup([k for k in keys if k not in found])
+        asked = [k for k in keys if k not in found]
+        if not asked:  # all queued: no index query
+            return found
+        rows = self._lookup(asked)
         if rows is None:
             return found
         return found | {k for k, r in rows.items() if r.namespace == self.namespace.digest}

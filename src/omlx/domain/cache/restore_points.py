@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from omlx.domain.keys import STATE, WINDOW, block_key, object_key
-from omlx.domain.layout import CacheLayout
+from omlx.domain.cache.keys import STATE, WINDOW, block_key, object_key
+from omlx.domain.cache.layout import CacheLayout
 
 INTERIOR_POINTS = 4  # the most interior snapshots one request persists
 

@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from omlx.domain.blocks import BlockMeta
-from omlx.domain.hot_tier import HotTier
-from omlx.domain.keys import STATE
-from omlx.domain.layout import CacheLayout
+from omlx.domain.cache.blocks import BlockMeta
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.keys import STATE
+from omlx.domain.cache.layout import CacheLayout
 from omlx.domain.ports import ColdSource, KVCodec
-from omlx.domain.restore_points import RestorePoint, candidates, marked_positions
+from omlx.domain.cache.restore_points import RestorePoint, candidates, marked_positions
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
 """Keeping what a request computes, as it computes it (DESIGN §2, §6).
 
 The engine ends every prefill chunk on a block boundary and hands the request's
-``RequestCapture`` the cache after each one: the blocks the chunk completed are cut,
-put in the hot tier and queued for disk at once, so a cancel, a disconnect, a timeout
+``RequestCapture`` the cache after each one: the blocks the chunk completed are cut and
+handed to the ``BlockKeeper``: RAM at once, and queued for disk as one batch (one index
+query per chunk), so a cancel, a disconnect, a timeout
 or a crash loses at most the chunk in flight and the writer's queue. Restore points of
 hybrid and sliding-window models (``restore_points``) are captured at the positions the
 capture's ``plan`` names, which the engine also ends chunks on; the generation's end is
@@ -14,13 +15,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from omlx.domain.keys import STATE, WINDOW, block_key
-from omlx.domain.restore_points import anchor_at, interior_points
-
-if TYPE_CHECKING:
-    from omlx.domain.prefix_cache import PrefixCache, PrefixHit
+from omlx.domain.cache.blocks import PrefixHit
+from omlx.domain.cache.keeper import BlockKeeper, NewObject
+from omlx.domain.cache.keys import KV, STATE, WINDOW, block_key, object_key
+from omlx.domain.cache.layout import CacheLayout
+from omlx.domain.cache.restore_points import anchor_at, interior_points
+from omlx.domain.ports import KVCodec
 
 
 class RequestCapture:
@@ -28,16 +30,20 @@ class RequestCapture:
 
     def __init__(
         self,
-        cache: PrefixCache,
+        keeper: BlockKeeper,
+        codec: KVCodec,
+        layout: CacheLayout,
         prompt: Sequence[int],
         hit: PrefixHit | None = None,
         *,
         interior: bool = True,
     ) -> None:
-        self._cache = cache
-        self._layout = cache.layout
-        self._bs = cache.block_size
-        self._ns = cache.namespace.digest
+        self._keeper = keeper
+        self._codec = codec
+        self._layout = layout
+        self._bs = keeper.block_size
+        self._ns = keeper.namespace.digest
+        self._chunk: list[NewObject] = []  # new in RAM since the last hand-over, for disk
         self.tokens = list(prompt)
         restored = hit.cached_tokens if hit is not None else 0
         full = restored // self._bs
@@ -77,6 +83,7 @@ class RequestCapture:
                     self._window_ring.append((j, None))
         if position in self.plan:
             self._put_point(cache, position)
+        self._hand_over()
 
     def wants_decoded(self, position: int) -> bool:
         """Whether ``decoded`` has work at ``position``: a block completed since the last call."""
@@ -96,9 +103,7 @@ class RequestCapture:
             return
         for j in range(max(self._decode_next, len(self._keys)), position // bs):
             if position - j * bs <= window:  # still wholly in the rotating window
-                self._window_ring.append(
-                    (j, self._cache.codec.split_window(cache, j * bs, (j + 1) * bs))
-                )
+                self._window_ring.append((j, self._codec.split_window(cache, j * bs, (j + 1) * bs)))
         self._decode_next = max(self._decode_next, position // bs)
 
     def finished(self, tokens: Sequence[int], cache: Any) -> None:
@@ -110,12 +115,13 @@ class RequestCapture:
         self._cut_blocks(cache, end // self._bs)
         if end % self._bs:
             anchor, parent, block = anchor_at(self.tokens, self._keys, self._ns, self._bs, end)
-            payload = self._cache.codec.split(cache, end - len(block), end)
-            self.stored_blocks += self._cache.put_kv(anchor, parent, block, payload)
+            payload = self._codec.split(cache, end - len(block), end)
+            self._keep(self._keeper.kv(anchor, parent, block, payload))
         if not self._layout.plain:
             if self._layout.window is not None:
                 self._put_window_tail(cache, end)
             self._put_point(cache, end)
+        self._hand_over()
 
     # ---- cutting ---------------------------------------------------------------------
 
@@ -127,9 +133,25 @@ class RequestCapture:
             block = tuple(self.tokens[j * bs : (j + 1) * bs])
             key = block_key(parent, block)
             self._keys.append(key)
-            if not self._cache.holds(key):
-                payload = self._cache.codec.split(cache, j * bs, (j + 1) * bs)
-                self.stored_blocks += self._cache.put_kv(key, parent, block, payload)
+            if not self._keeper.holds(key):
+                payload = self._codec.split(cache, j * bs, (j + 1) * bs)
+                self._keep(self._keeper.kv(key, parent, block, payload))
+
+    def _keep(self, obj: NewObject) -> None:
+        """Into RAM at once; to disk with the rest of the chunk (``_hand_over``)."""
+        if self._keeper.keep(obj):
+            self._chunk.append(obj)
+            if obj.meta.kind == KV:
+                self.stored_blocks += 1
+
+    def _hand_over(self) -> None:
+        """What this call cut goes to disk as one batch (one index query)."""
+        chunk, self._chunk = self._chunk, []
+        if chunk:
+            self._keeper.keep_chunk(chunk)
+
+    def _put_object(self, kind: str, anchor: str, parent: str, tokens: Sequence[int], payload: Any) -> None:
+        self._keep(self._keeper.point_object(kind, object_key(kind, anchor), parent, tokens, payload))
 
     def _window_wanted(self, j: int) -> bool:
         """Whether block ``j``'s window KV lies within a window before a planned point."""
@@ -138,12 +160,10 @@ class RequestCapture:
 
     def _put_window_block(self, cache: Any, j: int) -> None:
         bs = self._bs
-        payload = self._cache.codec.split_window(cache, j * bs, (j + 1) * bs)
+        payload = self._codec.split_window(cache, j * bs, (j + 1) * bs)
         self._window_ring.append((j, payload))
         parent = self._keys[j - 1] if j else self._ns
-        self._cache.put_object(
-            WINDOW, self._keys[j], parent, self.tokens[j * bs : (j + 1) * bs], payload
-        )
+        self._put_object(WINDOW, self._keys[j], parent, self.tokens[j * bs : (j + 1) * bs], payload)
 
     def _put_window_tail(self, cache: Any, end: int) -> None:
         """The window objects before ``end`` that only the decode ring still holds."""
@@ -152,19 +172,17 @@ class RequestCapture:
             if payload is None or (j + 1) * bs <= end - window or (j + 1) * bs > end:
                 continue
             parent = self._keys[j - 1] if j else self._ns
-            self._cache.put_object(
-                WINDOW, self._keys[j], parent, self.tokens[j * bs : (j + 1) * bs], payload
-            )
+            self._put_object(WINDOW, self._keys[j], parent, self.tokens[j * bs : (j + 1) * bs], payload)
 
     def _put_point(self, cache: Any, position: int) -> None:
         """The restore point at ``position``: the state snapshot, the partial window block."""
         anchor, parent, block = anchor_at(self.tokens, self._keys, self._ns, self._bs, position)
-        codec = self._cache.codec
+        codec = self._codec
         if self._layout.window is not None and position % self._bs:
             payload = codec.split_window(cache, position - len(block), position)
-            self._cache.put_object(WINDOW, anchor, parent, block, payload)
+            self._put_object(WINDOW, anchor, parent, block, payload)
         if self._layout.has_state:
-            self._cache.put_object(STATE, anchor, parent, block, codec.snapshot(cache))
+            self._put_object(STATE, anchor, parent, block, codec.snapshot(cache))
         self.stored_points.append(position)
 
     def _ring_size(self) -> int:

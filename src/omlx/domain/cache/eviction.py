@@ -9,7 +9,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from omlx.domain.blocks import StoredBlock
+from omlx.domain.cache.blocks import StoredBlock
 from omlx.domain.ports import BlockIndex, BlockStore
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from omlx.domain.blocks import BlockMeta
-from omlx.domain.hot_tier import HotBlock
-from omlx.domain.keys import block_key
+from omlx.domain.cache.blocks import BlockMeta
+from omlx.domain.cache.hot_tier import HotBlock
+from omlx.domain.cache.keys import block_key
 
 # At most this many cold candidates are read per lookup: each read is a block file.
 MAX_COLD_CANDIDATE_READS = 3

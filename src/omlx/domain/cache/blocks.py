@@ -1,9 +1,10 @@
-"""Domain values of the block cache: namespaces, block metadata, index rows."""
+"""Domain values of the block cache: namespaces, block metadata, index rows, prefix hits."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +91,39 @@ class BlockRead:
     data: bytes | None
     failure: ReadFailure | None = None
     detail: str = ""  # the OS error or the sizes, for the log line
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PrefixHit:
+    """The matched prefix of one prompt, pinned until its lease is released.
+
+    ``keys``/``payloads``: the whole blocks matched by key, then, when ``partial_tokens``
+    is non-zero, the block whose first ``partial_tokens`` positions continue them (its
+    payload already truncated). ``hot_hits``/``cold_hits`` count whole blocks only.
+    """
+
+    keys: tuple[str, ...] = ()
+    payloads: tuple[Any, ...] = ()
+    cached_tokens: int = 0
+    hot_hits: int = 0
+    cold_hits: int = 0
+    lease: int = 0  # 0: nothing pinned
+    partial_tokens: int = 0
+    # Hybrid and sliding-window layouts: the restore point's window objects (in position
+    # order) and state snapshot, and how far the KV chain reached before it.
+    windows: tuple[Any, ...] = ()
+    state: Any = None
+    matched: int = 0
+
+    @property
+    def lost_tokens(self) -> int:
+        """Positions the KV chain matched past the deepest restore point (recomputed)."""
+        return max(self.matched - self.cached_tokens, 0)
+
+    @property
+    def n_blocks(self) -> int:
+        """Whole blocks matched by key (the partially used block not counted)."""
+        return len(self.keys) - (1 if self.partial_tokens else 0)
+
+
+MISS = PrefixHit()  # nothing matched, nothing pinned

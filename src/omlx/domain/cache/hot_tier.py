@@ -13,8 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from omlx.domain.blocks import BlockMeta
-from omlx.domain.eviction import LRUPolicy
+from omlx.domain.cache.blocks import BlockMeta
+from omlx.domain.cache.eviction import LRUPolicy
+from omlx.domain.cache.keys import KV
 from omlx.domain.ports import EvictionPolicy
 
 
@@ -120,7 +121,7 @@ class HotTier:
                     self._evict_locked(victim)
             self._blocks[meta.key] = HotBlock(meta, tokens, payload, nbytes)
             # Restore-point objects are no blocks to match a prompt against: a map of their own.
-            children = self._children if meta.kind == "kv" else self._points
+            children = self._children if meta.kind == KV else self._points
             children.setdefault(meta.parent_key, set()).add(meta.key)
             self._bytes += nbytes
             self._policy.record_access(meta.key, nbytes)
@@ -197,7 +198,7 @@ class HotTier:
 
     def _evict_locked(self, key: str) -> None:
         block = self._blocks.pop(key)
-        children = self._children if block.meta.kind == "kv" else self._points
+        children = self._children if block.meta.kind == KV else self._points
         siblings = children.get(block.meta.parent_key)
         if siblings is not None:
             siblings.discard(key)

@@ -1,0 +1,115 @@
+"""One request's life on the engine thread: what it is, when each phase ended, its log line."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from omlx.domain.generation import (
+    PHASES,
+    GenerationEvent,
+    GenerationRequest,
+    StopStringMatcher,
+    TokenLogprob,
+)
+
+if TYPE_CHECKING:
+    from omlx.domain.cache.session import CacheSession
+
+log = logging.getLogger("omlx.adapters.mlx.engine")  # the engine's own lines
+
+Emit = Callable[[GenerationEvent], None]
+
+
+@dataclass(slots=True)
+class Job:
+    """One request's life on the engine thread."""
+
+    id: int
+    request: GenerationRequest
+    emit: Emit
+    submitted: float
+    uid: int | None = None
+    session: CacheSession | None = None  # its face of the prefix cache, from its lookup on
+    detok: Any = None
+    stops: StopStringMatcher | None = None
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    fed_tokens: int = 0  # generated tokens fed back to the model (the cache holds them)
+    prefilled: int = 0  # prompt positions in its cache so far (restored or computed)
+    # A fused final chunk's blocks, kept once its first token is out (position), so the
+    # cut is not on the time to first token.
+    deferred_capture: int | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent with a delta
+    done: bool = False
+    waited_epoch: int = -1  # the batch state in which it last had to wait for memory
+    times: dict[str, float] = field(default_factory=dict)  # time.monotonic() marks
+
+    @property
+    def length(self) -> int:
+        """Cache positions it may reach: its prompt plus every token it may generate."""
+        return len(self.request.prompt_tokens) + self.request.max_tokens
+
+
+def log_finished(job: Job, reason: str, model_id: str) -> None:
+    """Its time to first token by phase (debug level), then its summary line, which names
+    the model: request numbers are process-wide, shared by every model's engine."""
+    if log.isEnabledFor(logging.DEBUG):
+        phases = phases_of(job)
+        if phases:
+            log.debug(
+                "request %d (%s) time to first token: %s", job.id, model_id,
+                ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in phases),
+            )
+    _log_summary(job, reason, model_id)
+
+
+def _log_summary(job: Job, reason: str, model_id: str) -> None:
+    """One line per request: what it cost, what the cache saved, how long it waited."""
+    t = job.times
+    first = t.get("first_token")
+    ttft = f"{first - job.submitted:.3f} s" if first is not None else "-"
+    waited = f"{t['admitted'] - job.submitted:.3f} s" if "admitted" in t else "-"
+    lost = job.session.lost_tokens if job.session is not None else 0
+    prompt = len(job.request.prompt_tokens)
+    cut_short = first is None and job.prefilled < prompt - 1
+    log.info(
+        "request %d (%s) %s: prompt %d tokens, %d cached%s, %d generated; queued %s, first token %s%s",
+        job.id,
+        model_id,
+        reason,
+        prompt,
+        job.cached_tokens,
+        f" ({lost} matched past the deepest restore point)" if lost else "",
+        job.completion_tokens,
+        waited,
+        ttft,
+        f"; prefill stopped at {job.prefilled} tokens" if cut_short and "admitted" in t else "",
+    )
+
+
+def phases_of(job: Job) -> tuple[tuple[str, float], ...]:
+    """Its time to first token by phase (``PHASES``); empty when no token came.
+
+    The marks are taken on the engine thread: ``considered`` when the scheduler first
+    looked at it, ``admitted`` after lookup and restore, ``inserted`` once in the
+    batcher, ``prefilled`` at the step that finished its prompt, ``first_token``.
+    """
+    t = job.times
+    if "first_token" not in t or "inserted" not in t:
+        return ()
+    spent = job.session.seconds if job.session is not None else {}
+    lookup, restore = spent.get("lookup", 0.0), spent.get("restore", 0.0)
+    prefilled = t.get("prefilled", t["first_token"])
+    spans = {
+        "render": job.request.render_seconds,
+        "queue": max(t["admitted"] - job.submitted - lookup - restore, 0.0),
+        "lookup": lookup,
+        "restore": restore,
+        "admit": t["inserted"] - t["admitted"],
+        "prefill": max(prefilled - t["inserted"], 0.0),
+        "first_step": max(t["first_token"] - prefilled, 0.0),
+    }
+    return tuple((name, spans[name]) for name in PHASES)

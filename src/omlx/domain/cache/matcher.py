@@ -1,0 +1,299 @@
+"""Matching a prompt against the tiers: the longest cached prefix, to the token, pinned.
+
+Matching is token-granular without changing the key contract (``keys``): whole blocks
+are matched by key, RAM then disk; where that walk stops, every stored child of the last
+matched key (a full block with another tail, or a request's trailing partial block)
+serves its leading tokens that equal the prompt's, since KV at position ``j`` depends
+only on tokens ``<= j``. So a follow-up turn or a replay recomputes its new tokens, not
+up to ``block_size - 1`` more. Hybrid layouts settle on a restore point
+(``point_finder``). What a hit uses stays pinned in RAM until its lease is released.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import closing
+from typing import Any
+
+from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo, PrefixHit
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.keeper import KnownKeys
+from omlx.domain.cache.keys import block_key, chain_keys
+from omlx.domain.cache.layout import CacheLayout
+from omlx.domain.cache.partial_match import PartialMatch, best_child
+from omlx.domain.cache.point_finder import FoundPoint, RestorePointFinder
+from omlx.domain.cache.tally import Tally
+from omlx.domain.ports import Clock, ColdSource, KVCodec
+
+log = logging.getLogger(__name__)
+
+
+class PrefixMatcher:
+    """Looks prompts up in the hot tier, then the cold source; hands out and takes back leases."""
+
+    def __init__(
+        self,
+        *,
+        namespace: NamespaceInfo,
+        codec: KVCodec,
+        hot: HotTier,
+        cold: ColdSource | None,
+        layout: CacheLayout,
+        known: KnownKeys,
+        tally: Tally,
+        clock: Clock,
+    ) -> None:
+        self.namespace = namespace
+        self.block_size = namespace.block_size
+        self.layout = layout
+        self._codec, self._hot, self._cold = codec, hot, cold
+        self._known, self._tally, self._clock = known, tally, clock
+        self._leases: dict[int, tuple[str, ...]] = {}
+        self._lease_ids = itertools.count(1)
+        self._lock = threading.Lock()  # the leases, for readers on other threads
+        self._points = RestorePointFinder(
+            namespace=namespace.digest,
+            block_size=self.block_size,
+            layout=layout,
+            codec=codec,
+            hot=hot,
+            cold=cold,
+            read_cold=self._read_cold,
+            remember=known.remember,
+        )
+
+    @property
+    def active_leases(self) -> int:
+        with self._lock:
+            return len(self._leases)
+
+    def lookup(self, tokens: Sequence[int]) -> PrefixHit:
+        """The longest cached prefix of ``tokens``, to the token, pinned for this request.
+
+        Whole blocks first (by key, RAM then disk), then the best child of the last
+        matched key. Never the whole prompt: at least one token is left to prefill, so
+        the engine always has logits to sample from.
+        """
+        bs = self.block_size
+        max_blocks = max((len(tokens) - 1) // bs, 0)
+        keys: list[str] = []
+        payloads: list[Any] = []
+        hot_keys: list[str] = []
+        cold_hits = 0
+        partial = 0
+        parent = self.namespace.digest
+        try:
+            # RAM, block by block (keys chained lazily, as ``chain_keys``) to its first miss.
+            for i in range(max_blocks):
+                key = block_key(parent, tokens[i * bs : (i + 1) * bs])
+                block = self._hot.get(key)
+                if block is None:
+                    break
+                self._take(key, block.payload, keys, payloads)
+                hot_keys.append(key)
+                parent = key
+            if len(keys) < max_blocks and self._cold is not None:
+                cold_hits = self._walk_cold(tokens, max_blocks, parent, keys, payloads, hot_keys)
+                parent = keys[-1] if keys else parent
+            n_hot = len(hot_keys)
+            match = self._best_child(tokens, len(keys) * bs, parent)
+            if match is not None:
+                partial = match.shared
+                payloads.append(self._codec.truncate(match.payload, partial))
+                self._hot.pin((match.meta.key,))
+                keys.append(match.meta.key)
+                if match.from_hot:
+                    hot_keys.append(match.meta.key)
+            n_full = len(keys) - (1 if match is not None else 0)
+            point = None
+            if not self.layout.plain:
+                point = self._points.find(tokens, keys[:n_full], n_full * self.block_size + partial)
+                keys, payloads, partial, n_hot, cold_hits = self._points.clamp(
+                    point, keys, payloads, partial, n_hot, cold_hits
+                )
+        except BaseException:
+            self._hot.unpin(keys)  # no lease was handed out: do not leak the pins
+            raise
+        if self._cold is not None and hot_keys:
+            self._cold.touch(hot_keys)  # served from RAM: keep them young on disk too
+        matched = n_full * self.block_size + (match.shared if match is not None else 0)
+        return self._record_hit(len(tokens), keys, payloads, n_hot, cold_hits, partial, point, matched)
+
+    def release(self, hit: PrefixHit) -> None:
+        """Unpin the hit's blocks; releasing twice is harmless."""
+        with self._lock:
+            keys = self._leases.pop(hit.lease, None)
+        if keys:
+            self._hot.unpin(keys)
+
+    def _best_child(self, tokens: Sequence[int], start: int, parent: str) -> PartialMatch | None:
+        """The child of ``parent`` continuing ``tokens[start:]`` the furthest (promoted to RAM).
+
+        Capped so one token is left to prefill; disk is asked only when RAM could be beaten.
+        """
+        want = tuple(tokens[start : start + max(min(len(tokens) - 1 - start, self.block_size), 0)])
+        if not want:
+            return None
+        cold = self._cold
+        match = best_child(
+            want,
+            self._hot.children(parent),
+            (lambda: cold.children(parent)) if cold is not None else None,
+            lambda meta: self._read_cold(meta.key, parent),
+        )
+        if match is None:
+            return None
+        if match.from_hot:
+            self._hot.touch(match.meta.key)
+        else:  # promoted whole: the next lookup finds it in RAM
+            self._hot.put(
+                match.meta, match.tokens, match.payload, self._codec.nbytes(match.payload)
+            )
+            self._known.remember(match.meta.key)
+        return match
+
+    def _take(self, key: str, payload: Any, keys: list[str], payloads: list[Any]) -> None:
+        # Pin as we go: promoting a later cold block must not evict an earlier match.
+        self._hot.pin((key,))
+        keys.append(key)
+        payloads.append(payload)
+
+    def _walk_cold(
+        self,
+        tokens: Sequence[int],
+        max_blocks: int,
+        parent: str,
+        keys: list[str],
+        payloads: list[Any],
+        hot_keys: list[str],
+    ) -> int:
+        """Extend the match past RAM's first miss; returns how many blocks came from disk.
+
+        The rest of the chain is asked of the cold source in one batch (read ahead
+        while this thread decodes); blocks RAM still holds are taken from RAM. The
+        walk ends at the first block neither has.
+        """
+        assert self._cold is not None
+        bs = self.block_size
+        start = len(keys)
+        rest = chain_keys(parent, tokens[start * bs : max_blocks * bs], bs)
+        parents = [parent, *rest[:-1]]
+        wanted = [(k, p) for k, p in zip(rest, parents, strict=True) if k not in self._hot]
+        cold_hits = planned = 0
+        with closing(self._cold.get_many(wanted)) as batch:
+            for j, (key, parent_key) in enumerate(zip(rest, parents, strict=True)):
+                block_tokens = tuple(tokens[(start + j) * bs : (start + j + 1) * bs])
+                if planned < len(wanted) and wanted[planned][0] == key:
+                    planned += 1
+                    payload = self._promote(key, parent_key, block_tokens, self._next(batch, key))
+                else:
+                    block = self._hot.get(key)
+                    if block is not None:
+                        self._take(key, block.payload, keys, payloads)
+                        hot_keys.append(key)
+                        continue
+                    # Left RAM since the batch was planned (a promotion evicted it).
+                    found = self._read_cold(key, parent_key)
+                    payload = self._promote(key, parent_key, block_tokens, found)
+                if payload is None:
+                    break
+                self._take(key, payload, keys, payloads)
+                cold_hits += 1
+        return cold_hits
+
+    @staticmethod
+    def _next(
+        batch: Iterator[tuple[Sequence[int], Any]], key: str
+    ) -> tuple[tuple[int, ...], Any] | None:
+        """The batch's next block (``key``), or None when it ended (a miss) or failed."""
+        try:
+            found = next(batch, None)
+        except OSError:
+            # The port promises not to raise; a disk error must still never fail a request.
+            log.exception("cold tier read of %s failed; treated as a miss", key)
+            return None
+        return None if found is None else (tuple(found[0]), found[1])
+
+    def _read_cold(self, key: str, parent: str) -> tuple[tuple[int, ...], Any] | None:
+        """A verified read from the cold source (checksum, rehash to ``key``); None on a miss."""
+        assert self._cold is not None
+        try:
+            found = self._cold.get(key, parent)
+        except OSError:
+            # The port promises not to raise; a disk error must still never fail a request.
+            log.exception("cold tier read of %s failed; treated as a miss", key)
+            return None
+        if found is None:
+            return None
+        return tuple(found[0]), found[1]
+
+    def _promote(
+        self,
+        key: str,
+        parent: str,
+        block_tokens: tuple[int, ...],
+        found: tuple[tuple[int, ...], Any] | None,
+    ) -> Any | None:
+        """Put a block read from the cold source into RAM; its payload, or None on a miss."""
+        if found is None:
+            return None
+        stored_tokens, payload = found
+        if stored_tokens != block_tokens:
+            log.warning(
+                "cold block %s holds other tokens than its key says; treated as a miss", key
+            )
+            return None
+        meta = BlockMeta(
+            key=key,
+            parent_key=parent,
+            namespace=self.namespace.digest,
+            token_count=len(block_tokens),
+        )
+        self._hot.put(meta, block_tokens, payload, self._codec.nbytes(payload))
+        self._known.remember(key)
+        return payload
+
+    def _record_hit(
+        self,
+        n_tokens: int,
+        keys: list[str],
+        payloads: list[Any],
+        hot_hits: int,
+        cold_hits: int,
+        partial: int,
+        point: FoundPoint | None = None,
+        matched: int = 0,
+    ) -> PrefixHit:
+        cached = (hot_hits + cold_hits) * self.block_size + partial
+        lease_keys = list(keys) + (list(point.keys) if point is not None else [])
+        self._tally.add(
+            lookups=1,
+            lookup_tokens=n_tokens,
+            hit_tokens=cached,
+            hot_hits=hot_hits,
+            cold_hits=cold_hits,
+            partial_hits=1 if partial else 0,
+            partial_tokens=partial,
+            lost_tokens=max(matched - cached, 0) if point is not None else 0,
+        )
+        lease = 0
+        if lease_keys:
+            with self._lock:
+                lease = next(self._lease_ids)
+                self._leases[lease] = tuple(lease_keys)
+            self._tally.set(last_hit_at=self._clock.now())
+        return PrefixHit(
+            tuple(keys),
+            tuple(payloads),
+            cached,
+            hot_hits,
+            cold_hits,
+            lease,
+            partial,
+            windows=point.windows if point is not None else (),
+            state=point.state if point is not None else None,
+            matched=max(matched, cached),
+        )

@@ -1,0 +1,146 @@
+"""The prefix cache: what a model's engine holds of the block cache (DESIGN §2).
+
+A small facade over its parts: ``PrefixMatcher`` (lookup, leases), ``BlockKeeper``
+(write-through), ``RequestCapture`` (cutting a running request's blocks) and the kept
+finished caches (``KeptCaches``). The engine starts one ``CacheSession`` per request
+with ``begin`` and otherwise only asks for memory back; every call runs on the engine
+thread except ``stats``, ``held_bytes`` and ``is_pinned``, which others read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from omlx.domain.cache.blocks import NamespaceInfo
+from omlx.domain.cache.capture import RequestCapture
+from omlx.domain.cache.hot_tier import HotTier, HotTierStats
+from omlx.domain.cache.keeper import BlockKeeper, KnownKeys
+from omlx.domain.cache.layout import CacheLayout
+from omlx.domain.cache.matcher import PrefixMatcher
+from omlx.domain.cache.session import CacheSession
+from omlx.domain.cache.tally import Tally
+from omlx.domain.ports import Clock, ColdSource, KeptCaches, KVCodec, SystemClock
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheStats:
+    """Cumulative counters of one prefix cache, for metrics and ``/health``.
+
+    Every counter is a field here and nowhere else: the parts add to one ``Tally`` by
+    these names.
+    """
+
+    lookups: int = 0
+    lookup_tokens: int = 0
+    hit_tokens: int = 0
+    hot_hits: int = 0
+    cold_hits: int = 0
+    stored_blocks: int = 0
+    queued_blocks: int = 0
+    active_leases: int = 0
+    last_hit_at: float | None = None
+    # Time the request path spent cutting and encoding new blocks (engine thread).
+    store_calls: int = 0
+    store_seconds: float = 0.0
+    last_store_seconds: float = 0.0
+    # Lookups that used part of a block, and the tokens those parts restored.
+    partial_hits: int = 0
+    partial_tokens: int = 0
+    # Hybrid layouts: KV-matched tokens recomputed for want of a restore point there,
+    # and the state and window objects stored and their bytes.
+    lost_tokens: int = 0
+    stored_objects: int = 0
+    object_bytes: int = 0
+    # Requests that continued a kept finished cache in place, and the bytes kept now.
+    continued_requests: int = 0
+    kept_bytes: int = 0
+    hot: HotTierStats | None = None  # the RAM tier now
+
+
+class PrefixCache:
+    """Matches prompts against the hot tier, then the cold source; keeps new blocks write-through."""
+
+    def __init__(
+        self,
+        *,
+        namespace: NamespaceInfo,
+        codec: KVCodec,
+        hot: HotTier,
+        cold: ColdSource | None = None,
+        clock: Clock | None = None,
+        known_keys_limit: int = 1 << 16,
+        layout: CacheLayout | None = None,
+        kept: KeptCaches | None = None,
+    ) -> None:
+        self.namespace = namespace
+        self.block_size = namespace.block_size
+        self.layout = layout if layout is not None else CacheLayout()
+        self._codec, self._hot, self._kept = codec, hot, kept
+        self._tally = Tally()
+        known = KnownKeys(known_keys_limit)
+        self._matcher = PrefixMatcher(
+            namespace=namespace,
+            codec=codec,
+            hot=hot,
+            cold=cold,
+            layout=self.layout,
+            known=known,
+            tally=self._tally,
+            clock=clock if clock is not None else SystemClock(),
+        )
+        self._keeper = BlockKeeper(
+            namespace=namespace, codec=codec, hot=hot, cold=cold, known=known, tally=self._tally
+        )
+
+    def begin(self, prompt: Sequence[int]) -> CacheSession:
+        """One request's session: its prompt looked up now (the prefix pinned), never raising."""
+        return CacheSession(
+            prompt,
+            matcher=self._matcher,
+            keeper=self._keeper,
+            codec=self._codec,
+            layout=self.layout,
+            kept=self._kept,
+            tally=self._tally,
+        )
+
+    def make_room(self, room: int) -> int:
+        """Give RAM back until this cache holds at most ``room`` bytes; the bytes it still holds.
+
+        The kept finished caches go first (the hot tier holds their blocks too), then the
+        hot tier's least recently used blocks, pinned ones never (a request pins its
+        prefix by its ``begin``, before asking room for it).
+        """
+        self.drop_kept()
+        self._hot.shrink(room)
+        return self.held_bytes()
+
+    def drop_kept(self) -> None:
+        """Forget the kept finished caches (idle, or the engine was reset)."""
+        if self._kept is not None:
+            self._kept.clear()
+
+    def held_bytes(self) -> int:
+        """Bytes of KV this cache holds in RAM: the hot tier and the kept finished caches."""
+        kept = self._kept.nbytes if self._kept is not None else 0
+        return self._hot.stats().bytes + kept
+
+    def is_pinned(self, key: str) -> bool:
+        """Whether a running request holds ``key``; the cold tier's eviction asks this."""
+        return self._hot.is_pinned(key)
+
+    def store(self, tokens: Sequence[int], cache: Any) -> int:
+        """Keep every block of a cache no request looked up (tests); how many were new."""
+        capture = RequestCapture(self._keeper, self._codec, self.layout, tokens)
+        capture.finished(tokens, cache)
+        return capture.stored_blocks
+
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(
+            **self._tally.read(),  # type: ignore[arg-type]
+            active_leases=self._matcher.active_leases,
+            kept_bytes=self._kept.nbytes if self._kept is not None else 0,
+            hot=self._hot.stats(),
+        )

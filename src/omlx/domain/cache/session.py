@@ -1,0 +1,178 @@
+"""One request's face of the prefix cache: all the engine sees of it (DESIGN §2).
+
+``PrefixCache.begin(prompt)`` looks the prompt up (its prefix pinned), then the engine
+calls, on its own thread: ``restore()`` for the cache to start from, ``prefilled`` after
+each prefill chunk, ``wants_decoded``/``decoded`` during decode (sliding layers),
+``finished`` with the request's final cache, and ``close()`` when it leaves without one.
+No call raises into the engine: a failed lookup or restore is a miss, a failed cut stops
+capturing (what was kept stays). ``seconds`` holds its lookup, restore and store time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from omlx.domain.cache.blocks import MISS, PrefixHit
+from omlx.domain.cache.capture import RequestCapture
+from omlx.domain.cache.keeper import BlockKeeper
+from omlx.domain.cache.layout import CacheLayout
+from omlx.domain.cache.matcher import PrefixMatcher
+from omlx.domain.cache.tally import Tally
+from omlx.domain.ports import KeptCaches, KVCodec
+
+log = logging.getLogger(__name__)
+
+# Gives a running request's cache as it is now (a view cut from the batch), or None.
+CacheView = Callable[[], Any]
+
+
+class CacheSession:
+    """The prefix cache for one request, from its lookup to its stored blocks."""
+
+    def __init__(
+        self,
+        prompt: Sequence[int],
+        *,
+        matcher: PrefixMatcher,
+        keeper: BlockKeeper,
+        codec: KVCodec,
+        layout: CacheLayout,
+        kept: KeptCaches | None,
+        tally: Tally,
+    ) -> None:
+        self._prompt = list(prompt)
+        self._matcher, self._keeper, self._codec = matcher, keeper, codec
+        self._layout, self._kept, self._tally = layout, kept, tally
+        self.seconds = {"lookup": 0.0, "restore": 0.0, "store": 0.0}
+        self.continued = False  # restored from a kept finished cache, not from blocks
+        started = time.perf_counter()
+        try:
+            self._hit = matcher.lookup(self._prompt)
+        except Exception:  # the lookup unpinned what it took: serve the request as a miss
+            log.exception("prefix lookup of a %d-token prompt failed; a miss", len(self._prompt))
+            self._hit = MISS
+        self.seconds["lookup"] = time.perf_counter() - started
+        self._capture: RequestCapture | None = self._new_capture(self._prompt, self._hit)
+        self._plan = self._capture.plan
+
+    @property
+    def hit(self) -> PrefixHit:
+        return self._hit
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt positions the restored cache holds (0 after a failed restore)."""
+        return self._hit.cached_tokens
+
+    @property
+    def lost_tokens(self) -> int:
+        """KV-matched positions recomputed for want of a restore point there (hybrids)."""
+        return self._hit.lost_tokens
+
+    @property
+    def plan(self) -> tuple[int, ...]:
+        """Positions past the restored prefix where prefill chunks must end (restore points)."""
+        return self._plan
+
+    def restore(self) -> Any:
+        """A fresh engine cache holding the matched prefix, or None to prefill from 0.
+
+        A kept finished cache holding the prefix is continued in place; otherwise the
+        matched blocks are assembled. A failure turns the hit into a miss (read
+        ``cached_tokens`` and ``plan`` after this call).
+        """
+        if not self._hit.cached_tokens:
+            return None
+        started = time.perf_counter()
+        try:
+            cache = self._kept.take(self._prompt, self._hit.cached_tokens) if self._kept else None
+            if cache is not None:
+                self.continued = True
+                self._tally.add(continued_requests=1)
+            else:
+                cache = self._assemble()
+        except Exception:
+            log.exception("restoring a %d-token prefix failed; recomputed", self._hit.cached_tokens)
+            self._matcher.release(self._hit)
+            self._hit = MISS
+            self._capture = self._new_capture(self._prompt, MISS)
+            self._plan = self._capture.plan
+            cache = None
+        self.seconds["restore"] += time.perf_counter() - started
+        return cache
+
+    def prefilled(self, view: CacheView, position: int) -> None:
+        """A prefill chunk ended: the cache holds ``[0, position)``; keep what it completed."""
+        self._cut(view, position, prefill=True)
+
+    def wants_decoded(self, position: int) -> bool:
+        """Whether ``decoded`` has work at ``position`` (a block completed, sliding layers)."""
+        return self._capture is not None and self._capture.wants_decoded(position)
+
+    def decoded(self, view: CacheView, position: int) -> None:
+        """During decode: the cache holds ``[0, position)``; keep the window KV it completed."""
+        self._cut(view, position, prefill=False)
+
+    def finished(self, tokens: Sequence[int] | None, cache: Any) -> None:
+        """The request ended; ``cache`` holds exactly ``tokens`` (None: nothing to keep).
+
+        Its prefix is unpinned first; then every block not yet kept is cut, and a plain
+        layout's cache is kept whole for the next turn to continue.
+        """
+        self.close()
+        if cache is None or not tokens:
+            return
+        started = time.perf_counter()
+        try:
+            # A capture stopped by an error starts over: every block not in RAM is cut.
+            capture = self._capture or self._new_capture(tokens, None)
+            capture.finished(tokens, cache)
+        except Exception:
+            log.exception("could not keep the blocks of a finished %d-token request", len(tokens))
+        finally:
+            self._timed("store", started)
+        self._capture = None
+        if self._layout.plain and self._kept is not None:
+            try:
+                self._kept.keep(list(tokens), cache)
+            except Exception:
+                log.exception("could not keep a finished cache for the next turn")
+
+    def close(self) -> None:
+        """Unpin the matched prefix; harmless twice, and after ``finished``."""
+        self._matcher.release(self._hit)
+
+    def _cut(self, view: CacheView, position: int, *, prefill: bool) -> None:
+        if self._capture is None:
+            return
+        started = time.perf_counter()
+        try:
+            cache = view()
+            if cache is not None:
+                if prefill:
+                    self._capture.prefilled(cache, position)
+                else:
+                    self._capture.decoded(cache, position)
+        except Exception:
+            log.exception("could not keep the blocks at position %d; capturing stops", position)
+            self._capture = None  # what was kept stays
+        finally:
+            self._timed("store", started)
+
+    def _assemble(self) -> Any:
+        payloads = list(self._hit.payloads)
+        if self._layout.plain:
+            return self._codec.assemble(payloads)
+        return self._codec.assemble(payloads, windows=list(self._hit.windows), state=self._hit.state)
+
+    def _new_capture(self, prompt: Sequence[int], hit: PrefixHit | None) -> RequestCapture:
+        return RequestCapture(self._keeper, self._codec, self._layout, prompt, hit)
+
+    def _timed(self, phase: str, started: float) -> None:
+        seconds = time.perf_counter() - started
+        self.seconds[phase] += seconds
+        self._tally.add(store_calls=1, store_seconds=seconds)
+        self._tally.set(last_store_seconds=seconds)
