@@ -199,9 +199,10 @@ def load_settings(
         if value is not None:
             values[key] = value
             origins[key] = _FLAG_NAMES.get(key, "--" + key.replace("_", "-"))
-    if added_aliases:
+    configured = values.get("model_aliases", ())
+    if added_aliases and isinstance(configured, list | tuple):  # else msgspec names the bad type
         names = {spec.partition("=")[0].strip() for spec in added_aliases}
-        kept = [a for a in values.get("model_aliases", ()) if a.partition("=")[0].strip() not in names]
+        kept = [a for a in configured if str(a).partition("=")[0].strip() not in names]
         values["model_aliases"] = [*added_aliases, *kept]
         origins["model_aliases"] = "--model-alias"
     try:
