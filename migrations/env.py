@@ -46,7 +46,7 @@ def _migrate(connection: Connection) -> None:
 
 
 def run_sqlite(db_path: str) -> None:
-    from omlx.adapters.sqlindex.engine import make_engine, writer_engine
+    from omlx.adapters.sqlindex.database import make_engine, writer_engine
 
     engine = make_engine(db_path, foreign_keys=False, pooled=False)
     try:

@@ -169,6 +169,7 @@ class FakeBlockIndex:
     def __init__(self) -> None:
         self.namespaces: dict[str, NamespaceInfo] = {}
         self.blocks: dict[str, StoredBlock] = {}
+        self.heads: dict[str, tuple[int, ...]] = {}
         self.down = False
         self.evicting_elsewhere = False
         self.lookups = 0
@@ -181,11 +182,13 @@ class FakeBlockIndex:
         self._check()
         self.namespaces[namespace.digest] = namespace
 
-    def add_block(self, block: StoredBlock) -> bool:
+    def add_block(self, block: StoredBlock, tokens: Sequence[int] = ()) -> bool:
         self._check()
         if block.key in self.blocks:
             return False
         self.blocks[block.key] = block
+        if tokens:
+            self.heads[block.key] = tuple(tokens)
         return True
 
     def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]:
@@ -198,6 +201,20 @@ class FakeBlockIndex:
         mine = [b for b in self.blocks.values() if b.parent_key == parent_key and b.kind == "kv"]
         mine.sort(key=lambda b: (-b.last_access, -b.created_at, b.key))
         return mine[:limit]
+
+    def nearest_children(
+        self, parent_key: str, tokens: Sequence[int], limit: int
+    ) -> list[tuple[StoredBlock, tuple[int, ...]]]:
+        self._check()
+        mine = sorted(
+            (self.heads[b.key], b)
+            for b in self.blocks.values()
+            if b.parent_key == parent_key and b.kind == "kv" and b.key in self.heads
+        )
+        want = tuple(tokens)
+        below = [(b, h) for h, b in mine if h <= want][::-1][:limit]
+        above = [(b, h) for h, b in mine if h > want][:limit]
+        return below + above
 
     def point_children(self, parent_keys: Sequence[str]) -> list[StoredBlock]:
         self._check()
@@ -369,7 +386,7 @@ class FakeColdSource:
         parents = set(parent_keys)
         return [m for m, _, _ in self.blocks.values() if m.parent_key in parents and m.kind != "kv"]
 
-    def children(self, parent_key: str) -> list[BlockMeta]:
+    def children(self, parent_key: str, want: Sequence[int] = ()) -> list[BlockMeta]:
         self.children_calls.append(parent_key)
         return [
             meta

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omlx.adapters.blockfiles.format import RawTensor, kv_layers, pack_block, unpack_block
 from omlx.adapters.blockfiles.store import FileBlockStore
-from omlx.adapters.sqlindex.engine import index_path, make_engine
+from omlx.adapters.sqlindex.database import index_path, make_engine
 from omlx.adapters.sqlindex.repository import SqlBlockIndex, connect_index
 from omlx.domain.cache.blocks import BlockMeta, DecodedBlock, NamespaceInfo, StoredBlock
 from omlx.domain.cache.keys import block_key, namespace_digest
@@ -57,6 +57,7 @@ def record_block(
     data: bytes,
     at: float = 1.0,
     hit_count: int = 0,
+    tokens: Sequence[int] = (),
 ) -> StoredBlock:
     """File first, row second: a block recorded the way the writer records it."""
     checksum = hashlib.sha256(data).hexdigest()
@@ -74,7 +75,7 @@ def record_block(
         at,
         hit_count=hit_count,
     )
-    index.add_block(block)
+    index.add_block(block, tokens)
     return block
 
 

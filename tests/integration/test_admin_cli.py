@@ -228,6 +228,23 @@ def test_cache_dir_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monk
     assert report["cache_dir"] == str(tmp_path) and report["total"]["blocks"] == 2
 
 
+def test_cache_dir_and_index_from_the_server_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No --cache-dir and no OMLX_CACHE_DIR: the folder and index omlx serve would use.
+    monkeypatch.delenv("OMLX_CACHE_DIR", raising=False)
+    monkeypatch.setenv("OMLX_PAGED_SSD_CACHE_DIR", str(tmp_path))
+    _populate(tmp_path, make_namespace(), 3)
+    report = json.loads(_run("cache", "stats", "--json").stdout)
+    assert report["cache_dir"] == str(tmp_path) and report["total"]["blocks"] == 3
+    monkeypatch.setenv("OMLX_INDEX_URL", "sqlite:///" + str(tmp_path / "elsewhere.db"))
+    report = json.loads(_run("cache", "stats", "--json").stdout)
+    assert report["total"]["blocks"] == 0  # that other, empty index: the URL was honoured
+    monkeypatch.setenv("OMLX_BLOCK_SIZE", "0")
+    result = _run("cache", "stats", "--json")
+    assert result.exit_code != 0 and "block_size" in result.output
+
+
 def test_admin_never_imports_litestar_or_mlx(tmp_path: Path) -> None:
     _populate(tmp_path, make_namespace(), 2)
     code = (

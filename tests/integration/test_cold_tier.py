@@ -20,6 +20,7 @@ from omlx.adapters.sqlindex import SqlBlockIndex, open_index
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
 from omlx.domain.cache.cold_tier import ColdTier, RecencyBuffer
 from omlx.domain.cache.keys import block_key
+from omlx.domain.cache.partial_match import best_child
 from omlx.domain.ports import ColdSource
 from tests.fakes import FakeClock
 from tests.storage_checks import assert_cache_invariants, fake_decode, make_chain, make_namespace
@@ -366,6 +367,27 @@ def test_partial_blocks_are_listed_as_children_and_served_verified(tmp_path: Pat
         index.add_block(replace(row, nbytes=len(forged), checksum=sha256(forged).hexdigest()))
         assert tier.get(row.key, root) is None
         assert row.key not in {c.key for c in tier.children(root)}
+    assert_cache_invariants(tmp_path)
+
+
+def test_an_old_conversation_is_found_among_many_newer_siblings(tmp_path: Path) -> None:
+    """A short replay after a restart: its block is older than 30 siblings sharing 24 tokens."""
+    ns = make_namespace()
+    chain = make_chain(ns, 1)
+    root = chain[0][0].key
+    template = tuple(range(100, 124))
+    old = _partial(ns, root, (*template, *range(7000, 7012)))
+    newer = [_partial(ns, root, (*template, 9000 + i, 5)) for i in range(30)]
+    want = (*template, *range(7000, 7011))  # the replayed prompt, one token left to prefill
+    with cold_tier(tmp_path, ns) as (tier, writer, _, clock):
+        for meta, tokens, data in [*chain, old, *newer]:
+            clock.advance(1)
+            tier.put(meta, tokens, data)
+            _drain(writer)
+        assert old[0].key not in {c.key for c in tier.children(root)}  # by recency alone
+        match = best_child(want, [], lambda: tier.children(root, want), lambda m: tier.get(m.key, root))
+        assert match is not None and match.meta.key == old[0].key
+        assert match.shared == len(want) and match.tokens == old[1]
     assert_cache_invariants(tmp_path)
 
 

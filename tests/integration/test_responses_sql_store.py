@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from omlx.adapters.blockfiles import FileBlockStore
+from omlx.adapters.cold_folder import open_cold_folder
 from omlx.adapters.sqlindex import (
     SqlResponseStore,
     current_revision,
@@ -17,7 +17,7 @@ from omlx.adapters.sqlindex import (
     open_index,
     upgrade,
 )
-from omlx.app.bootstrap import SsdParts, _response_store
+from omlx.app.bootstrap import _response_store
 from omlx.app.responses_store import MemoryResponseStore
 from omlx.app.settings import Settings
 from omlx.domain.responses import DAY, Retention, StoredResponse
@@ -91,10 +91,9 @@ def test_migration_0010_adds_the_table_beside_the_index(tmp_path: Path):
 
 
 def test_the_server_stores_in_the_index_when_the_ssd_tier_is_on(tmp_path: Path):
-    index = open_index(tmp_path)
+    folder = open_cold_folder(tmp_path, None)
     try:
-        parts = SsdParts(tmp_path, index, FileBlockStore(tmp_path), shared=False, server_id="test")
-        assert isinstance(_response_store(Settings(), parts), SqlResponseStore)
+        assert isinstance(_response_store(Settings(), folder), SqlResponseStore)
     finally:
-        index.close()
+        folder.close()
     assert isinstance(_response_store(Settings(), None), MemoryResponseStore)

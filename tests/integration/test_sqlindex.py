@@ -436,3 +436,42 @@ def test_postgres_lock_timeout_is_a_miss_not_an_outage(tmp_path: Path, pg_url: s
     other.close()
     index.close()
     assert_cache_invariants(tmp_path, index_url=pg_url)
+
+
+def test_nearest_children_find_the_longest_shared_run_among_many_siblings(
+    tmp_path: Path, index_url: str
+) -> None:
+    """Neighbours in token order, not recency: an old sibling is found among 40 newer ones."""
+    index = connect_index(index_url)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    root = record_block(FileBlockStore(tmp_path), index, ns, *_meta_data(ns, ns.digest, (1,) * 4))
+    template = tuple(range(100, 124))  # the 24 tokens every conversation starts with
+
+    def child(tokens: tuple[int, ...], at: float) -> StoredBlock:
+        meta, data = _meta_data(ns, root.key, tokens)
+        return record_block(FileBlockStore(tmp_path), index, ns, meta, data, at, tokens=tokens)
+
+    old = child((*template, *range(7000, 7012)), at=1.0)
+    newer = [child((*template, 9000 + i, 5, 6), at=10.0 + i) for i in range(40)]
+    want = (*template, *range(7000, 7011))  # a replay of the old one, one token short
+    assert old.key not in {b.key for b in index.children(root.key, 16)}  # recency loses it
+    near = index.nearest_children(root.key, want, 4)
+    assert near[0] == (old, (*template, *range(7000, 7012)))
+    assert len(near) <= 8 and all(b.parent_key == root.key for b, _ in near)
+    assert index.nearest_children("ab" * 32, want, 4) == []
+    # The head goes with its block.
+    index.remove_blocks([old.key, newer[0].key])  # rows first, then files
+    for block in (old, newer[0]):
+        FileBlockStore(tmp_path).delete(block.relpath)
+    assert old.key not in {b.key for b, _ in index.nearest_children(root.key, want, 4)}
+    with index.engine.connect() as conn:
+        heads = conn.exec_driver_sql("SELECT COUNT(*) FROM block_heads").scalar()
+    assert heads == 39
+    index.close()
+    assert_cache_invariants(tmp_path, index_url=index_url)
+
+
+def _meta_data(ns: NamespaceInfo, parent: str, tokens: tuple[int, ...]) -> tuple[BlockMeta, bytes]:
+    meta = BlockMeta(block_key(parent, tokens), parent, ns.digest, len(tokens))
+    return meta, pack_block(meta, tokens, [])

@@ -1,17 +1,20 @@
 """Fakes for API unit tests: an engine that replays scripted events, a byte tokenizer.
 
-The app under test is the real ``create_app`` over a real ``GenerationService``;
-only the model and the engine thread are replaced.
+The app under test is the real ``create_app`` over the real composition root
+(``bootstrap(model=, engine=)``); only the model and the engine thread are replaced.
+``FakeModel`` and ``FakeEngine`` follow the ``ChatModel`` and ``GenerationEngine`` ports
+(``tests/unit/test_domain_imports.py`` checks them).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from omlx.app.bootstrap import wire_services
+from omlx.app.bootstrap import bootstrap
 from omlx.app.container import Container
 from omlx.app.settings import Settings
 from omlx.domain.generation import (
@@ -73,6 +76,7 @@ class FakeModel:
     context_length: int = 4096
     cache_supported: bool = True
     cache_unsupported_reason: str = ""
+    layout: Any = None
 
 
 Script = Callable[[GenerationRequest], list[GenerationEvent]]
@@ -105,7 +109,10 @@ def fails_after(*texts: str) -> Script:
 
 
 class FakeEngine:
-    """Replays ``script(request)`` synchronously on submit; records submissions and cancels."""
+    """Replays ``script(request)`` synchronously on submit; records submissions and cancels.
+
+    ``queued`` and ``kv_token_capacity`` are for a test to set: a full queue, a memory guard.
+    """
 
     def __init__(self, script: Script | None = None) -> None:
         self.script = script or reply("Hello", " world")
@@ -113,9 +120,12 @@ class FakeEngine:
         self.cancelled: list[int] = []
         self.active = 0
         self.queued = 0
+        self.kv_token_capacity: int | None = None
+        self.last_submitted = 0.0
 
     def submit(self, request: GenerationRequest, emit: Callable[[GenerationEvent], None]) -> int:
         self.submitted.append(request)
+        self.last_submitted = time.monotonic()
         for event in self.script(request):
             emit(event)
         return len(self.submitted)
@@ -127,6 +137,9 @@ class FakeEngine:
 def fake_container(engine: FakeEngine | None = None, **settings: Any) -> Container:
     settings.setdefault("max_queued_requests", 4)
     settings.setdefault("default_max_tokens", 16)
-    return wire_services(
-        Settings(**settings), FakeModel(), engine or FakeEngine(), grammars=FakeGrammarCompiler()
+    return bootstrap(
+        Settings(**settings),
+        model=FakeModel(),
+        engine=engine or FakeEngine(),
+        grammars=FakeGrammarCompiler(),
     )

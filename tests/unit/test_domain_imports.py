@@ -73,3 +73,48 @@ def test_fakes_implement_their_ports(port_name: str, impl_name: str) -> None:
         assert callable(getattr(impl, name, None)), f"{impl_name} lacks {name}"
         want = list(inspect.signature(member).parameters)
         assert list(inspect.signature(getattr(impl, name)).parameters) == want, name
+
+
+def _port_members(port: type) -> tuple[dict[str, object], set[str]]:
+    """A port's methods (its own and its bases') and its data members (attributes, properties)."""
+    from omlx.domain import ports
+
+    methods: dict[str, object] = {}
+    data: set[str] = set()
+    for klass in reversed(port.__mro__):
+        if klass.__module__ != ports.__name__:
+            continue
+        data |= {n for n in vars(klass).get("__annotations__", {}) if not n.startswith("_")}
+        for name, member in vars(klass).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(member, property):
+                data.add(name)
+            elif callable(member):
+                methods[name] = member
+    return methods, data
+
+
+ENGINE_FAKES = [
+    ("GenerationEngine", "FakeEngine"),
+    ("ModelWorker", "FakeEngine"),
+    ("ChatModel", "FakeModel"),
+]
+
+
+@pytest.mark.parametrize(("port_name", "impl_name"), ENGINE_FAKES)
+def test_the_api_fakes_implement_the_engine_ports(port_name: str, impl_name: str) -> None:
+    # What the app's services are tested over must be what the MLX adapter has to provide.
+    from omlx.domain import ports
+    from tests.unit import api_fakes
+
+    port, impl = getattr(ports, port_name), getattr(api_fakes, impl_name)
+    methods, data = _port_members(port)
+    assert methods or data
+    fake = impl()
+    for name, member in methods.items():
+        assert callable(getattr(impl, name, None)), f"{impl_name} lacks {name}"
+        want = list(inspect.signature(member).parameters)
+        assert list(inspect.signature(getattr(impl, name)).parameters) == want, name
+    for name in data:
+        assert hasattr(fake, name), f"{impl_name} lacks {name}"

@@ -36,8 +36,8 @@ from omlx.app.admin_target import (
     owned_or_shared,
 )
 from omlx.app.progress import track
-from omlx.app.sizes import format_size, parse_size
 from omlx.domain.cache.eviction import evict
+from omlx.domain.sizes import format_bytes, parse_size
 
 T = TypeVar("T")
 
@@ -90,29 +90,29 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
         click.echo(f"server:       {running}")
     click.echo(
         f"index:        {report['index']['path']} (revision {report['index']['revision']}, "
-        f"{format_size(report['index']['nbytes'])})"
+        f"{format_bytes(report['index']['nbytes'])})"
     )
     for ns in report["namespaces"]:
         click.echo(
             f"  {ns['model_name']} [{ns['namespace'][:12]}]: {_count(ns['blocks'], 'block')}, "
-            f"{_count(ns['tokens'], 'token')}, {format_size(ns['nbytes'])}, "
+            f"{_count(ns['tokens'], 'token')}, {format_bytes(ns['nbytes'])}, "
             f"last used {_ago(ns['newest_access'] or ns['last_used_at'])}"
         )
     total, disk = report["total"], report["disk"]
     click.echo(
         f"total:        {_count(total['blocks'], 'block')}, {_count(total['tokens'], 'token')}, "
-        f"{format_size(total['nbytes'])}"
+        f"{format_bytes(total['nbytes'])}"
     )
     prepared = report["prepared_weights"]
     if prepared["copies"]:
         click.echo(
             f"prepared:     {prepared['copies']} float32 GGUF copies, "
-            f"{format_size(prepared['nbytes'])} in {prepared['path']}"
+            f"{format_bytes(prepared['nbytes'])} in {prepared['path']}"
         )
     if disk:
         click.echo(
-            f"disk:         {format_size(disk['free'])} free of {format_size(disk['total'])} "
-            f"(reserve {format_size(disk['reserve'])})"
+            f"disk:         {format_bytes(disk['free'])} free of {format_bytes(disk['total'])} "
+            f"(reserve {format_bytes(disk['reserve'])})"
         )
 
 
@@ -199,7 +199,7 @@ def verify_command(cache_dir: Path, index_url: str | None, fix: bool) -> None:
             click.echo(f"BAD {block.key} {block.relpath}: {problem}")
         if bad and fix:
             freed = remove_blocks(index, store, [b for b, _ in bad])
-            click.echo(f"removed {len(bad)} bad blocks ({format_size(freed)})")
+            click.echo(f"removed {len(bad)} bad blocks ({format_bytes(freed)})")
     finally:
         index.close()
     click.echo(f"checked {checked} blocks: {len(bad)} bad")
@@ -278,7 +278,7 @@ def vacuum_command(
             _compact(target, index, owned=spare is None)
         finally:
             index.close()
-    click.echo(f"freed {format_size(freed)} of block files")
+    click.echo(f"freed {format_bytes(freed)} of block files")
 
 
 def _compact(target: Target, index: SqlBlockIndex, *, owned: bool) -> None:
@@ -295,7 +295,7 @@ def _compact(target: Target, index: SqlBlockIndex, *, owned: bool) -> None:
     before = db.stat().st_size
     index.vacuum()
     after = db.stat().st_size
-    click.echo(f"index compacted: {format_size(before)} -> {format_size(after)}")
+    click.echo(f"index compacted: {format_bytes(before)} -> {format_bytes(after)}")
 
 
 def _vacuum(
@@ -312,7 +312,7 @@ def _vacuum(
     click.echo(f"removed {report.rows_without_files} rows without files")
     click.echo(
         f"removed {report.files_without_rows} files without rows "
-        f"({format_size(report.orphan_bytes)})"
+        f"({format_bytes(report.orphan_bytes)})"
     )
     freed = report.orphan_bytes
     if unused_namespaces:
@@ -322,7 +322,7 @@ def _vacuum(
             click.echo(f"dropped unused model {name} [{digest[:12]}]")
         gone = delete_files(store, blocks, _progress)
         click.echo(
-            f"dropped {_count(len(stale), 'unused namespace')}: {_count(len(blocks), 'block')} ({format_size(gone)})"
+            f"dropped {_count(len(stale), 'unused namespace')}: {_count(len(blocks), 'block')} ({format_bytes(gone)})"
         )
         freed += gone
     budget = DiskBudget(store.root, max_bytes=max_bytes if max_bytes is not None else 2**62)
@@ -336,7 +336,7 @@ def _vacuum(
         victims = []
     evicted = sum(v.nbytes for v in victims)
     spared = "" if lease is None else f"; blocks used in the last {lease:.0f} s were spared"
-    click.echo(f"evicted {len(victims)} least recently used blocks ({format_size(evicted)}){spared}")
+    click.echo(f"evicted {len(victims)} least recently used blocks ({format_bytes(evicted)}){spared}")
     return freed + evicted
 
 
@@ -384,7 +384,7 @@ def clear_command(cache_dir: Path, model: str | None, yes: bool, index_url: str 
         index.close()
     if not target.shared and lock_holder(cache_dir) is None:
         store.prune_empty_dirs()  # with servers running, a new folder may be about to get a file
-    click.echo(f"cleared {_count(len(blocks), 'block')} of {_count(len(chosen), 'namespace')} ({format_size(freed)})")
+    click.echo(f"cleared {_count(len(blocks), 'block')} of {_count(len(chosen), 'namespace')} ({format_bytes(freed)})")
 
 
 @db_group.command("upgrade")

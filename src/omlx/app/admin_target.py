@@ -28,26 +28,45 @@ from omlx.adapters.sqlindex import (
     index_path,
     sqlite_url,
 )
+from omlx.app.settings import Settings, load_settings
 from omlx.domain.ports import IndexUnavailable
 
 F = TypeVar("F", bound=Callable[..., Any])
-DEFAULT_CACHE_DIR = "~/.omlx/cache"
+
+
+def _server_settings(param: click.Parameter) -> Settings:
+    try:
+        return load_settings()
+    except ValueError as exc:  # a bad OMLX_* value: say which, as omlx serve would
+        raise click.BadParameter(str(exc), param=param) from None
+
+
+def _server_cache_dir(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path:
+    # Unset: the server's own paged_ssd_cache_dir (config/omlx.toml, OMLX_PAGED_SSD_CACHE_DIR).
+    return value if value is not None else _server_settings(param).cache_dir
+
+
+def _server_index_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # Unset: the server's own index_url (OMLX_INDEX_URL); empty there means <cache-dir>/index.db.
+    return value if value is not None else _server_settings(param).index_url or None
+
 
 cache_dir_option = click.option(
     "--cache-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_CACHE_DIR,
-    envvar=["OMLX_CACHE_DIR", "OMLX_PAGED_SSD_CACHE_DIR"],
-    show_default=True,
+    default=None,
+    envvar="OMLX_CACHE_DIR",
     show_envvar=True,
-    help="The cache folder (block files, and index.db unless --index-url is given).",
+    callback=_server_cache_dir,
+    help="The cache folder (block files, and index.db unless --index-url is given); "
+    "default: the server's paged_ssd_cache_dir.",
 )
 index_url_option = click.option(
     "--index-url",
     default=None,
-    envvar="OMLX_INDEX_URL",
-    show_envvar=True,
-    help="The index, when not <cache-dir>/index.db: postgresql+psycopg://… (a shared index).",
+    callback=_server_index_url,
+    help="The index, when not <cache-dir>/index.db: postgresql+psycopg://… (a shared index); "
+    "default: the server's index_url.",
 )
 
 

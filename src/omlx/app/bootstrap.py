@@ -5,49 +5,71 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas, log_blas
-from omlx.app.chat import ChatPipeline
+from omlx.app.catalog import CHAT, ModelSpec, catalog
 from omlx.app.container import Container
-from omlx.app.model_loader import SharedCold
+from omlx.app.model_loader import ModelLoader, SharedCold, serve_chat
 from omlx.app.model_names import ModelNames
 from omlx.app.normalize import PromptNormalizer
-from omlx.app.pool import ModelPool, Served
+from omlx.app.pool import ModelPool
 from omlx.app.responses_store import MemoryResponseStore, ResponseStore
 from omlx.app.sealing import ReasoningSeal
-from omlx.app.service import GenerationService
 from omlx.app.settings import Settings
-from omlx.app.templates import ChatRenderer
 from omlx.domain.memory import MemoryAccount
+from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
+
+if TYPE_CHECKING:  # imported where they are opened: a test's bootstrap opens neither
+    from omlx.adapters.cold_folder import ColdFolder
+    from omlx.adapters.sqlindex import SqlBlockIndex
 
 log = logging.getLogger(__name__)
 
 
-def bootstrap(settings: Settings, *, load_in_background: bool = False, **overrides: Any) -> Container:
+def bootstrap(
+    settings: Settings,
+    *,
+    load_in_background: bool = False,
+    model: ChatModel | None = None,
+    engine: GenerationEngine | None = None,
+    grammars: GrammarCompiler | None = None,
+) -> Container:
     """Find the models, open the shared cache tiers, load the models asked for at start.
 
     ``load_in_background``: only check that those models fit, and leave their loads to
     the app once it listens (``Container.start_loads``), so the port opens in about the
-    time the imports take. ``overrides`` replace built parts in tests (``model=``: an
-    already loaded model).
-    """
-    load_optimized_blas()  # before the first import of mlx below
-    log_blas()
-    from omlx.adapters.mlx.memory import return_freed_memory, total_ram_bytes
-    from omlx.app.catalog import CHAT, catalog
-    from omlx.app.model_loader import ModelLoader
+    time the imports take.
 
+    ``model`` with ``engine`` (tests): serve that one loaded model through that engine,
+    with ``grammars`` for constrained output, instead of finding and loading models. The
+    services are wired as for a loaded model (``serve_chat``); nothing of MLX is imported
+    and no cache tier is opened (an engine brings its own cache, or none).
+    """
+    if (model is None) != (engine is None):
+        raise ValueError("bootstrap: model= and engine= go together")
+    if engine is None:
+        load_optimized_blas()  # before the first import of mlx below
+        log_blas()
     closers: list = []
     try:
-        specs = catalog(list(settings.model_list), settings.model_dir)
+        if model is not None:
+            specs = [ModelSpec(model.model_id, None)]
+        else:
+            specs = catalog(list(settings.model_list), settings.model_dir)
         chat_ids = [s.id for s in specs if s.task == CHAT]
         names = ModelNames(
             [s.id for s in specs], settings.model_aliases, settings.answer_any_model,
             default=chat_ids[0] if chat_ids else None,
         )
+        if model is not None and engine is not None:
+            pool = ModelPool(specs, names)
+            pool.add(serve_chat(settings, specs[0], model, engine, grammars=grammars))
+            return _container(settings, pool, None, None, closers, [], blas="")
+        from omlx.adapters.mlx.memory import return_freed_memory, total_ram_bytes
+
         account = MemoryAccount(settings.max_model_memory_bytes(total_ram_bytes()))
         ssd = _open_ssd(settings, closers) if settings.cache_enabled and settings.ssd_cache_enabled else None
         pool_ref: list[ModelPool] = []  # the writer asks the pool, built just below, about pins
@@ -63,86 +85,46 @@ def bootstrap(settings: Settings, *, load_in_background: bool = False, **overrid
         )
         pool_ref.append(pool)
         closers.append(pool.close)  # after the engines stop, the writer drains (closers reversed)
-        preloaded = overrides.get("model")
         start_loads = []
         for spec in specs:
             if spec.id in pool.pinned or settings.model_list or len(specs) == 1:
-                if preloaded is not None and preloaded.model_id == spec.id:
-                    pool.add(_served_chat(settings, spec, preloaded, loader))
-                elif load_in_background:
+                if load_in_background:
                     pool.check_fits(spec)
                     start_loads.append(spec)
                 else:
                     pool.preload(spec)
-        seal = ReasoningSeal.for_folder(settings.cache_dir if ssd is not None else None)
-        return Container(
-            settings=settings,
-            pool=pool,
-            names=names,
-            normalizer=PromptNormalizer(settings.prompt_normalizations),
-            seal=seal,
-            responses=_response_store(settings, ssd),
-            started_at=int(time.time()),
-            blas=describe_blas(),
-            writer=cold.writer if cold is not None else None,
-            closers=closers,
-            start_loads=start_loads,
-        )
+        return _container(settings, pool, ssd, cold, closers, start_loads, blas=describe_blas())
     except BaseException:
         _close_all(closers)
         raise
 
 
-def _served_chat(settings: Settings, spec: Any, model: Any, loader: Any) -> Served:
-    """An already loaded chat model wired as the loader would (tests pass one in)."""
-    return loader.wire_chat(spec, model)
-
-
-def wire_services(
+def _container(
     settings: Settings,
-    model: Any,
-    engine: Any,
+    pool: ModelPool,
+    ssd: ColdFolder | None,
+    cold: SharedCold | None,
+    closers: list,
+    start_loads: list[ModelSpec],
     *,
-    seal: ReasoningSeal | None = None,
-    responses: ResponseStore | None = None,
-    grammars: Any = None,
-    **parts: Any,
+    blas: str,
 ) -> Container:
-    """The app's services over one loaded chat model and a started engine (tests pass fakes)."""
-    from omlx.app.catalog import ModelSpec
-
-    generation = GenerationService(
-        engine,
-        model,
-        max_queued=settings.max_queued_requests,
-        default_max_tokens=settings.default_max_tokens,
-        grammars=grammars,
-    )
-    served = Served(
-        ModelSpec(model.model_id, getattr(model, "path", None)),
-        model,
-        engine,
-        generation=generation,
-        chat=ChatPipeline(generation, ChatRenderer(model.tokenizer, model.model_id)),
-        prefix_cache=parts.pop("prefix_cache", None),
-        cold_tier=parts.pop("cold_tier", None),
-    )
-    names = ModelNames([model.model_id], settings.model_aliases, settings.answer_any_model)
-    pool = ModelPool([served.spec], names)
-    pool.add(served)
     return Container(
         settings=settings,
         pool=pool,
-        names=names,
+        names=pool.names,
         normalizer=PromptNormalizer(settings.prompt_normalizations),
-        seal=seal or ReasoningSeal.for_folder(None),
-        responses=responses or MemoryResponseStore(settings.responses_retention),
+        seal=ReasoningSeal.for_folder(settings.cache_dir if ssd is not None else None),
+        responses=_response_store(settings, ssd),
         started_at=int(time.time()),
-        **parts,
+        blas=blas,
+        writer=cold.writer if cold is not None else None,
+        closers=closers,
+        start_loads=start_loads,
     )
 
 
-def _response_store(settings: Settings, ssd: SsdParts | None) -> ResponseStore:
+def _response_store(settings: Settings, ssd: ColdFolder | None) -> ResponseStore:
     """Stored responses in the index database when the SSD tier has one, else in memory."""
     if ssd is None:
         log.info("stored responses: in memory (no SSD tier), lost at exit")
@@ -170,61 +152,52 @@ def _close_all(closers: list) -> None:
             log.exception("error while closing")
 
 
-@dataclass(frozen=True, slots=True)
-class SsdParts:
-    """The cold tier's outside things: its folder, index and store, and whether others share them."""
-
-    dir: Path
-    index: Any  # SqlBlockIndex
-    store: Any  # FileBlockStore
-    shared: bool
-    server_id: str
-
-
-def _open_ssd(settings: Settings, closers: list) -> SsdParts:
+def _open_ssd(settings: Settings, closers: list) -> ColdFolder:
     """Lock the cache folder (exclusive, or shared with a shared index) and open its index."""
     from sqlalchemy import exc as sa_exc
 
-    from omlx.adapters.blockfiles import CacheDirLock, CacheDirLocked, FileBlockStore
-    from omlx.adapters.sqlindex import backend, connect_index, display, index_path, sqlite_url
+    from omlx.adapters.blockfiles import CacheDirLocked
+    from omlx.adapters.cold_folder import index_url_of, is_shared, open_cold_folder
+    from omlx.adapters.sqlindex import display
 
     cache_dir = settings.cache_dir
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    url = settings.index_url or sqlite_url(index_path(cache_dir))
-    shared = backend(url) == "postgresql"
-    lock = CacheDirLock(cache_dir, shared=shared)
+    url = index_url_of(cache_dir, settings.index_url or None)
+    server_id = settings.server_identity
     try:
-        lock.acquire()  # raises CacheDirLocked with the other server's pid
-    except CacheDirLocked as exc:
-        if not shared:
+        ssd = open_cold_folder(cache_dir, settings.index_url or None, writer_id=server_id)
+    except CacheDirLocked as exc:  # with the other server's pid
+        if not is_shared(url):
             raise
         raise RuntimeError(
             f"cache folder {cache_dir} is owned by a server with an embedded index "
             f"(pid {exc.pid or '?'}); servers share a folder only through one --index-url"
         ) from None
-    closers.append(lock.release)
-    server_id = settings.server_identity
-    try:
-        index = connect_index(url)
-        closers.append(index.close)
-        if shared:
-            from omlx.adapters.sqlindex.postgres import hold_identity
-
-            closers.append(hold_identity(index.engine, server_id).close)
     except sa_exc.OperationalError as exc:
-        first = str(exc.orig or exc).strip().splitlines()[0]
-        raise RuntimeError(f"cannot reach the index {display(url)}: {first}") from None
-    if shared:
+        raise _unreachable(url, exc) from None
+    closers.append(ssd.close)  # its read threads, the index, the lock: after the writer
+    if ssd.shared:
+        from omlx.adapters.sqlindex.postgres import hold_identity
+
+        try:
+            closers.append(hold_identity(ssd.index.engine, server_id).close)
+        except sa_exc.OperationalError as exc:
+            raise _unreachable(url, exc) from None
         log.info("shared index %s, as server %s", display(url), server_id)
-    store = FileBlockStore(cache_dir, writer_id=server_id)
-    closers.append(store.close)  # its read threads, after the writer and the flush
-    return SsdParts(cache_dir, index, store, shared, server_id)
+    return ssd
 
 
-def _digest_cache(index: Any):
+def _unreachable(url: str, exc: Any) -> RuntimeError:
+    """One line for a database that cannot be reached, naming the index (its password hidden)."""
+    from omlx.adapters.sqlindex import display
+
+    first = str(exc.orig or exc).strip().splitlines()[0]
+    return RuntimeError(f"cannot reach the index {display(url)}: {first}")
+
+
+def _digest_cache(index: SqlBlockIndex) -> Callable[[Path, Callable[[Path], str]], str]:
     """Remember weight digests per (path, size, mtime): hashing large weights is slow."""
 
-    def cached(path: Path, compute) -> str:
+    def cached(path: Path, compute: Callable[[Path], str]) -> str:
         stat = path.stat()
         key = str(path.resolve())
         digest = index.weight_digest_lookup(key, stat.st_size, stat.st_mtime)
@@ -236,34 +209,27 @@ def _digest_cache(index: Any):
     return cached
 
 
-def _start_shared_cold(settings: Settings, ssd: SsdParts, is_pinned: Any, closers: list) -> SharedCold:
+def _start_shared_cold(
+    settings: Settings, ssd: ColdFolder, is_pinned: Callable[[str], bool], closers: list
+) -> SharedCold:
     """The writer, recency and start-up reconcile every model's cold tier shares."""
-    from omlx.adapters.blockfiles import BlockWriter, DiskBudget
-    from omlx.domain.cache.cold_tier import RecencyBuffer
+    from omlx.adapters.cold_folder import start_cold_writer
 
-    recency = RecencyBuffer(ssd.index)
-    writer = BlockWriter(
-        ssd.store,
-        ssd.index,
-        DiskBudget(ssd.dir, settings.ssd_cache_bytes),
-        is_pinned=is_pinned,
-        tick=recency.maybe_flush,
-        shared=ssd.shared,
-        lease=settings.eviction_lease_seconds,
+    cold = start_cold_writer(
+        ssd, settings.ssd_cache_bytes, is_pinned=is_pinned, lease=settings.eviction_lease_seconds
     )
     # Closed in reverse: drain the writer, then flush recency so LRU order survives.
-    closers.append(recency.flush)
-    closers.append(lambda: writer.close(30))
+    closers.append(cold.close)
     # Start-up reads the index, not the folder; the reconcile of what a crash left
     # runs beside serving.
     started = time.time()
     threading.Thread(
         target=_reconcile_quietly, args=(settings, ssd, started), name="omlx-reconcile", daemon=True
     ).start()
-    return SharedCold(ssd, writer, recency)
+    return SharedCold(ssd, cold.writer, cold.recency)
 
 
-def _reconcile_quietly(settings: Settings, ssd: SsdParts, started: float) -> None:
+def _reconcile_quietly(settings: Settings, ssd: ColdFolder, started: float) -> None:
     """Own folder: every file older than this start is stale (our writer's are younger).
 
     Shared folder: one server at a time, sparing what is younger than the grace period

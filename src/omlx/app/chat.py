@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -26,6 +26,7 @@ from omlx.app.templates import ChatRenderer, RenderedPrompt
 from omlx.domain.generation import (
     Failed,
     Finished,
+    GenerationEvent,
     GenerationRequest,
     PrefillStarted,
     ReasoningBudget,
@@ -129,6 +130,12 @@ class ChatResult:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
+class CacheMissObserver(Protocol):
+    """Told of each prefix-cache miss a turn's diagnosis finds, by kind (metrics)."""
+
+    def cache_miss(self, kind: str) -> None: ...
+
+
 class ChatPipeline:
     """Renders chat turns for one model and runs them through its generation service."""
 
@@ -142,7 +149,7 @@ class ChatPipeline:
         self.renderer = renderer
         self.format = OutputFormat.of(service.tokenizer)
         self.fingerprints = fingerprints or FingerprintStore()
-        self.observer: Any = None  # has cache_miss(kind); set by the API's metrics
+        self.observer: CacheMissObserver | None = None  # the API's metrics
 
     async def count_tokens(self, chat: ChatRequest) -> int:
         text = await anyio.to_thread.run_sync(
@@ -244,11 +251,19 @@ class ChatPipeline:
         if self.observer is not None:
             self.observer.cache_miss(kind)
 
-    async def run(
+    def stream(
         self, turn: ChatTurn, keepalive: float | None = None
-    ) -> AsyncIterator[ChatEvent | None]:
-        """The turn's events; ``None`` after ``keepalive`` quiet seconds. Leaving early cancels it."""
-        async for event in self.service.events(turn.request, keepalive):
+    ) -> AsyncGenerator[ChatEvent | None, None]:
+        """The turn's events; ``None`` after ``keepalive`` quiet seconds. Leaving early cancels it.
+
+        A full queue is a 429 now, before the stream starts (``GenerationService.stream``).
+        """
+        return self._chat_events(turn, self.service.stream(turn.request, keepalive))
+
+    async def _chat_events(
+        self, turn: ChatTurn, events: AsyncIterator[GenerationEvent | None]
+    ) -> AsyncGenerator[ChatEvent | None, None]:
+        async for event in events:
             if event is None:
                 yield None
             elif isinstance(event, PrefillStarted):
@@ -268,7 +283,7 @@ class ChatPipeline:
         """Run to the end: every piece, and how it finished."""
         pieces: list[Piece] = []
         logprobs: list[TokenLogprob] = []
-        events = self.run(turn)
+        events = self.stream(turn)
         try:
             async for event in events:
                 if isinstance(event, Output):

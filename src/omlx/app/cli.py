@@ -9,7 +9,7 @@ from typing import ClassVar, NoReturn
 
 import click
 
-from omlx.app.sizes import format_size
+from omlx.domain.sizes import format_bytes
 
 SERVE_HELP = "Serve a model over OpenAI- and Anthropic-compatible HTTP APIs."
 
@@ -141,7 +141,7 @@ def convert(gguf: Path, out_dir: Path) -> None:
         _fail(str(exc))
     written = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())
     click.echo(
-        f"wrote {out_dir} in {time.monotonic() - started:.0f} s: {format_size(written)} "
-        f"(float32, from a {format_size(gguf.stat().st_size)} GGUF: quantized weights are "
+        f"wrote {out_dir} in {time.monotonic() - started:.0f} s: {format_bytes(written)} "
+        f"(float32, from a {format_bytes(gguf.stat().st_size)} GGUF: quantized weights are "
         "dequantized, since MLX has no fast quantized kernels on the CPU)"
     )

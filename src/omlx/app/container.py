@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from omlx.adapters.blockfiles.writer import BlockWriter  # the root's: Litestar reads these hints
+from omlx.app.catalog import ModelSpec
 from omlx.app.model_names import ModelNames
 from omlx.app.normalize import PromptNormalizer
 from omlx.app.pool import ModelPool, Served
@@ -24,11 +26,10 @@ class Container:
     responses: ResponseStore  # stored Responses-API responses (index.db, or memory)
     started_at: int
     blas: str = ""
-    writer: Any = None  # the cold tier's block writer, shared by every model (metrics)
-    metrics: Any = None  # api.metrics.Metrics, set by create_app (one registry per app)
+    writer: BlockWriter | None = None  # the cold tier's, shared by every model (its stats: metrics)
     closers: list[Callable[[], None]] = field(default_factory=list)
     # Models to load once the server listens (``omlx serve``: the port opens first).
-    start_loads: list[Any] = field(default_factory=list)
+    start_loads: list[ModelSpec] = field(default_factory=list)
 
     def close(self) -> None:
         """Stop in reverse order of start: engines first, then the writer and the index."""
@@ -42,8 +43,8 @@ class Container:
         loaded = pool.loaded()
         first = next((s for s in loaded if s.task == "chat"), None)
         engine = {
-            "active": sum(getattr(s.engine, "active", 0) for s in loaded),
-            "queued": sum(getattr(s.engine, "queued", 0) for s in loaded),
+            "active": sum(s.engine.active for s in loaded),
+            "queued": sum(s.engine.queued for s in loaded),
         }
         account = pool.account
         return {
@@ -70,7 +71,7 @@ class Container:
         served = next((s for s in self.pool.loaded() if s.id == model_id), None)
         if served is None:
             return out
-        out["engine"] = {"active": getattr(served.engine, "active", 0), "queued": getattr(served.engine, "queued", 0)}
+        out["engine"] = {"active": served.engine.active, "queued": served.engine.queued}
         out["weights_bytes"] = served.weights
         out["load_seconds"] = round(served.load_seconds, 3)
         if served.task == "chat":
@@ -81,13 +82,12 @@ class Container:
 def _cache_health(settings: Settings, served: Served) -> dict[str, Any]:
     model, prefix_cache = served.model, served.prefix_cache
     cache: dict[str, Any] = {"enabled": prefix_cache is not None}
-    if not getattr(model, "cache_supported", True):
+    if model is not None and not model.cache_supported:
         cache["disabled_reason"] = model.cache_unsupported_reason
     elif not settings.cache_enabled:
         cache["disabled_reason"] = "turned off (--no-cache)"
-    layout = getattr(model, "layout", None)
-    if layout is not None:  # what each layer keeps: kv, window W, state
-        cache["layout"] = layout.counts()
+    if model is not None and model.layout is not None:  # what each layer keeps: kv, window W, state
+        cache["layout"] = model.layout.counts()
     if prefix_cache is not None:
         cache["block_size"] = settings.block_size
         stats = prefix_cache.stats()

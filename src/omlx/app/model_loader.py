@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omlx.app.catalog import CHAT, EMBEDDING, RERANK, ModelSpec
 from omlx.app.chat import ChatPipeline
@@ -23,6 +23,13 @@ from omlx.app.service import GenerationService
 from omlx.app.settings import Settings
 from omlx.app.templates import ChatRenderer
 from omlx.domain.memory import MemoryAccount
+from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
+
+if TYPE_CHECKING:  # adapters are imported where they are built, on the loading thread
+    from omlx.adapters.blockfiles import BlockWriter
+    from omlx.adapters.cold_folder import ColdFolder
+    from omlx.adapters.mlx.loader import LoadedModel
+    from omlx.domain.cache.cold_tier import RecencyBuffer
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +45,9 @@ _CHORES_AT_LATEST_S = 600.0
 class SharedCold:
     """The cold tier's parts every model shares: store, index, one writer, batched recency."""
 
-    ssd: Any  # bootstrap.SsdParts
-    writer: Any  # BlockWriter
-    recency: Any  # RecencyBuffer
+    ssd: ColdFolder
+    writer: BlockWriter
+    recency: RecencyBuffer
 
 
 class ModelLoader:
@@ -102,21 +109,21 @@ class ModelLoader:
             self._prepared = PreparedWeights(self.settings.cache_dir / PREPARED_DIR, budget)
         return self._prepared
 
-    def wire_chat(self, spec: ModelSpec, model: Any) -> Served:
+    def wire_chat(self, spec: ModelSpec, model: LoadedModel) -> Served:
         """A loaded chat model's cache tiers, engine thread and services."""
         from omlx.adapters.mlx.encoders import weights_bytes
         from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
         from omlx.adapters.mlx.prompt_tokens import PrefixReusingEncoder, fast_backend
 
         settings = self.settings
-        served = Served(spec, model, engine=None, weights=weights_bytes(model.model))
+        closers: list[Callable[[], None]] = []  # the Served's, in the order they are added
         prefix_cache = cold_tier = None
         if not settings.cache_enabled:
             log.info("prefix cache of %s: off (--no-cache)", spec.id)
         elif not model.cache_supported:
             log.warning("prefix cache of %s: off: %s", spec.id, model.cache_unsupported_reason)
         else:
-            prefix_cache, cold_tier = self._cache(model, served)
+            prefix_cache, cold_tier = self._cache(model, closers)
         engine = MLXEngine(
             model,
             prefix_cache,
@@ -130,27 +137,24 @@ class ModelLoader:
         if engine.budget is not None:
             log.info("memory guard of %s: %s", spec.id, _guard_line(engine.budget, model.context_length))
         engine.start()
-        served.closers.append(engine.stop)  # last added, closed first: nothing is stored after
+        closers.append(engine.stop)  # last added, closed first: nothing is stored after
         backend = fast_backend(model.tokenizer)
         grammars = _grammar_compiler(model)
-        generation = GenerationService(
-            engine, model, max_queued=settings.max_queued_requests,
-            default_max_tokens=settings.default_max_tokens,
+        served = serve_chat(
+            settings, spec, model, engine, weights=weights_bytes(model.model),
             encode=PrefixReusingEncoder(backend).encode if backend is not None else None,
             grammars=grammars,
             sampling_defaults=model.generation_config,
         )
-        served.engine = engine
-        served.generation = generation
-        served.chat = ChatPipeline(generation, ChatRenderer(model.tokenizer, model.model_id))
         served.prefix_cache, served.cold_tier = prefix_cache, cold_tier
+        served.closers.extend(closers)
         jobs = [lambda proceed: grammars.start_building().wait()]
-        if (write := getattr(model, "extra", {}).pop("write_prepared_copy", None)) is not None:
+        if (write := model.extra.pop("write_prepared_copy", None)) is not None:
             jobs.append(write)
         _run_when_quiet(served, jobs)
         return served
 
-    def _cache(self, model: Any, served: Served) -> tuple[Any, Any]:
+    def _cache(self, model: Any, closers: list[Callable[[], None]]) -> tuple[Any, Any]:
         from omlx.adapters.mlx.finished_caches import FinishedCaches
         from omlx.adapters.mlx.kv_codec import MLXKVCodec
         from omlx.domain.cache.cold_tier import ColdTier
@@ -169,7 +173,7 @@ class ModelLoader:
                 namespace, ssd.store, ssd.index, self.cold.writer, codec.decode,
                 recency=self.cold.recency, drop_missing_rows=not ssd.shared,
             )
-            served.closers.append(cold_tier.flush)
+            closers.append(cold_tier.flush)
         layout = model.layout.domain if model.layout is not None else None
         # Kept finished caches duplicate hot-tier blocks: a quarter of the guard at most.
         limit = self.kv_memory_limit
@@ -205,11 +209,35 @@ class ModelLoader:
             model = load_rerank_model(spec.path, spec.id)
             service_type = RerankService
         runner = MLXRunner(spec.id).start()
-        served = Served(spec, model, engine=runner, weights=weights_bytes(model.model))
+        served = Served(spec, None, engine=runner, weights=weights_bytes(model.model))
         served.encoder = service_type(runner, model)
         served.closers.append(runner.stop)
         log.info("%s model %s ready in %.1f s", spec.task, spec.id, time.monotonic() - started)
         return served
+
+
+def serve_chat(
+    settings: Settings,
+    spec: ModelSpec,
+    model: ChatModel,
+    engine: GenerationEngine,
+    *,
+    weights: int = 0,
+    encode: Callable[[str], list[int]] | None = None,
+    grammars: GrammarCompiler | None = None,
+    sampling_defaults: Mapping[str, Any] | None = None,
+) -> Served:
+    """A chat model's services over its started engine, wired once for the loader and for
+    ``bootstrap(engine=...)`` (tests): the generation service and the chat pipeline.
+    ``sampling_defaults``: the model's own (its generation_config.json) for what a request
+    leaves out."""
+    generation = GenerationService(
+        engine, model, max_queued=settings.max_queued_requests,
+        default_max_tokens=settings.default_max_tokens, encode=encode, grammars=grammars,
+        sampling_defaults=sampling_defaults,
+    )
+    chat = ChatPipeline(generation, ChatRenderer(model.tokenizer, model.model_id))
+    return Served(spec, model, engine, weights=weights, generation=generation, chat=chat)
 
 
 def _run_when_quiet(served: Served, jobs: list[Callable[[Callable[[], bool]], Any]]) -> None:
@@ -280,7 +308,7 @@ def _grammar_compiler(model: Any) -> Any:
 def _guard_line(budget: Any, context: int) -> str:
     """The memory guard in words: its limit, KV per token and what one request may use,
     which the model's context caps long before the memory does on a small model."""
-    from omlx.domain.memory import format_bytes
+    from omlx.domain.sizes import format_bytes
 
     per_request = min(budget.token_capacity, context)
     limit = "the model's context" if per_request == context else "the memory"

@@ -19,14 +19,23 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import anyio
 
 from omlx.app.catalog import CHAT, ModelSpec
 from omlx.app.errors import AppError, Busy, InvalidRequest, ModelUnavailable
 from omlx.app.model_names import ModelNames
-from omlx.domain.memory import MemoryAccount, format_bytes
+from omlx.domain.memory import MemoryAccount
+from omlx.domain.ports import ChatModel, ModelWorker
+from omlx.domain.sizes import format_bytes
+
+if TYPE_CHECKING:  # the services import the pool's errors; the pool only holds them
+    from omlx.app.chat import ChatPipeline
+    from omlx.app.encoding import EmbeddingService, RerankService
+    from omlx.app.service import GenerationService
+    from omlx.domain.cache.cold_tier import ColdTier
+    from omlx.domain.cache.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +51,17 @@ ROOM_POLL_S = 0.2
 
 @dataclass(slots=True)
 class Served:
-    """A loaded model and what serves it."""
+    """A loaded model and what serves it: a chat model's services, or an encoder's."""
 
     spec: ModelSpec
-    model: Any
-    engine: Any  # MLXEngine (chat) or MLXRunner (embedding, rerank)
+    model: ChatModel | None  # chat models; an encoder's model is its service's
+    engine: ModelWorker  # MLXEngine (chat) or MLXRunner (embedding, rerank)
     weights: int = 0
-    generation: Any = None  # GenerationService (chat)
-    chat: Any = None  # ChatPipeline (chat)
-    encoder: Any = None  # EmbeddingService / RerankService
-    prefix_cache: Any = None
-    cold_tier: Any = None
+    generation: GenerationService | None = None  # chat
+    chat: ChatPipeline | None = None  # chat
+    encoder: EmbeddingService | RerankService | None = None
+    prefix_cache: PrefixCache | None = None
+    cold_tier: ColdTier | None = None
     loaded_at: float = 0.0
     load_seconds: float = 0.0
     last_used: float = 0.0
@@ -67,15 +76,11 @@ class Served:
         return self.spec.task
 
     def busy(self, now: float) -> bool:
-        submitted = max(
-            getattr(self.generation, "last_submitted", 0.0), getattr(self.engine, "last_submitted", 0.0)
-        )
-        if submitted < self.last_used and now - self.last_used < IN_USE_GRACE_S:
-            return True  # chosen by a request that has not reached the engine yet
         engine = self.engine
-        running = getattr(engine, "active", 0) + getattr(engine, "queued", 0)
-        in_flight = getattr(self.generation, "in_flight", 0)
-        return bool(running or in_flight)
+        if engine.last_submitted < self.last_used and now - self.last_used < IN_USE_GRACE_S:
+            return True  # chosen by a request that has not reached the engine yet
+        in_flight = self.generation.in_flight if self.generation is not None else 0
+        return bool(engine.active or engine.queued or in_flight)
 
     def close(self) -> None:
         while self.closers:

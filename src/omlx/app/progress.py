@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TypeVar
 
-from omlx.app.sizes import format_size
+from omlx.domain.sizes import format_bytes
 from omlx.domain.generation import Finished, PrefillProgress, PrefillStarted, TextDelta
 
 T = TypeVar("T")
@@ -112,7 +112,7 @@ class Reporter:
     # ---- rendering ------------------------------------------------------------------
 
     def _count(self, n: int) -> str:
-        return format_size(n) if self.unit == "bytes" else f"{n:,}"
+        return format_bytes(n) if self.unit == "bytes" else f"{n:,}"
 
     def _amount(self) -> str:
         unit = "" if self.unit in ("", "bytes") else f" {self.unit}"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 import anyio
 
@@ -30,7 +30,7 @@ from omlx.domain.generation import (
     TokenLogprob,
 )
 from omlx.domain.grammar import GrammarError, OutputGrammar
-from omlx.domain.ports import GrammarCompiler
+from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +59,8 @@ class GenerationService:
 
     def __init__(
         self,
-        engine: Any,
-        model: Any,
+        engine: GenerationEngine,
+        model: ChatModel,
         *,
         max_queued: int,
         default_max_tokens: int,
@@ -80,7 +80,6 @@ class GenerationService:
         self.default_max_tokens = default_max_tokens
         self.observer: GenerationObserver | None = None
         self.in_flight = 0  # generations being streamed (the event loop's count: the pool reads it)
-        self.last_submitted = 0.0  # time.monotonic() of the latest submit (read by the pool)
 
     # ---- prompts ----------------------------------------------------------
 
@@ -154,8 +153,8 @@ class GenerationService:
 
         A defaulted max_tokens is lowered to fit instead, as for the context length.
         """
-        capacity = getattr(self.engine, "kv_token_capacity", None)
-        if not isinstance(capacity, int) or prompt + max_tokens <= capacity:
+        capacity = self.engine.kv_token_capacity
+        if capacity is None or prompt + max_tokens <= capacity:
             return max_tokens
         if explicit or prompt >= capacity:
             raise InvalidRequest(f"the prompt ({prompt} tokens) plus {param} ({max_tokens}) needs more KV cache than "
@@ -168,18 +167,30 @@ class GenerationService:
     # ---- running ----------------------------------------------------------
 
     def check_capacity(self) -> None:
+        """429 when the engine's waiting queue is full (``max_queued_requests``)."""
         if self.engine.queued >= self.max_queued:
             raise Busy(f"the server is busy: {self.engine.queued} requests are waiting; retry shortly")
 
-    async def events(
+    def stream(
         self, request: GenerationRequest, keepalive: float | None = None
-    ) -> AsyncIterator[GenerationEvent | None]:
-        """The request's events until Finished or Failed; ``None`` after ``keepalive`` quiet seconds.
+    ) -> AsyncGenerator[GenerationEvent | None, None]:
+        """``request``'s events (``events``), or a 429 now when the queue is full.
 
-        Prefill progress is logged for long prompts (``PrefillWatch``), not yielded. Leaving early (a closed client) cancels the request
-        on the engine, which drops it before its next decode step.
+        Checked here, when the handler asks, not when the stream is first read: a 429 is
+        possible only before the 200, and a streamed response has begun by then.
         """
         self.check_capacity()
+        return self.events(request, keepalive)
+
+    async def events(
+        self, request: GenerationRequest, keepalive: float | None = None
+    ) -> AsyncGenerator[GenerationEvent | None, None]:
+        """The request's events until Finished or Failed; ``None`` after ``keepalive`` quiet seconds.
+
+        Prefill progress is logged for long prompts (``PrefillWatch``), not yielded. Leaving
+        early (a closed client) cancels the request on the engine, which drops it before its
+        next decode step. No capacity check: ``stream`` and ``complete`` make it first.
+        """
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[GenerationEvent] = asyncio.Queue()
         watch = PrefillWatch(self.model.model_id)
@@ -193,7 +204,6 @@ class GenerationService:
         started = time.monotonic()
         job_id = watch.request_id = self.engine.submit(request, emit)
         self.in_flight += 1
-        self.last_submitted = time.monotonic()
         finished = first = False
         # One pending get, reused across quiet spells, so a timeout never loses an event.
         getter: asyncio.Future[GenerationEvent] | None = None
@@ -228,10 +238,10 @@ class GenerationService:
                     self.observer.cancelled()
 
     async def complete(self, request: GenerationRequest) -> Completion:
-        """Run to the end and collect the text (non-streaming responses)."""
+        """Run to the end and collect the text (non-streaming responses); 429 when the queue is full."""
         parts: list[str] = []
         logprobs: list[TokenLogprob] = []
-        events = self.events(request)
+        events = self.stream(request)
         try:
             async for event in events:
                 if isinstance(event, TextDelta):

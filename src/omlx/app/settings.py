@@ -14,8 +14,9 @@ from typing import Any, get_origin
 import msgspec
 
 from omlx.app.config_errors import check_file_keys, describe_invalid, name_origin
-from omlx.app.sizes import parse_size
 from omlx.domain.responses import Retention
+from omlx.domain.sizes import parse_size
+from omlx.domain.tier_defaults import COLD_TIER_DEFAULT, HOT_TIER_DEFAULT
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -30,9 +31,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     api_key: str = ""
     cache_enabled: bool = True
     block_size: int = 64
-    hot_cache_max_size: str = "2GB"
+    hot_cache_max_size: str = HOT_TIER_DEFAULT
     paged_ssd_cache_dir: str = "~/.omlx/cache"
-    paged_ssd_cache_max_size: str = "100GB"
+    paged_ssd_cache_max_size: str = COLD_TIER_DEFAULT
     ssd_cache_enabled: bool = True
     prepared_weights_max_size: str = "16GB"
     index_url: str = ""

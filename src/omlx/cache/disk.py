@@ -1,4 +1,4 @@
-"""The SSD tier of the library API, wired as the server wires its own (``app.bootstrap``).
+"""The SSD tier of the library API, opened by the server's own wiring (``adapters.cold_folder``).
 
 The same folder lock, SQLite (or PostgreSQL) index, block store, writer thread, budget
 and domain cold tier: blocks saved here sit beside the server's, under their own
@@ -14,13 +14,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from omlx.adapters.blockfiles import BlockWriter, DiskBudget, FileBlockStore
 from omlx.adapters.blockfiles.format import pack_layers, unpack_block, unpack_layers
-from omlx.adapters.blockfiles.lock import CacheDirLock, CacheDirLocked
-from omlx.adapters.sqlindex import SqlBlockIndex, backend, connect_index, index_path, sqlite_url
+from omlx.adapters.blockfiles.lock import CacheDirLocked
+from omlx.adapters.cold_folder import open_cold_folder, start_cold_writer
 from omlx.cache.layers import from_tensors, to_tensors
 from omlx.domain.cache.blocks import BlockMeta, DecodedBlock, NamespaceInfo, StoredBlock
-from omlx.domain.cache.cold_tier import ColdTier, RecencyBuffer
+from omlx.domain.cache.cold_tier import ColdTier
 from omlx.domain.cache.keys import EXTERNAL, external_key
 
 log = logging.getLogger(__name__)
@@ -65,46 +64,33 @@ class DiskTier:
     ) -> None:
         self.cache_dir = Path(cache_dir).expanduser()
         self.namespace = namespace
-        url = index_url or sqlite_url(index_path(self.cache_dir))
-        self.shared = backend(url) == "postgresql"
-        self._lock = CacheDirLock(self.cache_dir, shared=self.shared)
         try:
-            self._lock.acquire()
+            self._folder = open_cold_folder(self.cache_dir, index_url)
         except CacheDirLocked as exc:
             raise RuntimeError(
                 f"cache folder {self.cache_dir} is in use by "
                 f"{f'process {exc.pid}' if exc.pid else 'another process'} (an omlx server or "
                 "another cache with an embedded index); close it, or use another folder"
             ) from None
-        index: SqlBlockIndex | None = None
         try:
-            index = connect_index(url)
-            index.upsert_namespace(namespace)  # listed by `omlx admin cache stats` from now on
+            # Listed by `omlx admin cache stats` from now on.
+            self._folder.index.upsert_namespace(namespace)
         except BaseException:
-            if index is not None:
-                index.close()
-            self._lock.release()
+            self._folder.close()
             raise
-        self.index = index
-        self.store = FileBlockStore(self.cache_dir)
-        recency = RecencyBuffer(self.index)
-        self.writer = BlockWriter(
-            self.store,
-            self.index,
-            DiskBudget(self.cache_dir, max_bytes),
-            is_pinned=is_pinned,
-            tick=recency.maybe_flush,
-            shared=self.shared,
-            lease=LEASE_S,
-            tick_interval=WRITER_TICK_S,
+        folder = self._folder
+        self.shared, self.index, self.store = folder.shared, folder.index, folder.store
+        self._writer = start_cold_writer(
+            self._folder, max_bytes, is_pinned=is_pinned, lease=LEASE_S, tick_interval=WRITER_TICK_S
         )
+        self.writer = self._writer.writer
         self.cold = ColdTier(
             namespace,
             self.store,
             self.index,
             self.writer,
             decode,
-            recency=recency,
+            recency=self._writer.recency,
             drop_missing_rows=not self.shared,
         )
         self.closed = False
@@ -156,9 +142,6 @@ class DiskTier:
             return
         self.closed = True
         try:
-            self.writer.close(timeout)
-            self.cold.flush()
+            self._writer.close(timeout)  # then recency, so LRU order survives
         finally:
-            self.store.close()
-            self.index.close()
-            self._lock.release()
+            self._folder.close()

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omlx.adapters.blockfiles.budget import DEFAULT_MAX_BYTES
-from omlx.app.sizes import parse_size
 from omlx.cache.paged_cache import PagedCache
-from omlx.cache.paged_ssd_cache import DEFAULT_HOT_CACHE_BYTES, PagedSSDCacheManager
+from omlx.cache.paged_ssd_cache import PagedSSDCacheManager
 from omlx.cache.prefix_cache import BlockAwarePrefixCache
+from omlx.domain.sizes import parse_size
+from omlx.domain.tier_defaults import COLD_TIER_DEFAULT_BYTES, HOT_TIER_DEFAULT_BYTES
 
 
 @dataclass(frozen=True)
@@ -27,13 +27,15 @@ class CacheConfig:
     its models together (default 100 GB). ``hot_cache_max_size``: the RAM tier's budget
     (default 2 GB). ``index_url``: a PostgreSQL index shared with servers, instead of
     ``<paged_ssd_cache_dir>/index.db``. ``block_size``: the most tokens one block covers;
-    models at two block sizes never share blocks.
+    models at two block sizes never share blocks. The names are oMLX's (a loop written
+    against oMLX's cache keeps its config); the server spells the budget
+    ``paged_ssd_cache_max_size``.
     """
 
     block_size: int = 64
     paged_ssd_cache_dir: str | Path | None = None
-    max_paged_ssd_cache_size: int | str = DEFAULT_MAX_BYTES
-    hot_cache_max_size: int | str = DEFAULT_HOT_CACHE_BYTES
+    max_paged_ssd_cache_size: int | str = COLD_TIER_DEFAULT_BYTES
+    hot_cache_max_size: int | str = HOT_TIER_DEFAULT_BYTES
     index_url: str | None = None
 
     def __post_init__(self) -> None:

@@ -15,14 +15,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from omlx.adapters.blockfiles.budget import DEFAULT_MAX_BYTES
 from omlx.cache.disk import DiskTier
 from omlx.cache.layers import checked, compact, shared
 from omlx.cache.paged_cache import PagedCache
 from omlx.domain.cache.blocks import NamespaceInfo
 from omlx.domain.cache.keys import EXTERNAL, EXTERNAL_HASH_MAX, namespace_digest
+from omlx.domain.tier_defaults import COLD_TIER_DEFAULT_BYTES, HOT_TIER_DEFAULT_BYTES
 
-DEFAULT_HOT_CACHE_BYTES = 2 * 10**9  # as the server's --hot-cache-max-size
 
 
 def library_namespace(model_name: str, block_size: int) -> NamespaceInfo:
@@ -100,8 +99,8 @@ class PagedSSDCacheManager:
     def __init__(
         self,
         cache_dir: str | Path | None = None,
-        max_size_bytes: int = DEFAULT_MAX_BYTES,
-        hot_cache_max_bytes: int = DEFAULT_HOT_CACHE_BYTES,
+        max_size_bytes: int = COLD_TIER_DEFAULT_BYTES,
+        hot_cache_max_bytes: int = HOT_TIER_DEFAULT_BYTES,
         hot_cache_only: bool = False,
         *,
         model_name: str = "default",

@@ -10,11 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from omlx.cache.paged_cache import PagedCache
-from omlx.cache.paged_ssd_cache import (
-    DEFAULT_HOT_CACHE_BYTES,
-    BlockMetadata,
-    PagedSSDCacheManager,
-)
+from omlx.cache.paged_ssd_cache import BlockMetadata, PagedSSDCacheManager
+from omlx.domain.tier_defaults import HOT_TIER_DEFAULT_BYTES
 
 
 class BlockAwarePrefixCache:
@@ -46,7 +43,7 @@ class BlockAwarePrefixCache:
             # RAM only: the paged cache's pool, or one of ``hot_cache_max_bytes``.
             if paged_cache is None:
                 budget = (
-                    DEFAULT_HOT_CACHE_BYTES if hot_cache_max_bytes is None else hot_cache_max_bytes
+                    HOT_TIER_DEFAULT_BYTES if hot_cache_max_bytes is None else hot_cache_max_bytes
                 )
                 paged_cache = PagedCache(budget, num_layers=num_layers, block_size=block_size)
             paged_ssd_cache = PagedSSDCacheManager(

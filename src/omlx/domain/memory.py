@@ -17,6 +17,9 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+# Re-exported: the engine and the MLX memory adapter print the guard's sizes with it.
+from omlx.domain.sizes import format_bytes as format_bytes
+
 # BatchKVCache.step in mlx_lm.models.cache: rows grow in chunks of this many positions.
 CACHE_STEP = 256
 
@@ -132,13 +135,3 @@ class MemoryAccount:
                 m: {"weights": self._weights.get(m, 0), "kv": self._kv.get(m, 0)}
                 for m in {*self._weights, *self._kv}
             }
-
-
-def format_bytes(n: int) -> str:
-    """A short human-readable size in decimal units: ``1.5 GB``."""
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(value) < 1000:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} TB"

@@ -14,6 +14,7 @@ from omlx.domain.cache.blocks import (
     NamespaceUsage,
     StoredBlock,
 )
+from omlx.domain.generation import GenerationEvent, GenerationRequest
 from omlx.domain.grammar import OutputGrammar
 
 # Chooses eviction victims: (bytes indexed now, candidates oldest first) -> the victims.
@@ -66,6 +67,74 @@ class GrammarCompiler(Protocol):
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token stands for (for log-probabilities' ``bytes``)."""
         ...
+
+
+# ---- the generation engine and its model, as the app's services see them ----------------
+# Here rather than in the app: the MLX adapter implements them, and adapters may import
+# only the domain. Their vocabulary (requests, events) is the domain's already.
+
+
+class ModelWorker(Protocol):
+    """A loaded model's worker thread, as the pool (is it in use?), /health and /metrics see it."""
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for the worker (for a chat engine: for a batch slot)."""
+        ...
+
+    @property
+    def active(self) -> int:
+        """Requests the worker is running now."""
+        ...
+
+    @property
+    def last_submitted(self) -> float:
+        """``time.monotonic()`` of the latest request handed to the worker (0.0: none yet)."""
+        ...
+
+
+class GenerationEngine(ModelWorker, Protocol):
+    """A chat model's engine: requests in, their events out on ``emit`` from its own thread.
+
+    ``queued`` counts requests waiting for a batch slot: past the service's limit, a 429.
+    """
+
+    @property
+    def kv_token_capacity(self) -> int | None:
+        """The most positions (prompt + max_tokens) one request may use; None: no memory guard."""
+        ...
+
+    def submit(self, request: GenerationRequest, emit: Callable[[GenerationEvent], None]) -> int:
+        """Queue ``request``; every event goes to ``emit``, ending with Finished or Failed.
+
+        Returns the id ``cancel`` takes.
+        """
+        ...
+
+    def cancel(self, job_id: int) -> None:
+        """Drop the request before its next step (its client left); an ended one is ignored."""
+        ...
+
+
+class LayerKinds(Protocol):
+    """What each layer of a model's cache keeps (kv, window W, state), for /health."""
+
+    def counts(self) -> dict[str, int]:
+        ...
+
+
+class ChatModel(Protocol):
+    """A loaded chat model as the app's services use it (the MLX loader's ``LoadedModel``)."""
+
+    model_id: str
+    context_length: int  # prompt + output tokens, at most
+    cache_supported: bool
+    cache_unsupported_reason: str
+    layout: LayerKinds | None  # None: a plain KV model not probed, or no cache
+    # mlx-lm's wrapper of the Hugging Face tokenizer: the chat template, the reasoning and
+    # tool-call markers and the vocabulary the renderer and the output parser read are
+    # that library's surface, not ours to restate.
+    tokenizer: Any
 
 
 class KVCodec(Protocol):
@@ -192,8 +261,8 @@ class BlockIndex(Protocol):
     def upsert_namespace(self, namespace: NamespaceInfo) -> None:
         ...
 
-    def add_block(self, block: StoredBlock) -> bool:
-        """Record a block whose file is complete; True if recorded.
+    def add_block(self, block: StoredBlock, tokens: Sequence[int] = ()) -> bool:
+        """Record a block whose file is complete (and a KV block's ``tokens``); True if recorded.
 
         False, and nothing changed, when the key has a row already: the first writer wins,
         and a later one deletes its own file unless the row names that very file.
@@ -205,6 +274,13 @@ class BlockIndex(Protocol):
 
     def children(self, parent_key: str, limit: int) -> list[StoredBlock]:
         """Up to ``limit`` KV blocks whose parent is ``parent_key``, most recently used first."""
+        ...
+
+    def nearest_children(
+        self, parent_key: str, tokens: Sequence[int], limit: int
+    ) -> list[tuple[StoredBlock, tuple[int, ...]]]:
+        """KV children of ``parent_key`` whose tokens sort nearest ``tokens`` (up to ``limit``
+        on each side), with their tokens; blocks recorded without tokens are not listed."""
         ...
 
     def point_children(self, parent_keys: Sequence[str]) -> list[StoredBlock]:
@@ -306,10 +382,12 @@ class ColdSource(Protocol):
         """
         ...
 
-    def children(self, parent_key: str) -> list[BlockMeta]:
+    def children(self, parent_key: str, want: Sequence[int] = ()) -> list[BlockMeta]:
         """Blocks on disk (full or partial) whose parent is ``parent_key``; never raises.
 
-        Only metadata: a candidate's tokens are read, and verified, by ``get``.
+        Only metadata: those nearest ``want`` carry their tokens from the index (to rank
+        them), the most recently used may not; a candidate's payload is read, and
+        verified, by ``get``.
         """
         ...
 

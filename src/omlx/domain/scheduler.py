@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator
 from enum import Enum
 from typing import Protocol
 
-from omlx.domain.memory import KVBudget, MemoryAccount, format_bytes
+from omlx.domain.memory import KVBudget, MemoryAccount
+from omlx.domain.sizes import format_bytes
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from omlx.adapters.blockfiles.budget import DEFAULT_MAX_BYTES, DiskBudget, default_reserve
+from omlx.adapters.blockfiles.budget import DiskBudget, default_reserve
 from omlx.adapters.blockfiles.format import (
     RawTensor,
     decode_block,
@@ -17,7 +17,6 @@ from omlx.adapters.blockfiles.store import FileBlockStore, safe_folder_name
 from omlx.adapters.blockfiles.writer import BlockWriter, WriteJob, WriterStats
 
 __all__ = [
-    "DEFAULT_MAX_BYTES",
     "BlockWriter",
     "CacheDirLock",
     "CacheDirLocked",

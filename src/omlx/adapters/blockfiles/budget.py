@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_MAX_BYTES = 100 * 10**9  # 100 GB, as oMLX documents (DESIGN §4)
+from omlx.domain.tier_defaults import COLD_TIER_DEFAULT_BYTES
+
 RESERVE_CAP = 2**30
 RESERVE_FRACTION = 0.05
 
@@ -28,7 +29,7 @@ class DiskBudget:
     """How many bytes of blocks the cache folder may hold right now."""
 
     path: Path
-    max_bytes: int = DEFAULT_MAX_BYTES
+    max_bytes: int = COLD_TIER_DEFAULT_BYTES
     reserve_bytes: int | None = None  # None: default_reserve(disk size)
     disk_usage: Callable[[str | os.PathLike[str]], Any] = field(default=shutil.disk_usage)
 

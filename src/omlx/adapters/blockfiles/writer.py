@@ -20,7 +20,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from omlx.adapters.blockfiles.budget import DiskBudget
@@ -240,7 +240,7 @@ class BlockWriter:
             kind=meta.kind,
         )
         try:
-            recorded = self._add_row(job.namespace, block)
+            recorded = self._add_row(job.namespace, block, meta.tokens)
         except Exception:
             self._store.delete(relpath)  # no row: the file must not linger as an orphan
             raise
@@ -257,16 +257,16 @@ class BlockWriter:
         self._used = (self._used or 0) + len(data)
         return "written"
 
-    def _add_row(self, namespace: NamespaceInfo, block: StoredBlock) -> bool:
+    def _add_row(self, namespace: NamespaceInfo, block: StoredBlock, tokens: Sequence[int]) -> bool:
         try:
-            return self._index.add_block(block)
+            return self._index.add_block(block, tokens)
         except IndexUnavailable:
             raise
         except Exception:
             # An admin may have dropped the namespace row (cache clear): restore it once.
             log.info("re-recording namespace %s after a failed insert", namespace.digest[:12])
             self._index.upsert_namespace(namespace)
-            return self._index.add_block(block)
+            return self._index.add_block(block, tokens)
 
     def _lose_race(self, block: StoredBlock) -> None:
         """Another writer recorded this key first: keep only the file its row names."""

@@ -107,6 +107,7 @@ class MLXEngine:
         budget = KVBudget(limit, cost.per_token, cost) if cost is not None else None
         self.scheduler = Scheduler(self.config.max_concurrent, budget, account, model.model_id)
         self.last_step_at = time.monotonic()
+        self.last_submitted = 0.0  # time.monotonic() of the latest submit (the pool reads it)
         self._buffers_held = False  # MLX holds freed buffers worth releasing when idle
 
     @property
@@ -144,7 +145,8 @@ class MLXEngine:
         """Queue a request; returns its id for ``cancel``."""
         job_id = next(self._ids)
         self.scheduler.note_submitted()
-        self._inbox.put(("submit", Job(job_id, request, emit, time.monotonic())))
+        self.last_submitted = now = time.monotonic()
+        self._inbox.put(("submit", Job(job_id, request, emit, now)))
         return job_id
 
     def settled(self, job_id: int) -> bool:

@@ -10,9 +10,10 @@ are the recent prompt's, and only the text from it on needs encoding.
 
 That holds only for special tokens matched verbatim: not stripping the whitespace
 around them (``lstrip``/``rstrip``), not ``single_word``, not normalized, and not the
-part of a longer added token (which a different continuation could match instead). Tokens without those properties are never used as cut points; tokenizers
-without a fast backend are encoded whole. ``tests/integration/test_prompt_tokens.py`` checks
-the result against whole encoding on random conversations.
+part of a longer added token (which a different continuation could match instead).
+Tokens without those properties are never used as cut points; tokenizers without a
+fast backend are encoded whole. ``tests/integration/test_prompt_tokens.py`` checks the
+result against whole encoding on random conversations.
 """
 
 from __future__ import annotations

@@ -27,14 +27,21 @@ class MLXRunner:
         self._inbox: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"omlx-{name}", daemon=True)
         self._lock = threading.Lock()
-        self._active = 0
+        self._waiting = 0
+        self._running = 0
         self.last_submitted = 0.0  # time.monotonic() of the latest submit (read by the pool)
 
     @property
     def active(self) -> int:
-        """Calls running or waiting (read by the pool: a busy model is not unloaded)."""
+        """Calls running now, 0 or 1 (the pool never unloads a busy model)."""
         with self._lock:
-            return self._active
+            return self._running
+
+    @property
+    def queued(self) -> int:
+        """Calls waiting behind the running one."""
+        with self._lock:
+            return self._waiting
 
     def start(self) -> MLXRunner:
         self._thread.start()
@@ -43,7 +50,7 @@ class MLXRunner:
     def submit(self, fn: Callable[[], T]) -> Future[T]:
         future: Future[T] = Future()
         with self._lock:
-            self._active += 1
+            self._waiting += 1
             self.last_submitted = time.monotonic()
         self._inbox.put((fn, future))
         return future
@@ -60,6 +67,9 @@ class MLXRunner:
             if item is None:
                 return
             fn, future = item
+            with self._lock:
+                self._waiting -= 1
+                self._running += 1
             try:
                 if future.set_running_or_notify_cancel():
                     with mx.stream(stream):
@@ -68,4 +78,4 @@ class MLXRunner:
                 future.set_exception(exc)
             finally:
                 with self._lock:
-                    self._active -= 1
+                    self._running -= 1

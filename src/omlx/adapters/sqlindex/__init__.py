@@ -5,7 +5,7 @@ migrates and opens.
 
 from __future__ import annotations
 
-from omlx.adapters.sqlindex.engine import INDEX_NAME, index_path, make_engine
+from omlx.adapters.sqlindex.database import INDEX_NAME, index_path, make_engine
 from omlx.adapters.sqlindex.migrate import all_revisions, current_revision, head_revision, upgrade
 from omlx.adapters.sqlindex.netfs import NetworkFilesystemError
 from omlx.adapters.sqlindex.repository import (

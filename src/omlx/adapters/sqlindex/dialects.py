@@ -38,11 +38,25 @@ _ORDER_CHILDREN = "ORDER BY last_access DESC, created_at DESC, key LIMIT"
 _KV_CHILD = "kind = 'kv' AND parent_key ="
 
 
+def _nearest_sql(mark: str) -> tuple[str, str]:
+    """The children at or below, and above, a head in ``(parent_key, head)`` order, nearest first."""
+    cols = ", ".join(f"b.{c.name}" for c in BLOCK_COLUMNS)
+    base = (
+        f"SELECT {cols}, h.head FROM block_heads AS h JOIN blocks AS b ON b.key = h.key "
+        f"WHERE h.parent_key = {mark} AND b.kind = 'kv' AND h.head"
+    )
+    return (
+        f"{base} <= {mark} ORDER BY h.head DESC LIMIT {mark}",
+        f"{base} > {mark} ORDER BY h.head ASC LIMIT {mark}",
+    )
+
+
 class SqliteSql:
     name = "sqlite"
     insert = staticmethod(sqlite.insert)
     chunk = 500  # keys per IN (...) list: far below SQLite's variable limit
     children_sql = f"SELECT {_COLUMNS} FROM blocks WHERE {_KV_CHILD} ? {_ORDER_CHILDREN} ?"
+    nearest_sql = _nearest_sql("?")
 
     @staticmethod
     @functools.lru_cache(maxsize=64)
@@ -102,6 +116,7 @@ class PostgresSql:
     insert = staticmethod(postgresql.insert)
     chunk = 5000  # keys per = ANY(array): one parameter, any length; chunks bound the reply
     children_sql = f"SELECT {_COLUMNS} FROM blocks WHERE {_KV_CHILD} %s {_ORDER_CHILDREN} %s"
+    nearest_sql = _nearest_sql("%s")
 
     @staticmethod
     def point_children_sql(n: int) -> str:
@@ -130,7 +145,7 @@ class PostgresSql:
     def vacuum(engine: Engine) -> None:
         """``VACUUM (ANALYZE)`` of the index's tables; it runs beside live servers."""
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            for table in ("blocks", "namespaces", "namespace_hosts", "weight_digests"):
+            for table in ("blocks", "block_heads", "namespaces", "namespace_hosts", "weight_digests"):
                 conn.execute(text(f"VACUUM (ANALYZE) {table}"))
 
 

@@ -12,6 +12,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     PrimaryKeyConstraint,
     String,
     Text,
@@ -76,6 +77,19 @@ class BlockRow(Base):
     hit_count: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
     # kv: a block's KV; state / window: a restore point's snapshot or window KV (domain.keys)
     kind: Mapped[str] = mapped_column(String(8), nullable=False, server_default="kv")
+
+
+class BlockHeadRow(Base):
+    """A KV block's tokens (big-endian uint32s), for finding the children nearest a prompt."""
+
+    __tablename__ = "block_heads"
+    __table_args__ = (Index("ix_block_heads_parent_head", "parent_key", "head"),)
+
+    key: Mapped[str] = mapped_column(
+        String(64), ForeignKey("blocks.key", ondelete="CASCADE"), primary_key=True
+    )
+    parent_key: Mapped[str] = mapped_column(String(64), nullable=False)
+    head: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
 
 
 class WeightDigestRow(Base):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -22,9 +23,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from omlx.adapters.sqlindex.availability import AlwaysAvailable, Availability
 from omlx.adapters.sqlindex.dialects import BLOCK_COLUMNS, PostgresSql, sql_for
-from omlx.adapters.sqlindex.engine import index_path, make_engine, writer_engine
+from omlx.adapters.sqlindex.database import index_path, make_engine, writer_engine
 from omlx.adapters.sqlindex.migrate import upgrade
-from omlx.adapters.sqlindex.models import BlockRow, NamespaceHostRow, NamespaceRow, WeightDigestRow
+from omlx.adapters.sqlindex.models import (
+    BlockHeadRow,
+    BlockRow,
+    NamespaceHostRow,
+    NamespaceRow,
+    WeightDigestRow,
+)
 from omlx.adapters.sqlindex.urls import SQLITE, display, sqlite_path, sqlite_url, to_url
 from omlx.domain.cache.blocks import NamespaceInfo, NamespaceUsage, StoredBlock
 from omlx.domain.cache.keys import CACHE_FORMAT_VERSION
@@ -32,6 +39,16 @@ from omlx.domain.ports import EvictionPlan
 
 _BLOCKS = BlockRow.metadata.tables["blocks"]
 _B = _BLOCKS.c
+_HEADS = BlockHeadRow.__table__
+
+
+def encode_head(tokens: Sequence[int]) -> bytes:
+    """Tokens as big-endian uint32s: comparing the bytes compares the token sequences."""
+    return struct.pack(f">{len(tokens)}I", *tokens)
+
+
+def decode_head(head: bytes) -> tuple[int, ...]:
+    return struct.unpack(f">{len(head) // 4}I", head)
 _PAGE = 256  # eviction candidates per page, read as the plan asks for more
 
 
@@ -100,7 +117,7 @@ class SqlBlockIndex:
             session.execute(ns)
             session.execute(where)
 
-    def add_block(self, block: StoredBlock) -> bool:
+    def add_block(self, block: StoredBlock, tokens: Sequence[int] = ()) -> bool:
         values = {f: getattr(block, f) for f in _fields(StoredBlock)}
         # First writer wins: a row describes the file its writer made, and is never rewritten.
         stmt = (
@@ -110,7 +127,15 @@ class SqlBlockIndex:
             .returning(_B.key)
         )
         with self._available.guard(), self._write() as session, session.begin():
-            return session.connection().execute(stmt).first() is not None
+            conn = session.connection()
+            added = conn.execute(stmt).first() is not None
+            if added and tokens:
+                conn.execute(
+                    _HEADS.insert().values(
+                        key=block.key, parent_key=block.parent_key, head=encode_head(tokens)
+                    )
+                )
+            return added
 
     def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]:
         unique = list(dict.fromkeys(keys))
@@ -143,6 +168,29 @@ class SqlBlockIndex:
             finally:
                 raw.close()
         return rows
+
+    def nearest_children(
+        self, parent_key: str, tokens: Sequence[int], limit: int
+    ) -> list[tuple[StoredBlock, tuple[int, ...]]]:
+        """KV children of ``parent_key`` whose tokens sort nearest ``tokens``, with their tokens.
+
+        The child sharing the longest run with ``tokens`` is a neighbour of ``tokens`` in
+        head order, so ``limit`` on each side finds it among any number of siblings.
+        """
+        head = encode_head(tokens)
+        found: list[tuple[StoredBlock, tuple[int, ...]]] = []
+        with self._available.guard():
+            raw = self.engine.raw_connection()
+            try:
+                cursor = raw.cursor()
+                for sql in self._sql.nearest_sql:
+                    cursor.execute(sql, (parent_key, head, limit))
+                    for row in cursor.fetchall():
+                        found.append((StoredBlock(*row[:-1]), decode_head(bytes(row[-1]))))
+                cursor.close()
+            finally:
+                raw.close()
+        return found
 
     def point_children(self, parent_keys: Sequence[str]) -> list[StoredBlock]:
         """Restore-point objects (kind state or window) hanging from any of ``parent_keys``."""

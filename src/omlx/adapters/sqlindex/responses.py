@@ -14,7 +14,7 @@ import msgspec
 from sqlalchemy import Engine, delete, func, insert, select
 from sqlalchemy.orm import sessionmaker
 
-from omlx.adapters.sqlindex.engine import writer_engine
+from omlx.adapters.sqlindex.database import writer_engine
 from omlx.adapters.sqlindex.models import ResponseRow
 from omlx.domain.responses import Retention, StoredResponse
 

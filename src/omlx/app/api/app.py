@@ -22,7 +22,6 @@ from omlx.app.container import Container
 
 def create_app(container: Container) -> Litestar:
     metrics = Metrics(container)
-    container.metrics = metrics
     settings = container.settings
 
     def observe(served) -> None:  # every model, loaded now or later, reports to these metrics

@@ -25,6 +25,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from omlx.app.container import Container
+from omlx.app.pool import Served
 from omlx.domain.generation import Finished
 
 UNMATCHED = "unmatched"  # the route label of 404/405 answers, whatever the path
@@ -36,7 +38,7 @@ _PHASE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.
 class Metrics:
     """One app's metrics; also the generation service's observer (TTFT, tokens)."""
 
-    def __init__(self, container: Any) -> None:
+    def __init__(self, container: Container) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -170,7 +172,7 @@ class MetricsController(Controller):
 class StateCollector(Collector):
     """Engine queue depths and cache-tier counters, read at scrape time."""
 
-    def __init__(self, container: Any) -> None:
+    def __init__(self, container: Container) -> None:
         self.container = container
 
     def collect(self) -> Iterator[Metric]:
@@ -188,8 +190,8 @@ class StateCollector(Collector):
             labels=["model", "kind"],
         )
         for served in loaded:
-            active.add_metric([served.id], getattr(served.engine, "active", 0))
-            queued.add_metric([served.id], getattr(served.engine, "queued", 0))
+            active.add_metric([served.id], served.engine.active)
+            queued.add_metric([served.id], served.engine.queued)
         for model, held in c.pool.account.snapshot().items():
             memory.add_metric([model, "weights"], held["weights"])
             memory.add_metric([model, "kv"], held["kv"])
@@ -286,7 +288,7 @@ _FAMILIES = {
 }
 
 
-def _cache_families(c: Any, served: list[Any]) -> Iterator[Metric]:
+def _cache_families(c: Container, served: list[Served]) -> Iterator[Metric]:
     """Each loaded model's tiers under its ``model`` label; the shared writer's as ``all``."""
     families = {
         name: kind(name, doc, labels=["model", *labels])

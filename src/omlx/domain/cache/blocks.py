@@ -33,6 +33,9 @@ class BlockMeta:
     namespace: str
     token_count: int
     kind: str = "kv"
+    # A KV block's tokens where they are known without reading its file: set when it is
+    # stored (the index keeps them beside its row) and when the index lists it as a child.
+    tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Callable, Generator, Sequence
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from omlx.domain.cache.blocks import (
@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 # Candidates for token-granular matching asked of the index per lookup: the prefix cache
 # reads at most a few of them, most recently used first.
 CHILDREN_LIMIT = 16
+# Children nearest the prompt in token order, asked on each side of it: the one sharing
+# the longest run is among them however many siblings there are (block_heads, 0013).
+NEAREST_LIMIT = 4
 
 
 class RecencyBuffer:
@@ -208,6 +211,8 @@ class ColdTier:
             log.error("block %s does not match this namespace or its tokens; not stored", meta.key)
             self._count("dropped")
             return
+        if meta.kind == KV and not meta.tokens:  # the index keeps them, to rank siblings
+            meta = replace(meta, tokens=tuple(tokens))
         try:
             accepted = self._writer.submit(meta, self.namespace, data)
         except Exception:
@@ -246,20 +251,28 @@ class ColdTier:
             if r.namespace == self.namespace.digest
         ]
 
-    def children(self, parent_key: str) -> list[BlockMeta]:
+    def children(self, parent_key: str, want: Sequence[int] = ()) -> list[BlockMeta]:
         try:
-            rows = self._index.children(parent_key, CHILDREN_LIMIT)
+            near = (
+                self._index.nearest_children(parent_key, want, NEAREST_LIMIT) if want else []
+            )
+            recent = self._index.children(parent_key, CHILDREN_LIMIT)
         except IndexUnavailable as exc:
             log.debug("children of %s: index unavailable (%s)", parent_key, exc)
             return []
         except Exception:
             log.exception("index lookup of the children of %s failed", parent_key)
             return []
-        return [
-            BlockMeta(r.key, r.parent_key, r.namespace, r.token_count)
-            for r in rows
-            if r.namespace == self.namespace.digest
-        ]
+        ns = self.namespace.digest
+        found = {
+            r.key: BlockMeta(r.key, r.parent_key, r.namespace, r.token_count, tokens=tokens)
+            for r, tokens in near
+            if r.namespace == ns and len(tokens) == r.token_count
+        }
+        for r in recent:
+            if r.namespace == ns and r.key not in found:
+                found[r.key] = BlockMeta(r.key, r.parent_key, r.namespace, r.token_count)
+        return list(found.values())
 
     def touch(self, keys: Sequence[str]) -> None:
         self.recency.record(keys)

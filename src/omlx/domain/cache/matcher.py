@@ -141,7 +141,7 @@ class PrefixMatcher:
         match = best_child(
             want,
             self._hot.children(parent),
-            (lambda: cold.children(parent)) if cold is not None else None,
+            (lambda: cold.children(parent, want)) if cold is not None else None,
             lambda meta: self._read_cold(meta.key, parent),
         )
         if match is None:

@@ -43,9 +43,12 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def upper_bound(meta: BlockMeta, want: Sequence[int]) -> int:
     """The most tokens a child can share with ``want``, known without reading it.
 
-    A child no longer than ``want`` is checked by its key: rehashing ``want``'s first
-    ``token_count`` tokens either gives its key (all shared) or not (one fewer at most).
+    Exact where the index listed the child's tokens. Otherwise a child no longer than
+    ``want`` is checked by its key: rehashing ``want``'s first ``token_count`` tokens
+    either gives its key (all shared) or not (one fewer at most).
     """
+    if meta.tokens:
+        return common_prefix(meta.tokens, want)
     n = meta.token_count
     if n > len(want):
         return len(want)

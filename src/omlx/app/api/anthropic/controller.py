@@ -23,22 +23,14 @@ from omlx.app.api.anthropic.translate import Translator
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openapi import error_responses, streaming_operation
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
+from omlx.app.api.translators import translator
 from omlx.app.chat import ChatTurn
 from omlx.app.container import Container
 from omlx.app.output import Piece, Reasoning, ToolCallPiece
-from omlx.app.pool import Served
 from omlx.app.sealing import ReasoningSeal
 
 _ERRORS = error_responses(AnthropicErrorResponse, 400, 401, 404, 413, 429, 500)
 CACHE_DIAGNOSIS_BETA = "cache-diagnosis-2026-04-07"
-
-
-def translator(container: Container, served: Served) -> Translator:
-    return Translator(
-        container.normalizer,
-        container.seal,
-        effort_kwarg=served.chat.renderer.accepts_reasoning_effort,
-    )
 
 
 def blocks_of(
@@ -101,16 +93,15 @@ class AnthropicController(Controller):
         self, data: MessagesRequest, container: Container, request: Request
     ) -> Message:
         served = await container.pool.acquire(data.model)
-        chat = translator(container, served).chat_request(data, served.id)
+        chat = translator(Translator, container, served).chat_request(data, served.id)
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         previous = data.diagnostics.previous_message_id if data.diagnostics is not None else None
         turn = await served.chat.prepare(chat, mid, previous)
         extra = diagnostics(turn) if wants_diagnostics(request, data) else None
         show_thinking = data.thinking is None or data.thinking.display != "omitted"
         if data.stream:
-            served.generation.check_capacity()  # a 429 is possible only before the 200
             stream = MessageStream(mid, data.model, container.seal, show_thinking, extra)
-            return EventStream(stream.run(served.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
+            return EventStream(stream.run(served.chat.stream(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
         result = await unless_disconnected(request.receive, served.chat.complete(turn))
         f = result.finished
         message = Message(
@@ -144,5 +135,5 @@ class AnthropicController(Controller):
             thinking=data.thinking,
             context_management=data.context_management,
         )
-        chat = translator(container, served).chat_request(request, served.id)
+        chat = translator(Translator, container, served).chat_request(request, served.id)
         return TokenCount(await served.chat.count_tokens(chat))

@@ -102,10 +102,10 @@ class OpenAIController(Controller):
         turn = await served.chat.prepare(chat, rid)
         token_text = served.generation.token_text if chat.sampling.logprobs is not None else None
         if data.stream:
-            served.generation.check_capacity()  # a 429 is possible only before the 200
+            events = served.chat.stream(turn, KEEPALIVE_SECONDS)
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
             stream = ChatStream(rid, created, data.model, include_usage, token_text)
-            return EventStream(stream.run(served.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
+            return EventStream(stream.run(events))  # type: ignore[return-value]
         result = await unless_disconnected(request.receive, served.chat.complete(turn))
         text, reasoning, calls = collect(result.pieces)
         message = ResponseMessage(
@@ -159,9 +159,8 @@ class OpenAIController(Controller):
         prefix = prompt if (data.echo and isinstance(prompt, str)) else ""
         token_text = service.token_text if gen.logprobs is not None else None
         if data.stream:
-            service.check_capacity()
+            events = service.stream(gen, KEEPALIVE_SECONDS)
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            events = service.events(gen, KEEPALIVE_SECONDS)
             return EventStream(text_stream(events, rid, created, data.model, prefix, include_usage, token_text))  # type: ignore[return-value]
         result = await unless_disconnected(request.receive, service.complete(gen))
         return TextCompletion(

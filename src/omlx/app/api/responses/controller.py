@@ -25,21 +25,13 @@ from omlx.app.api.responses.schemas import (
 from omlx.app.api.responses.stream import ResponseRun
 from omlx.app.api.responses.translate import Translator
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
+from omlx.app.api.translators import translator
 from omlx.app.container import Container
 from omlx.app.errors import InvalidRequest, NotFound
-from omlx.app.pool import Served
 from omlx.domain.responses import StoredResponse
 
 _ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404, 413, 429, 500)
 _READ_ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404)
-
-
-def translator(container: Container, served: Served) -> Translator:
-    return Translator(
-        container.normalizer,
-        container.seal,
-        effort_kwarg=served.chat.renderer.accepts_reasoning_effort,
-    )
 
 
 async def stored(container: Container, response_id: str) -> StoredResponse:
@@ -84,7 +76,7 @@ class ResponsesController(Controller):
     ) -> ResponseObject:
         served = await container.pool.acquire(data.model)
         past = await history(container, data.previous_response_id)
-        translated = translator(container, served).translate(data, served.id, past)
+        translated = translator(Translator, container, served).translate(data, served.id, past)
         rid = new_id("resp")
         turn = await served.chat.prepare(translated.chat, rid, data.previous_response_id)
         service = served.generation
@@ -97,8 +89,7 @@ class ResponsesController(Controller):
             count_tokens=lambda text: len(service.encode_text(text)),
         )
         if data.stream:
-            service.check_capacity()  # a 429 is possible only before the 200
-            return EventStream(run.stream(served.chat.run(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
+            return EventStream(run.stream(served.chat.stream(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
         result = await unless_disconnected(request.receive, served.chat.complete(turn))
         for piece in result.pieces:
             run.builder.feed(piece)

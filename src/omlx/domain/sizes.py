@@ -1,4 +1,8 @@
-"""Byte sizes as people write them: ``200GB`` (decimal), ``4GiB`` (binary), ``1048576``."""
+"""Byte sizes as people write them (``200GB`` decimal, ``4GiB`` binary, ``1048576``) and as we print them.
+
+Below the app and the library alike: settings, the admin CLI, the ``omlx.cache`` facade and
+the memory guard's messages all read and write sizes the same way.
+"""
 
 from __future__ import annotations
 
@@ -36,9 +40,9 @@ def parse_size(text: str | int) -> int:
     return int(Decimal(match.group(1)) * _UNITS[unit])
 
 
-def format_size(nbytes: int) -> str:
+def format_bytes(n: int) -> str:
     """A short human-readable size in decimal units: ``1.5 GB``."""
-    value = float(nbytes)
+    value = float(n)
     for unit in ("B", "KB", "MB", "GB"):
         if abs(value) < 1000:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"

@@ -1,0 +1,113 @@
+"""A cache folder opened for the cold tier, wired one way for the server and the library.
+
+The folder lock, the index (embedded SQLite, or a PostgreSQL one shared by servers), the
+block store, and the one writer thread with its budget and batched recency: what
+``app.bootstrap`` opens for every model of a server and ``omlx.cache``'s ``DiskTier`` for
+one library namespace. Both may import it; it imports only adapters and the domain. Each
+caller words a locked folder or an unreachable index its own way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from omlx.adapters.blockfiles import BlockWriter, CacheDirLock, DiskBudget, FileBlockStore
+from omlx.adapters.sqlindex import SqlBlockIndex, backend, connect_index, index_path, sqlite_url
+from omlx.domain.cache.cold_tier import RecencyBuffer
+
+WRITER_TICK_S = 1.0  # how often an idle writer wakes to flush recency or see close()
+
+
+def index_url_of(cache_dir: Path, index_url: str | None) -> str:
+    """The index a folder's blocks are recorded in: ``index_url``, else ``<cache_dir>/index.db``."""
+    return index_url or sqlite_url(index_path(cache_dir))
+
+
+def is_shared(url: str) -> bool:
+    """Whether servers share the index (PostgreSQL), so the folder lock is a shared one."""
+    return backend(url) == "postgresql"
+
+
+@dataclass(frozen=True, slots=True)
+class ColdFolder:
+    """A locked cache folder with its index connected and its store ready.
+
+    The adapters themselves, not their ports: the server also uses what only they have
+    (the index's database for stored responses, weight digests, the maintenance lock).
+    """
+
+    dir: Path
+    index: SqlBlockIndex
+    store: FileBlockStore
+    shared: bool
+    lock: CacheDirLock
+
+    def close(self) -> None:
+        """Stop the store's read threads, close the index, unlock (after the writer drained)."""
+        try:
+            self.store.close()
+            self.index.close()
+        finally:
+            self.lock.release()
+
+
+def open_cold_folder(cache_dir: Path, index_url: str | None, *, writer_id: str = "") -> ColdFolder:
+    """Lock ``cache_dir`` (exclusive, or shared beside a shared index) and connect its index.
+
+    Raises ``CacheDirLocked`` when another owner holds the folder, and the index's own
+    error when it cannot be reached (the lock is released then). ``writer_id`` names this
+    process's temporary files among the servers sharing the folder.
+    """
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    url = index_url_of(cache_dir, index_url)
+    shared = is_shared(url)
+    lock = CacheDirLock(cache_dir, shared=shared)
+    lock.acquire()
+    try:
+        index = connect_index(url)
+    except BaseException:
+        lock.release()
+        raise
+    store = FileBlockStore(cache_dir, writer_id=writer_id)
+    return ColdFolder(cache_dir, index, store, shared, lock)
+
+
+@dataclass(frozen=True, slots=True)
+class ColdWriter:
+    """The folder's one block writer and the recency buffer it flushes on its thread."""
+
+    writer: BlockWriter
+    recency: RecencyBuffer
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Drain the writer, then flush recency so LRU order survives."""
+        try:
+            self.writer.close(timeout)
+        finally:
+            self.recency.flush()
+
+
+def start_cold_writer(
+    folder: ColdFolder,
+    max_bytes: int,
+    *,
+    is_pinned: Callable[[str], bool],
+    lease: float,
+    tick_interval: float = WRITER_TICK_S,
+) -> ColdWriter:
+    """Start the writer thread under a ``max_bytes`` budget; ``lease``: with a shared index,
+    never evict what any server used or wrote that many seconds ago or later."""
+    recency = RecencyBuffer(folder.index)
+    writer = BlockWriter(
+        folder.store,
+        folder.index,
+        DiskBudget(folder.dir, max_bytes),
+        is_pinned=is_pinned,
+        tick=recency.maybe_flush,
+        shared=folder.shared,
+        lease=lease,
+        tick_interval=tick_interval,
+    )
+    return ColdWriter(writer, recency)

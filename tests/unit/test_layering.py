@@ -1,0 +1,39 @@
+"""Imports point inward (DESIGN §3): the adapters and the ``omlx.cache`` library never reach
+up into the app, and the adapters never into the library built on them."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "omlx"
+# package -> the omlx packages its modules may not import, even lazily inside a function
+FORBIDDEN = {
+    "adapters": ("omlx.app", "omlx.cache"),
+    "cache": ("omlx.app",),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_a_package_imports_nothing_above_it(package: str) -> None:
+    modules = sorted((SRC / package).rglob("*.py"))
+    assert modules
+    wrong = {
+        f"{path.relative_to(SRC)}: {name}"
+        for path in modules
+        for name in _imports(path)
+        if name.startswith(FORBIDDEN[package])
+    }
+    assert not wrong, sorted(wrong)
