@@ -95,13 +95,13 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
     )
     for ns in report["namespaces"]:
         click.echo(
-            f"  {ns['model_name']} [{ns['namespace'][:12]}]: {ns['blocks']} blocks, "
-            f"{ns['tokens']} tokens, {format_bytes(ns['nbytes'])}, "
+            f"  {ns['model_name']} [{ns['namespace'][:12]}]: {_count(ns['blocks'], 'block')}, "
+            f"{_count(ns['tokens'], 'token')}, {format_bytes(ns['nbytes'])}, "
             f"last used {_ago(ns['newest_access'] or ns['last_used_at'])}"
         )
     total, disk = report["total"], report["disk"]
     click.echo(
-        f"total:        {total['blocks']} blocks, {total['tokens']} tokens, "
+        f"total:        {_count(total['blocks'], 'block')}, {_count(total['tokens'], 'token')}, "
         f"{format_bytes(total['nbytes'])}"
     )
     prepared = report["prepared_weights"]
@@ -267,7 +267,9 @@ def vacuum_command(
                 max_bytes=max_bytes,
                 unused_namespaces=unused_namespaces,
                 unused_days=unused_days,
-                lease=lease if target.shared else None,
+                # Beside a live server the grace spares its recent blocks from eviction
+                # too, as the line above promised; a shared index has its lease.
+                lease=lease if target.shared else spare,
             )
             if freed is None:
                 raise click.ClickException(
@@ -331,7 +333,10 @@ def vacuum_blocks(
             for digest, name in stale:
                 say(f"dropped unused model {name} [{digest[:12]}]")
             gone = delete_files(store, blocks, progress)
-            say(f"dropped {len(stale)} unused namespaces: {len(blocks)} blocks ({format_bytes(gone)})")
+            say(
+                f"dropped {_count(len(stale), 'unused namespace')}: "
+                f"{_count(len(blocks), 'block')} ({format_bytes(gone)})"
+            )
             freed += gone
         budget = DiskBudget(store.root, max_bytes=max_bytes if max_bytes is not None else 2**62)
         used = index.total_bytes()
@@ -341,7 +346,8 @@ def vacuum_blocks(
             say("another server is evicting now; the budget is left to it")
             victims = []
         evicted = sum(v.nbytes for v in victims)
-        say(f"evicted {len(victims)} least recently used blocks ({format_bytes(evicted)})")
+        spared = "" if lease is None else f"; blocks used in the last {lease:.0f} s were spared"
+        say(f"evicted {len(victims)} least recently used blocks ({format_bytes(evicted)}){spared}")
         return freed + evicted
 
 
@@ -386,7 +392,7 @@ def clear_command(cache_dir: Path, model: str | None, yes: bool, index_url: str 
     if not target.shared and lock_holder(cache_dir) is None:
         store.prune_empty_dirs()  # with servers running, a new folder may be about to get a file
     click.echo(
-        f"cleared {cleared.blocks} blocks of {cleared.namespaces} namespaces "
+        f"cleared {_count(cleared.blocks, 'block')} of {_count(cleared.namespaces, 'namespace')} "
         f"({format_bytes(cleared.nbytes)})"
     )
 
@@ -427,6 +433,11 @@ def db_upgrade_command(cache_dir: Path, index_url: str | None) -> None:
     upgrade(target.url)
     after = current_revision(target.url)
     click.echo(f"index {target.label}: revision {before or 'none'} -> {after}")
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 namespace``, ``2 namespaces``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _ago(at: float | None) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas
+from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas, log_blas
 from omlx.app.catalog import CHAT, ModelSpec, catalog
 from omlx.app.container import Container
 from omlx.app.model_loader import ModelLoader, SharedCold, serve_chat
@@ -53,7 +53,7 @@ def bootstrap(
         raise ValueError("bootstrap: model= and engine= go together")
     if engine is None:
         load_optimized_blas()  # before the first import of mlx below
-        log.info(describe_blas())
+        log_blas()
     closers: list = []
     try:
         if model is not None:

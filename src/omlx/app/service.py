@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -67,8 +67,10 @@ class GenerationService:
         default_max_tokens: int,
         encode: Callable[[str], list[int]] | None = None,
         grammars: GrammarCompiler | None = None,
+        sampling_defaults: Mapping[str, Any] | None = None,
     ) -> None:
         self.engine = engine
+        self.sampling_defaults = dict(sampling_defaults or {})  # the model's generation_config
         self.grammars = grammars
         self.model = model
         self.tokenizer = model.tokenizer
@@ -125,7 +127,7 @@ class GenerationService:
         return GenerationRequest(
             prompt_tokens=tuple(prompt_tokens),
             max_tokens=max_tokens,
-            sampling=sampling_params(s, vocab),
+            sampling=sampling_params(s, vocab, self.sampling_defaults),
             stop=stops,
             logprobs=_logprobs(s.logprobs, s.logprobs_param),
         )

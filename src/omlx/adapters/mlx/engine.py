@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from omlx.domain.cache.session import CacheSession
 
 log = logging.getLogger(__name__)
+_REQUEST_IDS = itertools.count(1)  # shared by every model's engine: numbers are process-wide
 
 _GREEDY = SamplingParams()
 
@@ -87,7 +88,7 @@ class MLXEngine:
         self.prefix_cache = prefix_cache
         self.config = config or EngineConfig()
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._ids = itertools.count(1)
+        self._ids = _REQUEST_IDS  # one numbering for the process: log lines stay unique
         self._running: dict[int, Job] = {}  # batcher uid -> job
         self._jobs: dict[int, Job] = {}  # job id -> job (waiting or running)
         self._stopping = threading.Event()
@@ -421,7 +422,7 @@ class MLXEngine:
                 phases_of(job), tier_of(job),
             )
         )
-        log_finished(job, reason)
+        log_finished(job, reason, self.model.model_id)
         if job.session is not None:
             job.session.finished(tokens, cache)  # never raises
         self._jobs.pop(job.id, None)

@@ -22,6 +22,7 @@ from mlx_lm.utils import load as mlx_lm_load
 from omlx.adapters.mlx.cache_layout import ModelLayout, probe_model
 from omlx.adapters.mlx.errors import UnsupportedModelError
 from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, LoadedGGUF, default_model_path, load_gguf
+from omlx.adapters.mlx.generation_config import BUNDLED_GENERATION_CONFIG, read_generation_config
 from omlx.adapters.mlx.prepared import PreparedWeights
 from omlx.domain.cache.blocks import NamespaceInfo
 from omlx.domain.cache.keys import namespace_digest
@@ -65,6 +66,8 @@ class LoadedModel:
     cache_unsupported_reason: str = ""
     layout: ModelLayout | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Sampling defaults for what a request leaves out (temperature, top_p, ...).
+    generation_config: dict[str, Any] = field(default_factory=dict)
 
     def namespace(self, block_size: int) -> NamespaceInfo:
         """The cache namespace of this model at ``block_size`` (DESIGN §4)."""
@@ -171,12 +174,15 @@ def load_model(
         model_id = model_id or model_id_for(path)
 
     extra: dict[str, Any] = {}
+    generation: dict[str, Any] = {}
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise UnsupportedModelError(f"{path} is a file but not a .gguf file")
         weight_files = [path]
         digest = weights_digest(weight_files, digest_cache, progress, f"digesting the weights of {model_id}")
         loaded, dequantized_now = _load_gguf(path, digest, prepared)
+        if path.resolve() == default_model_path().resolve():
+            generation = dict(BUNDLED_GENERATION_CONFIG)
         model, tokenizer, config = loaded.model, loaded.tokenizer, loaded.config
         if prepared is not None and dequantized_now:
             extra["write_prepared_copy"] = partial(prepared.keep, digest, loaded, path)
@@ -189,6 +195,7 @@ def load_model(
         weight_files = sorted(path.glob("*.safetensors"))
         tokenizer_files = [path / n for n in _TOKENIZER_FILES if (path / n).exists()]
         digest = weights_digest(weight_files, digest_cache, progress, f"digesting the weights of {model_id}")
+        generation = read_generation_config(path)
 
     probe = probe_model(model)  # one one-token pass: layout, KV dtype and KV cost
     layout, kv_dtype = probe.layout, probe.kv_dtype
@@ -209,11 +216,17 @@ def load_model(
         cache_unsupported_reason=layout.unsupported,
         layout=layout,
         extra=extra,
+        generation_config=generation,
     )
     log.info(
         "loaded %s from %s: %d cache layers (%s), KV dtype %s, context %d",
         model_id, path, len(layout.leaves), ", ".join(f"{n} {label}" for label, n in layout.counts().items()), kv_dtype, context,
     )
+    if generation:
+        log.info(
+            "sampling defaults of %s (for what a request leaves out): %s", model_id,
+            ", ".join(f"{k} {v}" for k, v in generation.items()),
+        )
     return loaded_model
 
 
