@@ -284,7 +284,7 @@ class MLXEngine:
         """Its prompt looked up, its prefix pinned (the prefix cache's session for it)."""
         assert self.prefix_cache is not None
         job.times.setdefault("considered", time.monotonic())
-        return self.prefix_cache.begin(job.request.prompt_tokens)
+        return self.prefix_cache.begin(job.request.prompt_tokens, store=job.request.cache_store)
 
     def _admit(self, job: Job) -> None:
         tokens = list(job.request.prompt_tokens)

@@ -159,7 +159,9 @@ class ColdTier:
         self.stats = ColdTierStats()
         self._lock = threading.Lock()  # the counters
 
-    def get(self, key: str, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
+    def get(
+        self, key: str, parent_key: str, *, touch: bool = True
+    ) -> tuple[tuple[int, ...], Any] | None:
         rows = self._lookup([key])
         row = None if rows is None else rows.get(key)
         if row is None or row.namespace != self.namespace.digest:
@@ -167,10 +169,10 @@ class ColdTier:
             return None
         with closing(self._store.read_many([row])) as reads:
             read = next(reads, None)
-        return None if read is None else self._serve(read, parent_key)
+        return None if read is None else self._serve(read, parent_key, touch)
 
     def get_many(
-        self, chain: Sequence[tuple[str, str]]
+        self, chain: Sequence[tuple[str, str]], *, touch: bool = True
     ) -> Generator[tuple[tuple[int, ...], Any], None, None]:
         if not chain:
             return
@@ -190,7 +192,7 @@ class ColdTier:
         # Closing this generator closes the store's: files not yet read are not read.
         with closing(self._store.read_many([row for row, _ in found])) as reads:
             for (_, parent_key), read in zip(found, reads, strict=False):
-                served = self._serve(read, parent_key)
+                served = self._serve(read, parent_key, touch)
                 if served is None:
                     return
                 yield served
@@ -278,7 +280,9 @@ class ColdTier:
             log.exception("index lookup of %d keys failed; treated as a miss", len(keys))
         return None
 
-    def _serve(self, read: BlockRead, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
+    def _serve(
+        self, read: BlockRead, parent_key: str, touch: bool = True
+    ) -> tuple[tuple[int, ...], Any] | None:
         """Decode a verified read and serve it, or count and handle why it cannot be."""
         row = read.block
         if read.failure is ReadFailure.MISSING:
@@ -299,7 +303,8 @@ class ColdTier:
         if decoded is None:
             self._drop(row, problem, "corrupt_blocks")
             return None
-        self.recency.record((row.key,))
+        if touch:  # a no-store request's reads leave the index as it was
+            self.recency.record((row.key,))
         self._count("hits")
         return decoded.tokens, decoded.payload
 

@@ -4,7 +4,8 @@ A small facade over its parts: ``PrefixMatcher`` (lookup, leases), ``BlockKeeper
 (write-through), ``RequestCapture`` (cutting a running request's blocks) and the kept
 finished caches (``KeptCaches``). The engine starts one ``CacheSession`` per request
 with ``begin`` and otherwise only asks for memory back; every call runs on the engine
-thread except ``stats``, ``held_bytes`` and ``is_pinned``, which others read.
+thread except ``stats``, ``held_bytes``, ``is_pinned``, ``probe`` (what a prompt would
+restore, for diagnostics) and ``pins`` (pinned prefixes), which others use.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from omlx.domain.cache.hot_tier import HotTier, HotTierStats
 from omlx.domain.cache.keeper import BlockKeeper, KnownKeys
 from omlx.domain.cache.layout import CacheLayout
 from omlx.domain.cache.matcher import PrefixMatcher
+from omlx.domain.cache.pins import DEFAULT_PIN_SHARE, PinBook
+from omlx.domain.cache.probe import CachedPrefix, probe
 from omlx.domain.cache.session import CacheSession
 from omlx.domain.cache.tally import Tally
 from omlx.domain.ports import Clock, ColdSource, KeptCaches, KVCodec, SystemClock
@@ -73,12 +76,17 @@ class PrefixCache:
         known_keys_limit: int = 1 << 16,
         layout: CacheLayout | None = None,
         kept: KeptCaches | None = None,
+        pin_share: float = DEFAULT_PIN_SHARE,
     ) -> None:
         self.namespace = namespace
         self.block_size = namespace.block_size
         self.layout = layout if layout is not None else CacheLayout()
-        self._codec, self._hot, self._kept = codec, hot, kept
+        self._codec, self._hot, self._kept, self._cold = codec, hot, kept, cold
         self._tally = Tally()
+        clock = clock if clock is not None else SystemClock()
+        self.pins = PinBook(
+            hot, clock, namespace=namespace.digest, block_size=self.block_size, share=pin_share
+        )
         known = KnownKeys(known_keys_limit)
         self._matcher = PrefixMatcher(
             namespace=namespace,
@@ -88,14 +96,18 @@ class PrefixCache:
             layout=self.layout,
             known=known,
             tally=self._tally,
-            clock=clock if clock is not None else SystemClock(),
+            clock=clock,
         )
         self._keeper = BlockKeeper(
             namespace=namespace, codec=codec, hot=hot, cold=cold, known=known, tally=self._tally
         )
 
-    def begin(self, prompt: Sequence[int]) -> CacheSession:
-        """One request's session: its prompt looked up now (the prefix pinned), never raising."""
+    def begin(self, prompt: Sequence[int], *, store: bool = True) -> CacheSession:
+        """One request's session: its prompt looked up now (the prefix pinned), never raising.
+
+        ``store=False``: a no-store request, which restores and keeps nothing.
+        """
+        self.pins.expire()
         return CacheSession(
             prompt,
             matcher=self._matcher,
@@ -104,6 +116,17 @@ class PrefixCache:
             layout=self.layout,
             kept=self._kept,
             tally=self._tally,
+            store=store,
+        )
+
+    def probe(self, tokens: Sequence[int]) -> CachedPrefix:
+        """How much of ``tokens`` the tiers hold now, changing nothing (any thread)."""
+        return probe(
+            tokens,
+            namespace=self.namespace.digest,
+            block_size=self.block_size,
+            hot=self._hot,
+            cold=self._cold,
         )
 
     def make_room(self, room: int) -> int:
