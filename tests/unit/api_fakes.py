@@ -46,6 +46,9 @@ class FakeTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(text.encode())
 
+    def decode(self, tokens: list[int]) -> str:
+        return bytes(tokens).decode(errors="replace")
+
     def apply_chat_template(
         self,
         messages: list[dict],

@@ -199,6 +199,11 @@ def test_openapi_documents_each_route_and_its_bodies():
         "createEmbedding",
         "rerank",
         "metrics",
+        "explainCache",
+        "createCachePin",
+        "listCachePins",
+        "deleteCachePin",
+        "deleteCachePinById",
     }
     responses = ops[("post", "/v1/responses")]
     assert set(responses["responses"]["200"]["content"]) == {

@@ -34,7 +34,7 @@ def test_the_probe_shows_what_the_cache_holds_where_the_prompt_left_it() -> None
     pc = make(16)
     stored = seq(40)
     serve(pc, stored)
-    changed = seq(20) + [7777] + seq(19, 21)
+    changed = [*seq(20), 7777, *seq(19, 21)]
     found = pc.probe(changed)
     assert found.tokens == 20 and found.stored_next[:3] == (20, 21, 22)
     assert pc.probe(stored).full_hit
@@ -45,7 +45,7 @@ def test_the_probe_shows_what_the_cache_holds_where_the_prompt_left_it() -> None
 def test_the_probe_agrees_with_a_lookup_on_ram(bs: int, stored: list[int], cut: int) -> None:
     pc = make(bs)
     pc.store(stored, list(stored))
-    query = stored[:cut] + [1000]
+    query = [*stored[:cut], 1000]
     assert pc.probe(query).tokens == best_prefix(query, [stored])
 
 
@@ -82,7 +82,7 @@ def test_pins_protect_a_prefix_from_eviction_until_they_expire() -> None:
     assert pin.tokens == 16 and len(pin.keys) == 4
     for start in range(100, 1000, 40):  # traffic that would push everything old out
         serve(pc, seq(16, start))
-    assert pc.probe(kept + [5]).tokens == 16
+    assert pc.probe([*kept, 5]).tokens == 16
     assert pc.pins.pin(kept, ttl=600, source="api").id == pin.id  # extended, not doubled
     assert len(pc.pins.pins()) == 1
     clock.advance(601)
@@ -90,7 +90,7 @@ def test_pins_protect_a_prefix_from_eviction_until_they_expire() -> None:
     assert pc.hot.stats().pinned == 0
     for start in range(2000, 3000, 40):
         serve(pc, seq(16, start))
-    assert pc.probe(kept + [5]).tokens == 0
+    assert pc.probe([*kept, 5]).tokens == 0
 
 
 def test_pins_stay_within_their_share_and_unpin_by_id() -> None:

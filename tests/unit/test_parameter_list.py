@@ -66,9 +66,11 @@ COMMON: dict[str, tuple[dict[str, Any], Check]] = {
     "user": ({"user": "u"}, None),
     "model": ({}, None),
 }
+NO_STORE = ({"omlx_cache_control": "no-store"}, lambda r: r.cache_store is False)
 SAMPLES: dict[str, dict[str, tuple[dict[str, Any], Check]]] = {
     "/v1/chat/completions": {
         **COMMON,
+        "omlx_cache_control": NO_STORE,
         "messages": ({}, None),
         "max_tokens": ({"max_tokens": 3}, lambda r: r.max_tokens == 3),
         "max_completion_tokens": ({"max_completion_tokens": 3}, lambda r: r.max_tokens == 3),
@@ -115,6 +117,7 @@ SAMPLES: dict[str, dict[str, tuple[dict[str, Any], Check]]] = {
     },
     "/v1/completions": {
         **COMMON,
+        "omlx_cache_control": NO_STORE,
         "prompt": ({"prompt": [104, 105]}, lambda r: r.prompt_tokens == (104, 105)),
         "max_tokens": ({"max_tokens": 3}, lambda r: r.max_tokens == 3),
         "stop": ({"stop": "x"}, lambda r: r.stop == ("x",)),
@@ -125,6 +128,7 @@ SAMPLES: dict[str, dict[str, tuple[dict[str, Any], Check]]] = {
         "suffix": ({"suffix": "end"}, None),
     },
     "/v1/responses": {
+        "omlx_cache_control": NO_STORE,
         "model": ({}, None),
         "input": ({}, None),
         "instructions": ({"instructions": "be brief"}, None),
@@ -178,6 +182,7 @@ SAMPLES: dict[str, dict[str, tuple[dict[str, Any], Check]]] = {
         "moderation": ({"moderation": {"mode": "block"}}, None),
     },
     "/v1/messages": {
+        "omlx_cache_control": NO_STORE,
         "model": ({}, None),
         "messages": ({}, None),
         "max_tokens": ({"max_tokens": 3}, lambda r: r.max_tokens == 3),

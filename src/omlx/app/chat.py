@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from omlx.app.cache_report import CacheReport, report, tools_span_of
 from omlx.app.constraints import ResponseFormat, output_grammar
 from omlx.app.diagnostics import Divergence, Fingerprint, FingerprintStore, compare, fingerprint
 from omlx.app.errors import GenerationFailed, InvalidRequest
@@ -91,6 +92,7 @@ class ChatTurn:
     previous_named: bool = False  # the client named the previous turn (vs found by prefix)
     cached_tokens: int | None = None  # known once the engine started it
     tool_calls: int = 0
+    cache: CacheReport | None = None  # what the cache held of its prompt on arrival
 
 
 # What a running turn reports, in order: Started, then Output..., then Done or Error.
@@ -188,7 +190,42 @@ class ChatPipeline:
         turn = ChatTurn(prompt, request, splitter, chat.parallel_tool_calls, fp)
         self._diagnose(turn, previous_id, last_label=chat.labels[-1] if chat.labels else "")
         self.fingerprints.record(response_id, fp)
+        changed = turn.divergence.part if turn.divergence is not None else None
+        turn.cache = await anyio.to_thread.run_sync(self._report, chat, prompt.tokens, changed)
         return turn
+
+    async def explain(self, chat: ChatRequest) -> tuple[list[int], CacheReport | None]:
+        """What the cache holds of ``chat``'s prompt and where it leaves it; nothing is run
+        or remembered (``POST /v1/cache/explain``)."""
+        prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
+        previous = self.fingerprints.closest(fp)
+        divergence = compare(previous, fp) if previous is not None else None
+        changed = divergence.part if divergence is not None else None
+        cache = await anyio.to_thread.run_sync(self._report, chat, prompt.tokens, changed)
+        return prompt.tokens, cache
+
+    def _report(
+        self, chat: ChatRequest, tokens: list[int], changed_part: str | None
+    ) -> CacheReport | None:
+        """The turn's ``x-omlx-cache`` report (``cache_report``), off the event loop."""
+
+        def prefix_tokens(k: int, tools: Any = chat.tools) -> list[int]:
+            text = self.renderer.render(chat.messages[:k], tools, chat.template_kwargs)
+            return self.service.encode_text(text)
+
+        def tools_span() -> tuple[int, int]:
+            return tools_span_of(prefix_tokens(1), prefix_tokens(1, None))
+
+        return report(
+            getattr(self.service.engine, "prefix_cache", None),
+            tokens,
+            lambda tokens: self.service.tokenizer.decode(list(tokens)),
+            messages=chat.messages,
+            labels=chat.labels,
+            prefix_tokens=prefix_tokens,
+            changed_part=changed_part,
+            tools_span=tools_span if chat.tools else None,
+        )
 
     def _budget(self, tokens: int, opened: bool) -> ReasoningBudget:
         start, end = self.format.think

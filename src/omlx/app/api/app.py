@@ -11,6 +11,8 @@ from litestar.openapi import OpenAPIConfig
 from omlx import __version__
 from omlx.app.api.anthropic.controller import AnthropicController
 from omlx.app.api.auth import api_key_guard
+from omlx.app.api.cache_controller import CacheController
+from omlx.app.api.cache_edge import add_cache_header
 from omlx.app.api.encoding import EncodingController
 from omlx.app.api.errors import EXCEPTION_HANDLERS
 from omlx.app.api.health import HealthController
@@ -63,6 +65,7 @@ def create_app(container: Container) -> Litestar:
             AnthropicController,
             EncodingController,
             MetricsController,
+            CacheController,
         ],
         dependencies={
             "container": Provide(provide_container, sync_to_thread=False),
@@ -70,7 +73,7 @@ def create_app(container: Container) -> Litestar:
         },
         guards=[api_key_guard(settings.api_key)] if settings.api_key else [],
         middleware=[RequestMetrics(metrics)],
-        before_send=[count_unmatched(metrics)],
+        before_send=[count_unmatched(metrics), add_cache_header],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_request_body_bytes,
         openapi_config=OpenAPIConfig(

@@ -61,9 +61,7 @@ class PinBook:
             keys.append(block_key(keys[-1] if keys else self._namespace, tokens[start:]))
         return tuple(keys)
 
-    def pin(
-        self, tokens: Sequence[int], ttl: float, source: str, group: str | None = None
-    ) -> Pin:
+    def pin(self, tokens: Sequence[int], ttl: float, source: str, group: str | None = None) -> Pin:
         """Pin ``tokens``' prefix for ``ttl`` seconds; an existing pin of it is extended."""
         if not 0 < ttl <= MAX_PIN_SECONDS:
             raise PinRefused(f"a pin's ttl must be within (0, {int(MAX_PIN_SECONDS)}] seconds")

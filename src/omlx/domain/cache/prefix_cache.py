@@ -129,6 +129,17 @@ class PrefixCache:
             cold=self._cold,
         )
 
+    def held_blocks(self, keys: Sequence[str]) -> int:
+        """How many of ``keys``, from the first, RAM or disk holds now (a pin's state; any thread)."""
+        n = 0
+        while n < len(keys) and keys[n] in self._hot:
+            n += 1
+        if n < len(keys) and self._cold is not None:
+            on_disk = self._cold.present(list(keys[n:]))
+            while n < len(keys) and keys[n] in on_disk:
+                n += 1
+        return n
+
     def make_room(self, room: int) -> int:
         """Give RAM back until this cache holds at most ``room`` bytes; the bytes it still holds.
 

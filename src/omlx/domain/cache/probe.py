@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.hot_tier import HotBlock, HotTier
 from omlx.domain.cache.keys import chain_keys
 from omlx.domain.cache.partial_match import common_prefix, upper_bound
 from omlx.domain.ports import ColdSource
@@ -46,6 +46,18 @@ class CachedPrefix:
         return self.prompt_tokens > 0 and self.tokens >= self.prompt_tokens - 1
 
 
+def _stored_after(hot: HotTier, block: HotBlock, start: int, want: int = 32) -> tuple[int, ...]:
+    """Up to ``want`` tokens the cache holds from ``block``'s position ``start`` on, down its chain."""
+    tokens = list(block.tokens[start:])
+    while len(tokens) < want:
+        children = hot.children(block.key)
+        if not children:
+            break
+        block = children[0]
+        tokens.extend(block.tokens)
+    return tuple(tokens[:want])
+
+
 def probe(
     tokens: Sequence[int],
     *,
@@ -70,10 +82,13 @@ def probe(
     parent = keys[n_hot + n_ssd - 1] if n_hot + n_ssd else namespace
     want = tuple(tokens[matched:limit])
     shared, stored_next = 0, ()
+    best = None
     for child in hot.children(parent):
         n = common_prefix(child.tokens, want)
-        if n > shared or (n == shared and not stored_next):
-            shared, stored_next = n, child.tokens[n : n + 32]
+        if best is None or n > shared:
+            best, shared = child, n
+    if best is not None:
+        stored_next = _stored_after(hot, best, shared)
     disk_shared = 0
     if cold is not None and shared < len(want):
         # A disk child wholly shared is known by its key alone (``upper_bound``): no read.

@@ -20,6 +20,7 @@ from omlx.app.api.anthropic.schemas import (
 )
 from omlx.app.api.anthropic.stream import MessageStream, stop_reason, tool_id, tool_input, usage
 from omlx.app.api.anthropic.translate import Translator
+from omlx.app.api.cache_edge import note, with_controls
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openapi import error_responses, streaming_operation
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
@@ -105,6 +106,8 @@ class AnthropicController(Controller):
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         previous = data.diagnostics.previous_message_id if data.diagnostics is not None else None
         turn = await served.chat.prepare(chat, mid, previous)
+        turn.request = with_controls(request, data.omlx_cache_control, turn.request)
+        note(request, turn.cache, stored=turn.request.cache_store)
         extra = diagnostics(turn) if wants_diagnostics(request, data) else None
         show_thinking = data.thinking is None or data.thinking.display != "omitted"
         if data.stream:

@@ -103,6 +103,7 @@ class MessagesRequest(Struct, kw_only=True):
     mcp_servers: list[dict[str, Any]] | None = None
     container: Any = None
     service_tier: str | None = None
+    omlx_cache_control: str | None = None  # "no-store": restore, keep nothing (cache_edge)
 
 
 class CountTokensRequest(Struct, kw_only=True):

@@ -8,6 +8,7 @@ import uuid
 import msgspec
 from litestar import Controller, Request, get, post
 
+from omlx.app.api.cache_edge import note, note_tokens, with_controls
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openai.logprobs import chat_logprobs, completion_logprobs
 from omlx.app.api.openai.params import completion_sampling
@@ -100,6 +101,8 @@ class OpenAIController(Controller):
         )
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         turn = await served.chat.prepare(chat, rid)
+        turn.request = with_controls(request, data.omlx_cache_control, turn.request)
+        note(request, turn.cache, stored=turn.request.cache_store)
         token_text = served.generation.token_text if chat.sampling.logprobs is not None else None
         if data.stream:
             served.generation.check_capacity()  # a 429 is possible only before the 200
@@ -151,10 +154,13 @@ class OpenAIController(Controller):
         self, data: CompletionRequest, container: Container, request: Request
     ) -> TextCompletion:
         check_n(data.n)
-        service = (await container.pool.acquire(data.model)).generation
+        served = await container.pool.acquire(data.model)
+        service = served.generation
         prompt = _one_prompt(data.prompt)
         tokens = service.encode_text(prompt) if isinstance(prompt, str) else prompt
         gen = service.build_request(tokens, completion_sampling(data))
+        gen = with_controls(request, data.omlx_cache_control, gen)
+        await note_tokens(request, served, tokens, stored=gen.cache_store)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         prefix = prompt if (data.echo and isinstance(prompt, str)) else ""
         token_text = service.token_text if gen.logprobs is not None else None

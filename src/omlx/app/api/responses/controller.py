@@ -11,6 +11,7 @@ import msgspec
 from litestar import Controller, Request, delete, get, post
 from litestar.params import Parameter
 
+from omlx.app.api.cache_edge import note, with_controls
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openai.schemas import OpenAIErrorResponse
 from omlx.app.api.openapi import error_responses, streaming_operation
@@ -87,6 +88,8 @@ class ResponsesController(Controller):
         translated = translator(container, served).translate(data, served.id, past)
         rid = new_id("resp")
         turn = await served.chat.prepare(translated.chat, rid, data.previous_response_id)
+        turn.request = with_controls(request, data.omlx_cache_control, turn.request)
+        note(request, turn.cache, stored=turn.request.cache_store)
         service = served.generation
         run = ResponseRun(
             base=base_response(rid, int(time.time()), data),

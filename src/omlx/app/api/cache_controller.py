@@ -1,0 +1,181 @@
+"""``/v1/cache``: explain what a request would restore, and pin prefixes (issue 24).
+
+A body names its prompt as any chat API does: OpenAI ``messages`` (with ``tools``),
+Anthropic ``system`` + ``messages`` (or ``"api": "anthropic"``), or a raw ``prompt``
+(a string or token ids). Explaining runs nothing and changes nothing; a pin keeps the
+prompt's blocks from eviction, in RAM and on disk, for ``ttl_seconds``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Controller, delete, get, post
+from litestar.params import Parameter
+
+from omlx.app.api.anthropic.controller import translator
+from omlx.app.api.anthropic.schemas import MessagesRequest
+from omlx.app.api.openai.schemas import ChatCompletionRequest, OpenAIErrorResponse
+from omlx.app.api.openai.translate import chat_request
+from omlx.app.api.openapi import error_responses
+from omlx.app.cache_report import report
+from omlx.app.container import Container
+from omlx.app.errors import InvalidRequest, NotFound
+from omlx.app.pool import Served
+from omlx.domain.cache.pins import Pin, PinRefused
+
+_ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404)
+DEFAULT_PIN_TTL = 3600.0
+
+
+def is_anthropic(body: dict[str, Any]) -> bool:
+    """A top-level ``system`` is Anthropic's shape (OpenAI puts it in ``messages``)."""
+    return body.get("api") == "anthropic" or "system" in body
+
+
+def chat_of(body: dict[str, Any], container: Container, served: Served) -> Any:
+    """The body's chat request, in the family its shape names; 400 on a malformed one."""
+    fields = {k: v for k, v in body.items() if k not in ("api", "ttl_seconds")}
+    try:
+        if is_anthropic(body):
+            fields.setdefault("max_tokens", 1)
+            data = msgspec.convert(fields, MessagesRequest)
+            return translator(container, served).chat_request(data, served.id)
+        data = msgspec.convert(fields, ChatCompletionRequest)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(
+            f"the request body is not a chat request: {exc}", param="messages"
+        ) from exc
+    effort = served.chat.renderer.accepts_reasoning_effort
+    return chat_request(data, served.id, container.normalizer, effort_kwarg=effort)
+
+
+async def prompt_of(body: dict[str, Any], container: Container) -> tuple[Served, list[int], Any]:
+    """The served model, the prompt's tokens and (for messages) its cache report."""
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise InvalidRequest("model is required", param="model")
+    served = await container.pool.acquire(model)
+    cache = getattr(served.engine, "prefix_cache", None)
+    if cache is None:
+        raise InvalidRequest(f"{served.id} has no prefix cache", param="model")
+    prompt = body.get("prompt")
+    if prompt is not None:
+        if isinstance(prompt, str):
+            tokens = served.generation.encode_text(prompt, param="prompt")
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            tokens = list(prompt)
+        else:
+            raise InvalidRequest("prompt must be a string or a list of token ids", param="prompt")
+        decode = served.generation.tokenizer.decode
+        return served, tokens, report(cache, tokens, lambda t: decode(list(t)))
+    if not body.get("messages"):
+        raise InvalidRequest("give messages or a prompt", param="messages")
+    tokens, found = await served.chat.explain(chat_of(body, container, served))
+    return served, tokens, found
+
+
+def pin_json(model: str, pin: Pin, held: int) -> dict[str, Any]:
+    """``held_blocks``: how many of its leading blocks the cache holds now (RAM or disk)."""
+    return {
+        "id": pin.id,
+        "model": model,
+        "tokens": pin.tokens,
+        "blocks": len(pin.keys),
+        "held_blocks": held,
+        "created_at": pin.created_at,
+        "expires_at": pin.expires_at,
+        "source": pin.source,
+        "group": pin.group,
+    }
+
+
+def pins_of(container: Container) -> list[tuple[Served, Any]]:
+    """The loaded models that have a prefix cache, with it."""
+    found = []
+    for served in container.pool.loaded():
+        cache = getattr(served.engine, "prefix_cache", None)
+        if cache is not None:
+            found.append((served, cache))
+    return found
+
+
+class CacheController(Controller):
+    path = "/v1/cache"
+    tags = ("cache",)
+
+    @post(
+        "/explain",
+        status_code=200,
+        operation_id="explainCache",
+        summary="What a request would restore, and where it leaves the cache",
+        responses=_ERRORS,
+    )
+    async def explain(self, data: dict[str, Any], container: Container) -> dict[str, Any]:
+        served, _tokens, found = await prompt_of(data, container)
+        assert found is not None  # prompt_of refuses a model without a cache
+        return {"model": served.id, **found.as_json()}
+
+    @post(
+        "/pins",
+        status_code=201,
+        operation_id="createCachePin",
+        summary="Pin a prompt's cached prefix for a while",
+        responses=_ERRORS,
+    )
+    async def create_pin(self, data: dict[str, Any], container: Container) -> dict[str, Any]:
+        ttl = data.get("ttl_seconds", DEFAULT_PIN_TTL)
+        if not isinstance(ttl, int | float) or isinstance(ttl, bool):
+            raise InvalidRequest("ttl_seconds must be a number of seconds", param="ttl_seconds")
+        served, tokens, _found = await prompt_of(data, container)
+        cache = served.engine.prefix_cache
+        try:
+            pin = cache.pins.pin(tokens, float(ttl), "api")
+        except PinRefused as exc:
+            raise InvalidRequest(
+                str(exc), param="ttl_seconds" if "ttl" in str(exc) else "messages"
+            ) from exc
+        return pin_json(served.id, pin, cache.held_blocks(pin.keys))
+
+    @get(
+        "/pins",
+        operation_id="listCachePins",
+        summary="The live pins of every loaded model",
+        responses=_ERRORS,
+    )
+    async def list_pins(self, container: Container) -> dict[str, Any]:
+        data = []
+        for served, cache in pins_of(container):
+            for pin in cache.pins.pins():
+                data.append(pin_json(served.id, pin, cache.held_blocks(pin.keys)))
+        return {"object": "list", "data": data}
+
+    @delete(
+        "/pins/{pin_id:str}",
+        status_code=200,
+        operation_id="deleteCachePin",
+        summary="Unpin a prefix",
+        responses=_ERRORS,
+    )
+    async def delete_pin(self, pin_id: str, container: Container) -> dict[str, Any]:
+        return _unpin(container, pin_id)
+
+    @delete(
+        "/pins",
+        status_code=200,
+        operation_id="deleteCachePinById",
+        summary="Unpin a prefix named by ?id=",
+        responses=_ERRORS,
+    )
+    async def delete_pin_by_query(
+        self, container: Container, pin_id: str = Parameter(query="id")
+    ) -> dict[str, Any]:
+        return _unpin(container, pin_id)
+
+
+def _unpin(container: Container, pin_id: str) -> dict[str, Any]:
+    for served, cache in pins_of(container):
+        if cache.pins.unpin(pin_id):
+            return {"id": pin_id, "model": served.id, "deleted": True}
+    raise NotFound(f"no pin {pin_id!r}", param="id")
