@@ -29,9 +29,9 @@ from tests.unit.test_prefix_cache import make
 class CachingEngine:
     """Runs each request through the prefix cache: look up, restore, 'prefill', keep."""
 
-    def __init__(self, block_size: int = 8) -> None:
+    def __init__(self, block_size: int = 8, hot_bytes: int = 1 << 30, cold: bool = True) -> None:
         self.cold = FakeColdSource()
-        self.prefix_cache = make(block_size, cold=self.cold)
+        self.prefix_cache = make(block_size, hot_bytes, cold=self.cold if cold else None)
         self.submitted: list[GenerationRequest] = []
         self.active = self.queued = 0
 

@@ -111,6 +111,7 @@ SAMPLES: dict[str, dict[str, tuple[dict[str, Any], Check]]] = {
         "service_tier": ({"service_tier": "auto"}, None),
         "prompt_cache_key": ({"prompt_cache_key": "k"}, None),
         "prompt_cache_retention": ({"prompt_cache_retention": "24h"}, None),
+        "prompt_cache_retention: 7d": ({"prompt_cache_retention": "7d"}, None),
         "prompt_cache_options": ({"prompt_cache_options": {}}, None),
         "safety_identifier": ({"safety_identifier": "s"}, None),
         "prediction": ({"prediction": {"type": "content", "content": "hi"}}, None),
@@ -164,6 +165,7 @@ SAMPLES: dict[str, dict[str, tuple[dict[str, Any], Check]]] = {
         "metadata": ({"metadata": {"k": "v"}}, None),
         "prompt_cache_key": ({"prompt_cache_key": "k"}, None),
         "prompt_cache_retention": ({"prompt_cache_retention": "24h"}, None),
+        "prompt_cache_retention: 7d": ({"prompt_cache_retention": "7d"}, None),
         "prompt_cache_options": ({"prompt_cache_options": {}}, None),
         "client_metadata": ({"client_metadata": {"k": "v"}}, None),
         "user": ({"user": "u"}, None),
@@ -182,6 +184,7 @@ SAMPLES: dict[str, dict[str, tuple[dict[str, Any], Check]]] = {
         "moderation": ({"moderation": {"mode": "block"}}, None),
     },
     "/v1/messages": {
+        "cache_control": ({"cache_control": {"type": "ephemeral"}}, None),
         "omlx_cache_control": NO_STORE,
         "model": ({}, None),
         "messages": ({}, None),

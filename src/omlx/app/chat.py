@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -204,17 +204,27 @@ class ChatPipeline:
         cache = await anyio.to_thread.run_sync(self._report, chat, prompt.tokens, changed)
         return prompt.tokens, cache
 
+    def prefix_renderer(
+        self, chat: ChatRequest, *, tools: bool = True
+    ) -> Callable[[int], list[int]]:
+        """The tokens of ``chat``'s first ``k`` messages rendered (where message ``k`` starts)."""
+
+        def prefix_tokens(k: int) -> list[int]:
+            listed = chat.tools if tools else None
+            text = self.renderer.render(chat.messages[:k], listed, chat.template_kwargs)
+            return self.service.encode_text(text)
+
+        return prefix_tokens
+
     def _report(
         self, chat: ChatRequest, tokens: list[int], changed_part: str | None
     ) -> CacheReport | None:
         """The turn's ``x-omlx-cache`` report (``cache_report``), off the event loop."""
 
-        def prefix_tokens(k: int, tools: Any = chat.tools) -> list[int]:
-            text = self.renderer.render(chat.messages[:k], tools, chat.template_kwargs)
-            return self.service.encode_text(text)
+        prefix_tokens = self.prefix_renderer(chat)
 
         def tools_span() -> tuple[int, int]:
-            return tools_span_of(prefix_tokens(1), prefix_tokens(1, None))
+            return tools_span_of(prefix_tokens(1), self.prefix_renderer(chat, tools=False)(1))
 
         return report(
             getattr(self.service.engine, "prefix_cache", None),

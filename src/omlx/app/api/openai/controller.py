@@ -37,6 +37,12 @@ from omlx.app.api.openai.stream import (
 from omlx.app.api.openai.translate import chat_request
 from omlx.app.api.openapi import error_responses, streaming_operation
 from omlx.app.api.sse import EventStream
+from omlx.app.cache_hints import (
+    honour_retention,
+    openai_retention,
+    remember_session,
+    session_turn,
+)
 from omlx.app.container import Container
 from omlx.app.errors import InvalidRequest
 from omlx.app.output import collect
@@ -99,10 +105,15 @@ class OpenAIController(Controller):
             container.normalizer,
             effort_kwarg=served.chat.renderer.accepts_reasoning_effort,
         )
+        retention = openai_retention(data.prompt_cache_retention)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        turn = await served.chat.prepare(chat, rid)
+        group = data.prompt_cache_key
+        turn = await served.chat.prepare(chat, rid, session_turn(served, group))
+        remember_session(served, group, turn)
         turn.request = with_controls(request, data.omlx_cache_control, turn.request)
         note(request, turn.cache, stored=turn.request.cache_store)
+        if turn.request.cache_store:
+            await honour_retention(served, turn.prompt.tokens, retention, group)
         token_text = served.generation.token_text if chat.sampling.logprobs is not None else None
         if data.stream:
             served.generation.check_capacity()  # a 429 is possible only before the 200

@@ -26,6 +26,12 @@ from omlx.app.api.responses.schemas import (
 from omlx.app.api.responses.stream import ResponseRun
 from omlx.app.api.responses.translate import Translator
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
+from omlx.app.cache_hints import (
+    honour_retention,
+    openai_retention,
+    remember_session,
+    session_turn,
+)
 from omlx.app.container import Container
 from omlx.app.errors import InvalidRequest, NotFound
 from omlx.app.pool import Served
@@ -86,10 +92,16 @@ class ResponsesController(Controller):
         served = await container.pool.acquire(data.model)
         past = await history(container, data.previous_response_id)
         translated = translator(container, served).translate(data, served.id, past)
+        retention = openai_retention(data.prompt_cache_retention)
         rid = new_id("resp")
-        turn = await served.chat.prepare(translated.chat, rid, data.previous_response_id)
+        group = data.prompt_cache_key
+        previous = data.previous_response_id or session_turn(served, group)
+        turn = await served.chat.prepare(translated.chat, rid, previous)
+        remember_session(served, group, turn)
         turn.request = with_controls(request, data.omlx_cache_control, turn.request)
         note(request, turn.cache, stored=turn.request.cache_store)
+        if turn.request.cache_store:
+            await honour_retention(served, turn.prompt.tokens, retention, group)
         service = served.generation
         run = ResponseRun(
             base=base_response(rid, int(time.time()), data),
