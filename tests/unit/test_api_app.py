@@ -204,6 +204,7 @@ def test_openapi_documents_each_route_and_its_bodies():
         "listCachePins",
         "deleteCachePin",
         "deleteCachePinById",
+        "cacheTenantStats",
     }
     responses = ops[("post", "/v1/responses")]
     assert set(responses["responses"]["200"]["content"]) == {

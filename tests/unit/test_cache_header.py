@@ -38,7 +38,9 @@ class CachingEngine:
     def submit(self, request: GenerationRequest, emit: Callable[[GenerationEvent], None]) -> int:
         self.submitted.append(request)
         tokens = list(request.prompt_tokens)
-        session = self.prefix_cache.begin(tokens, store=request.cache_store)
+        session = self.prefix_cache.begin(
+            tokens, store=request.cache_store, tenant=request.cache_tenant
+        )
         session.restore()
         cached = session.cached_tokens
         emit(PrefillStarted(cached, len(tokens)))

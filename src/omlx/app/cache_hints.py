@@ -106,12 +106,15 @@ def pin_prefixes(
     ends: Sequence[tuple[int, float]],
     source: str,
     group: str | None = None,
+    tenant: str | None = None,
 ) -> list[Any]:
-    """Pin ``prompt[:end]`` for each ``(end, ttl)``; the pins made (those that fit)."""
+    """Pin ``prompt[:end]`` for each ``(end, ttl)`` (``tenant``'s blocks); the pins that fit."""
     pins = []
+    root = cache.root_of(tenant)
     for end, ttl in ends:
         try:
-            pins.append(cache.pins.pin(prompt[:end], ttl, source, group))
+            pin = cache.pins.pin(prompt[:end], ttl, source, group, root=root, tenant=tenant or "")
+            pins.append(pin)
         except PinRefused as exc:
             log.info("a %s hint for %d tokens was not pinned: %s", source, end, exc)
     return pins
@@ -130,7 +133,7 @@ async def honour_breakpoints(
 
     def pin() -> int:
         ends = breakpoint_ends(prompt, points, served.chat.prefix_renderer(chat))
-        pins = pin_prefixes(cache, prompt, ends, "cache_control")
+        pins = pin_prefixes(cache, prompt, ends, "cache_control", tenant=chat.cache_tenant)
         log.debug("cache_control: %d breakpoints pinned at %s", len(pins), [e for e, _ in ends])
         return ends[-1][0] if ends else 0
 
@@ -138,7 +141,11 @@ async def honour_breakpoints(
 
 
 async def honour_retention(
-    served: Any, prompt: Sequence[int], seconds: float | None, group: str | None
+    served: Any,
+    prompt: Sequence[int],
+    seconds: float | None,
+    group: str | None,
+    tenant: str | None = None,
 ) -> None:
     """Pin the whole prompt for ``prompt_cache_retention``'s time, grouped by ``prompt_cache_key``."""
     cache = getattr(served.engine, "prefix_cache", None)
@@ -146,7 +153,7 @@ async def honour_retention(
         return
     await anyio.to_thread.run_sync(
         lambda: pin_prefixes(
-            cache, prompt, [(len(prompt), seconds)], "prompt_cache_retention", group
+            cache, prompt, [(len(prompt), seconds)], "prompt_cache_retention", group, tenant
         )
     )
 

@@ -115,6 +115,7 @@ def report(
     prompt: Sequence[int],
     decode: Callable[[Sequence[int]], str],
     *,
+    tenant: str | None = None,
     messages: Sequence[dict[str, Any]] = (),
     labels: Sequence[str] = (),
     prefix_tokens: Callable[[int], Sequence[int]] | None = None,
@@ -129,7 +130,7 @@ def report(
     """
     if prefix_cache is None:
         return None
-    found = prefix_cache.probe(prompt)
+    found = prefix_cache.probe(prompt, tenant)
     if found.full_hit:
         return CacheReport(len(prompt), found.tokens, found.tier, True)
     at = found.tokens

@@ -76,6 +76,7 @@ class ChatRequest:
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None  # the answer as JSON (structured output)
     reasoning_budget: int | None = None  # most reasoning tokens before the end marker is forced
+    cache_tenant: str | None = None  # the API key's tenant: its own cache namespace
 
 
 @dataclass(slots=True)
@@ -179,7 +180,9 @@ class ChatPipeline:
         if chat.reasoning_budget is not None and self.format.think is not None:
             request = replace(request, reasoning_budget=self._budget(chat.reasoning_budget, in_reasoning))
         # Template, tokenizer and grammar: what came before the engine saw the request.
-        request = replace(request, render_seconds=time.monotonic() - started)
+        request = replace(
+            request, render_seconds=time.monotonic() - started, cache_tenant=chat.cache_tenant
+        )
         splitter = OutputSplitter(
             self.format,
             tools=chat.tools,
@@ -230,6 +233,7 @@ class ChatPipeline:
             getattr(self.service.engine, "prefix_cache", None),
             tokens,
             lambda tokens: self.service.tokenizer.decode(list(tokens)),
+            tenant=chat.cache_tenant,
             messages=chat.messages,
             labels=chat.labels,
             prefix_tokens=prefix_tokens,

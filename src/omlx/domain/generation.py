@@ -81,6 +81,8 @@ class GenerationRequest:
     # False: a no-store request (``x-omlx-cache-control: no-store``): the prefix cache
     # restores what it holds but keeps nothing of this request.
     cache_store: bool = True
+    # The API key's tenant (``--api-keys-file``): its blocks are keyed from its own root.
+    cache_tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

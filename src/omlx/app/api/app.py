@@ -20,12 +20,14 @@ from omlx.app.api.metrics import Metrics, MetricsController, RequestMetrics, cou
 from omlx.app.api.openai.controller import OpenAIController
 from omlx.app.api.responses.controller import ResponsesController
 from omlx.app.container import Container
+from omlx.app.tenants import load_keys
 
 
 def create_app(container: Container) -> Litestar:
+    settings = container.settings
+    tenants = load_keys(settings.api_keys_file) if settings.api_keys_file else None
     metrics = Metrics(container)
     container.metrics = metrics
-    settings = container.settings
 
     def observe(served) -> None:  # every model, loaded now or later, reports to these metrics
         if served.generation is not None:
@@ -71,7 +73,7 @@ def create_app(container: Container) -> Litestar:
             "container": Provide(provide_container, sync_to_thread=False),
             "metrics": Provide(provide_metrics, sync_to_thread=False),
         },
-        guards=[api_key_guard(settings.api_key)] if settings.api_key else [],
+        guards=[api_key_guard(settings.api_key, tenants)] if settings.api_key or tenants else [],
         middleware=[RequestMetrics(metrics)],
         before_send=[count_unmatched(metrics), add_cache_header],
         exception_handlers=EXCEPTION_HANDLERS,

@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from litestar import Controller, delete, get, post
+from litestar import Controller, Request, delete, get, post
 from litestar.params import Parameter
 
 from omlx.app.api.anthropic.controller import translator
 from omlx.app.api.anthropic.schemas import MessagesRequest
+from omlx.app.api.auth import tenant_of
 from omlx.app.api.openai.schemas import ChatCompletionRequest, OpenAIErrorResponse
 from omlx.app.api.openai.translate import chat_request
 from omlx.app.api.openapi import error_responses
@@ -51,8 +52,10 @@ def chat_of(body: dict[str, Any], container: Container, served: Served) -> Any:
     return chat_request(data, served.id, container.normalizer, effort_kwarg=effort)
 
 
-async def prompt_of(body: dict[str, Any], container: Container) -> tuple[Served, list[int], Any]:
-    """The served model, the prompt's tokens and (for messages) its cache report."""
+async def prompt_of(
+    body: dict[str, Any], container: Container, tenant: str | None
+) -> tuple[Served, list[int], Any]:
+    """The served model, the prompt's tokens and its cache report (``tenant``'s cache)."""
     model = body.get("model")
     if not isinstance(model, str):
         raise InvalidRequest("model is required", param="model")
@@ -69,10 +72,12 @@ async def prompt_of(body: dict[str, Any], container: Container) -> tuple[Served,
         else:
             raise InvalidRequest("prompt must be a string or a list of token ids", param="prompt")
         decode = served.generation.tokenizer.decode
-        return served, tokens, report(cache, tokens, lambda t: decode(list(t)))
+        return served, tokens, report(cache, tokens, lambda t: decode(list(t)), tenant=tenant)
     if not body.get("messages"):
         raise InvalidRequest("give messages or a prompt", param="messages")
-    tokens, found = await served.chat.explain(chat_of(body, container, served))
+    chat = chat_of(body, container, served)
+    chat.cache_tenant = tenant
+    tokens, found = await served.chat.explain(chat)
     return served, tokens, found
 
 
@@ -112,8 +117,10 @@ class CacheController(Controller):
         summary="What a request would restore, and where it leaves the cache",
         responses=_ERRORS,
     )
-    async def explain(self, data: dict[str, Any], container: Container) -> dict[str, Any]:
-        served, _tokens, found = await prompt_of(data, container)
+    async def explain(
+        self, data: dict[str, Any], container: Container, request: Request
+    ) -> dict[str, Any]:
+        served, _tokens, found = await prompt_of(data, container, tenant_of(request))
         assert found is not None  # prompt_of refuses a model without a cache
         return {"model": served.id, **found.as_json()}
 
@@ -124,14 +131,18 @@ class CacheController(Controller):
         summary="Pin a prompt's cached prefix for a while",
         responses=_ERRORS,
     )
-    async def create_pin(self, data: dict[str, Any], container: Container) -> dict[str, Any]:
+    async def create_pin(
+        self, data: dict[str, Any], container: Container, request: Request
+    ) -> dict[str, Any]:
         ttl = data.get("ttl_seconds", DEFAULT_PIN_TTL)
         if not isinstance(ttl, int | float) or isinstance(ttl, bool):
             raise InvalidRequest("ttl_seconds must be a number of seconds", param="ttl_seconds")
-        served, tokens, _found = await prompt_of(data, container)
+        tenant = tenant_of(request)
+        served, tokens, _found = await prompt_of(data, container, tenant)
         cache = served.engine.prefix_cache
         try:
-            pin = cache.pins.pin(tokens, float(ttl), "api")
+            root = cache.root_of(tenant)
+            pin = cache.pins.pin(tokens, float(ttl), "api", root=root, tenant=tenant or "")
         except PinRefused as exc:
             raise InvalidRequest(
                 str(exc), param="ttl_seconds" if "ttl" in str(exc) else "messages"
@@ -144,10 +155,10 @@ class CacheController(Controller):
         summary="The live pins of every loaded model",
         responses=_ERRORS,
     )
-    async def list_pins(self, container: Container) -> dict[str, Any]:
+    async def list_pins(self, container: Container, request: Request) -> dict[str, Any]:
         data = []
         for served, cache in pins_of(container):
-            for pin in cache.pins.pins():
+            for pin in cache.pins.pins(tenant_of(request) or ""):
                 data.append(pin_json(served.id, pin, cache.held_blocks(pin.keys)))
         return {"object": "list", "data": data}
 
@@ -158,8 +169,10 @@ class CacheController(Controller):
         summary="Unpin a prefix",
         responses=_ERRORS,
     )
-    async def delete_pin(self, pin_id: str, container: Container) -> dict[str, Any]:
-        return _unpin(container, pin_id)
+    async def delete_pin(
+        self, pin_id: str, container: Container, request: Request
+    ) -> dict[str, Any]:
+        return _unpin(container, pin_id, tenant_of(request) or "")
 
     @delete(
         "/pins",
@@ -169,13 +182,28 @@ class CacheController(Controller):
         responses=_ERRORS,
     )
     async def delete_pin_by_query(
-        self, container: Container, pin_id: str = Parameter(query="id")
+        self, container: Container, request: Request, pin_id: str = Parameter(query="id")
     ) -> dict[str, Any]:
-        return _unpin(container, pin_id)
+        return _unpin(container, pin_id, tenant_of(request) or "")
+
+    @get(
+        "/stats",
+        operation_id="cacheTenantStats",
+        summary="The caller's tenant: lookups, prompt and restored tokens, pins, per model",
+        responses=_ERRORS,
+    )
+    async def tenant_stats(self, container: Container, request: Request) -> dict[str, Any]:
+        tenant = tenant_of(request) or ""
+        models = {
+            served.id: {**cache.tenants.read(tenant), "pins": len(cache.pins.pins(tenant))}
+            for served, cache in pins_of(container)
+        }
+        return {"tenant": tenant or None, "models": models}
 
 
-def _unpin(container: Container, pin_id: str) -> dict[str, Any]:
+def _unpin(container: Container, pin_id: str, tenant: str) -> dict[str, Any]:
+    """A tenant unpins only its own pins (another's id is as unknown as a wrong one)."""
     for served, cache in pins_of(container):
-        if cache.pins.unpin(pin_id):
+        if cache.pins.unpin(pin_id, tenant):
             return {"id": pin_id, "model": served.id, "deleted": True}
     raise NotFound(f"no pin {pin_id!r}", param="id")

@@ -16,6 +16,7 @@ import anyio
 from litestar import Request
 from litestar.types import Message, Scope
 
+from omlx.app.api.auth import tenant_of
 from omlx.app.cache_report import HEADER, CacheReport, report
 from omlx.app.errors import InvalidRequest
 from omlx.domain.generation import GenerationRequest
@@ -45,8 +46,8 @@ def no_store(request: Request, field: str | None) -> bool:
 
 
 def with_controls(request: Request, field: str | None, gen: GenerationRequest) -> GenerationRequest:
-    """``gen`` marked no-store when the request asks it."""
-    return replace(gen, cache_store=False) if no_store(request, field) else gen
+    """``gen`` with its key's tenant, and marked no-store when the request asks it."""
+    return replace(gen, cache_store=not no_store(request, field), cache_tenant=tenant_of(request))
 
 
 def note(request: Request, cache: CacheReport | None, *, stored: bool = True) -> None:
@@ -64,6 +65,7 @@ async def note_tokens(request: Request, served: Any, tokens: list[int], *, store
             getattr(served.engine, "prefix_cache", None),
             tokens,
             lambda t: tokenizer.decode(list(t)),
+            tenant=tenant_of(request),
         )
     )
     note(request, cache, stored=stored)

@@ -70,14 +70,17 @@ class PrefixMatcher:
         with self._lock:
             return len(self._leases)
 
-    def lookup(self, tokens: Sequence[int], *, store: bool = True) -> PrefixHit:
+    def lookup(
+        self, tokens: Sequence[int], *, store: bool = True, root: str | None = None
+    ) -> PrefixHit:
         """The longest cached prefix of ``tokens``, to the token, pinned for this request.
 
         Whole blocks first (by key, RAM then disk), then the best child of the last
         matched key. Never the whole prompt: at least one token is left to prefill, so
         the engine always has logits to sample from. ``store=False`` (a no-store request):
         blocks read from disk are not put in RAM (nothing is evicted for them) and no
-        recency is recorded on disk (the index is left as it was).
+        recency is recorded on disk (the index is left as it was). ``root``: a tenant's
+        chain root (``keys.tenant_root``) instead of the namespace's.
         """
         bs = self.block_size
         max_blocks = max((len(tokens) - 1) // bs, 0)
@@ -86,7 +89,7 @@ class PrefixMatcher:
         hot_keys: list[str] = []
         cold_hits = 0
         partial = 0
-        parent = self.namespace.digest
+        parent = root or self.namespace.digest
         try:
             # RAM, block by block (keys chained lazily, as ``chain_keys``) to its first miss.
             for i in range(max_blocks):

@@ -38,6 +38,7 @@ class Pin:
     expires_at: float
     source: str  # "api", "cache_control" or "prompt_cache_retention"
     group: str | None = None  # the client's session (OpenAI prompt_cache_key), if it named one
+    tenant: str = ""  # the API key's tenant ("": the default one)
 
 
 class PinBook:
@@ -53,19 +54,33 @@ class PinBook:
         self._pins: dict[str, Pin] = {}
         self._lock = threading.Lock()
 
-    def keys_of(self, tokens: Sequence[int]) -> tuple[str, ...]:
+    def keys_of(self, tokens: Sequence[int], root: str | None = None) -> tuple[str, ...]:
         """The keys of ``tokens``' blocks: every full one, then the trailing partial one."""
-        keys = chain_keys(self._namespace, tokens, self._block_size)
+        root = root or self._namespace
+        keys = chain_keys(root, tokens, self._block_size)
         start = len(keys) * self._block_size
         if start < len(tokens):
-            keys.append(block_key(keys[-1] if keys else self._namespace, tokens[start:]))
+            keys.append(block_key(keys[-1] if keys else root, tokens[start:]))
         return tuple(keys)
 
-    def pin(self, tokens: Sequence[int], ttl: float, source: str, group: str | None = None) -> Pin:
-        """Pin ``tokens``' prefix for ``ttl`` seconds; an existing pin of it is extended."""
+    def pin(
+        self,
+        tokens: Sequence[int],
+        ttl: float,
+        source: str,
+        group: str | None = None,
+        *,
+        root: str | None = None,
+        tenant: str = "",
+    ) -> Pin:
+        """Pin ``tokens``' prefix for ``ttl`` seconds; an existing pin of it is extended.
+
+        ``root``: the tenant's chain root (``PrefixCache.root_of``), so its own blocks are
+        the ones kept.
+        """
         if not 0 < ttl <= MAX_PIN_SECONDS:
             raise PinRefused(f"a pin's ttl must be within (0, {int(MAX_PIN_SECONDS)}] seconds")
-        keys = self.keys_of(tokens)
+        keys = self.keys_of(tokens, root)
         if not keys:
             raise PinRefused("there is nothing to pin: the prompt is empty")
         pin_id = keys[-1][:24]
@@ -78,25 +93,29 @@ class PinBook:
                 self._pins[pin_id] = extended
                 return extended
             self._check_room_locked(keys)
-            pin = Pin(pin_id, keys, len(tokens), now, now + ttl, source, group)
+            pin = Pin(pin_id, keys, len(tokens), now, now + ttl, source, group, tenant)
             self._pins[pin_id] = pin
             self._hot.pin(keys)
             return pin
 
-    def unpin(self, pin_id: str) -> bool:
-        """Drop one pin; False when there is none by that id."""
+    def unpin(self, pin_id: str, tenant: str | None = None) -> bool:
+        """Drop one pin (of ``tenant``'s, when given); False when there is none by that id."""
         with self._lock:
-            pin = self._pins.pop(pin_id, None)
+            pin = self._pins.get(pin_id)
+            if pin is None or (tenant is not None and pin.tenant != tenant):
+                return False
+            del self._pins[pin_id]
         if pin is None:
             return False
         self._hot.unpin(pin.keys)
         return True
 
-    def pins(self) -> list[Pin]:
-        """The live pins, soonest to expire first (expired ones are dropped on the way)."""
+    def pins(self, tenant: str | None = None) -> list[Pin]:
+        """The live pins (``tenant``'s, when given), soonest to expire first."""
         with self._lock:
             self._expire_locked(self._clock.now())
-            return sorted(self._pins.values(), key=lambda p: p.expires_at)
+            live = [p for p in self._pins.values() if tenant is None or p.tenant == tenant]
+        return sorted(live, key=lambda p: p.expires_at)
 
     def expire(self) -> int:
         """Drop the pins past their deadline; how many."""

@@ -18,12 +18,13 @@ from omlx.domain.cache.blocks import NamespaceInfo
 from omlx.domain.cache.capture import RequestCapture
 from omlx.domain.cache.hot_tier import HotTier, HotTierStats
 from omlx.domain.cache.keeper import BlockKeeper, KnownKeys
+from omlx.domain.cache.keys import tenant_root
 from omlx.domain.cache.layout import CacheLayout
 from omlx.domain.cache.matcher import PrefixMatcher
 from omlx.domain.cache.pins import DEFAULT_PIN_SHARE, PinBook
 from omlx.domain.cache.probe import CachedPrefix, probe
 from omlx.domain.cache.session import CacheSession
-from omlx.domain.cache.tally import Tally
+from omlx.domain.cache.tally import Tally, TenantTally
 from omlx.domain.ports import Clock, ColdSource, KeptCaches, KVCodec, SystemClock
 
 
@@ -84,6 +85,7 @@ class PrefixCache:
         self._codec, self._hot, self._kept, self._cold = codec, hot, kept, cold
         self._tally = Tally()
         clock = clock if clock is not None else SystemClock()
+        self.tenants = TenantTally()
         self.pins = PinBook(
             hot, clock, namespace=namespace.digest, block_size=self.block_size, share=pin_share
         )
@@ -102,13 +104,16 @@ class PrefixCache:
             namespace=namespace, codec=codec, hot=hot, cold=cold, known=known, tally=self._tally
         )
 
-    def begin(self, prompt: Sequence[int], *, store: bool = True) -> CacheSession:
+    def begin(
+        self, prompt: Sequence[int], *, store: bool = True, tenant: str | None = None
+    ) -> CacheSession:
         """One request's session: its prompt looked up now (the prefix pinned), never raising.
 
-        ``store=False``: a no-store request, which restores and keeps nothing.
+        ``store=False``: a no-store request, which restores and keeps nothing. ``tenant``:
+        the API key's tenant, whose blocks are keyed from its own root (``tenant_root``).
         """
         self.pins.expire()
-        return CacheSession(
+        session = CacheSession(
             prompt,
             matcher=self._matcher,
             keeper=self._keeper,
@@ -117,13 +122,20 @@ class PrefixCache:
             kept=self._kept,
             tally=self._tally,
             store=store,
+            root=self.root_of(tenant),
         )
+        self.tenants.looked_up(tenant or "", len(prompt), session.cached_tokens)
+        return session
 
-    def probe(self, tokens: Sequence[int]) -> CachedPrefix:
+    def root_of(self, tenant: str | None) -> str | None:
+        """The chain root of ``tenant``'s blocks; None (the namespace's) for the default one."""
+        return tenant_root(self.namespace.digest, tenant) if tenant else None
+
+    def probe(self, tokens: Sequence[int], tenant: str | None = None) -> CachedPrefix:
         """How much of ``tokens`` the tiers hold now, changing nothing (any thread)."""
         return probe(
             tokens,
-            namespace=self.namespace.digest,
+            namespace=self.root_of(tenant) or self.namespace.digest,
             block_size=self.block_size,
             hot=self._hot,
             cold=self._cold,

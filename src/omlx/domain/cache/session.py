@@ -44,18 +44,27 @@ class CacheSession:
         kept: KeptCaches | None,
         tally: Tally,
         store: bool = True,
+        root: str | None = None,
     ) -> None:
         self._prompt = list(prompt)
         self._matcher, self._keeper, self._codec = matcher, keeper, codec
         self._layout, self._tally = layout, tally
         # A no-store request restores but keeps nothing, and leaves the kept caches be.
+        self._root = root
+        if root is not None and not layout.plain:
+            # Restore points are anchored on the namespace's chain: a tenant of a hybrid
+            # model neither reads nor writes the cache rather than share another's.
+            store = False
         self.store = store
         self._kept = kept if store else None
         self.seconds = {"lookup": 0.0, "restore": 0.0, "store": 0.0}
         self.continued = False  # restored from a kept finished cache, not from blocks
         started = time.perf_counter()
         try:
-            self._hit = matcher.lookup(self._prompt, store=store)
+            if root is not None and not layout.plain:
+                self._hit = MISS
+            else:
+                self._hit = matcher.lookup(self._prompt, store=store, root=root)
         except Exception:  # the lookup unpinned what it took: serve the request as a miss
             log.exception("prefix lookup of a %d-token prompt failed; a miss", len(self._prompt))
             self._hit = MISS
@@ -177,7 +186,7 @@ class CacheSession:
         return self._codec.assemble(payloads, windows=list(self._hit.windows), state=self._hit.state)
 
     def _new_capture(self, prompt: Sequence[int], hit: PrefixHit | None) -> RequestCapture:
-        return RequestCapture(self._keeper, self._codec, self._layout, prompt, hit)
+        return RequestCapture(self._keeper, self._codec, self._layout, prompt, hit, root=self._root)
 
     def _timed(self, phase: str, started: float) -> None:
         seconds = time.perf_counter() - started

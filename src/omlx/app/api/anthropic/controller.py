@@ -20,6 +20,7 @@ from omlx.app.api.anthropic.schemas import (
 )
 from omlx.app.api.anthropic.stream import MessageStream, stop_reason, tool_id, tool_input, usage
 from omlx.app.api.anthropic.translate import Translator
+from omlx.app.api.auth import tenant_of
 from omlx.app.api.cache_edge import note, with_controls
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openapi import error_responses, streaming_operation
@@ -107,6 +108,7 @@ class AnthropicController(Controller):
         breakpoints = anthropic_breakpoints(data, chat.labels)
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         previous = data.diagnostics.previous_message_id if data.diagnostics is not None else None
+        chat.cache_tenant = tenant_of(request)
         turn = await served.chat.prepare(chat, mid, previous)
         turn.request = with_controls(request, data.omlx_cache_control, turn.request)
         note(request, turn.cache, stored=turn.request.cache_store)

@@ -8,6 +8,7 @@ import uuid
 import msgspec
 from litestar import Controller, Request, get, post
 
+from omlx.app.api.auth import tenant_of
 from omlx.app.api.cache_edge import note, note_tokens, with_controls
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openai.logprobs import chat_logprobs, completion_logprobs
@@ -108,12 +109,13 @@ class OpenAIController(Controller):
         retention = openai_retention(data.prompt_cache_retention)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         group = data.prompt_cache_key
+        chat.cache_tenant = tenant_of(request)
         turn = await served.chat.prepare(chat, rid, session_turn(served, group))
         remember_session(served, group, turn)
         turn.request = with_controls(request, data.omlx_cache_control, turn.request)
         note(request, turn.cache, stored=turn.request.cache_store)
         if turn.request.cache_store:
-            await honour_retention(served, turn.prompt.tokens, retention, group)
+            await honour_retention(served, turn.prompt.tokens, retention, group, chat.cache_tenant)
         token_text = served.generation.token_text if chat.sampling.logprobs is not None else None
         if data.stream:
             served.generation.check_capacity()  # a 429 is possible only before the 200

@@ -11,6 +11,7 @@ import msgspec
 from litestar import Controller, Request, delete, get, post
 from litestar.params import Parameter
 
+from omlx.app.api.auth import tenant_of
 from omlx.app.api.cache_edge import note, with_controls
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openai.schemas import OpenAIErrorResponse
@@ -96,12 +97,14 @@ class ResponsesController(Controller):
         rid = new_id("resp")
         group = data.prompt_cache_key
         previous = data.previous_response_id or session_turn(served, group)
+        translated.chat.cache_tenant = tenant_of(request)
         turn = await served.chat.prepare(translated.chat, rid, previous)
         remember_session(served, group, turn)
         turn.request = with_controls(request, data.omlx_cache_control, turn.request)
         note(request, turn.cache, stored=turn.request.cache_store)
         if turn.request.cache_store:
-            await honour_retention(served, turn.prompt.tokens, retention, group)
+            tenant = translated.chat.cache_tenant
+            await honour_retention(served, turn.prompt.tokens, retention, group, tenant)
         service = served.generation
         run = ResponseRun(
             base=base_response(rid, int(time.time()), data),
