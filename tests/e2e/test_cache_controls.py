@@ -8,6 +8,7 @@ breakpoints are read back as pins, and the debug line names where its next turn 
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import time
@@ -50,18 +51,28 @@ def ask(server: ServerProcess, messages: list[dict], **extra) -> httpx.Response:
 
 def test_no_store_restores_and_leaves_the_index_unchanged(tiny_model_dir, tmp_path) -> None:
     cache = tmp_path / "cache"
-    with ServerProcess("--model", str(tiny_model_dir), "--block-size", "16", cache_dir=cache) as server:
+    with ServerProcess(
+        "--model", str(tiny_model_dir), "--block-size", "16", cache_dir=cache
+    ) as server:
         ask(server, QUESTION)
         before = settled_rows(cache)
         assert before, "the first request stored nothing"
-        longer = [*QUESTION, {"role": "assistant", "content": "Euclid."}, {"role": "user", "content": "When?"}]
+        longer = [
+            *QUESTION,
+            {"role": "assistant", "content": "Euclid."},
+            {"role": "user", "content": "When?"},
+        ]
         r = ask(server, longer, omlx_cache_control="no-store")
         assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16  # restored
         assert r.headers["x-omlx-cache"].endswith("store=no")
         r = httpx.post(
             server.base_url + "/v1/completions",
             headers={"x-omlx-cache-control": "no-store"},
-            json={"model": "tiny-llama", "prompt": "A different prompt entirely, " * 8, "max_tokens": 4},
+            json={
+                "model": "tiny-llama",
+                "prompt": "A different prompt entirely, " * 8,
+                "max_tokens": 4,
+            },
             timeout=120,
         )
         assert r.status_code == 200
@@ -76,7 +87,10 @@ def test_claude_code_cache_control_pins_what_it_marks(agent_clis, agent_server, 
     pins = httpx.get(agent_server.base_url + "/v1/cache/pins", timeout=10).json()["data"]
     marked = [p for p in pins if p["source"] == "cache_control"]
     assert marked, pins
-    assert all(p["expires_at"] - p["created_at"] in (pytest.approx(300), pytest.approx(3600)) for p in marked)
+    assert all(
+        p["expires_at"] - p["created_at"] in (pytest.approx(300), pytest.approx(3600))
+        for p in marked
+    )
     longest = max(p["tokens"] for p in marked)
     assert longest > 10_000  # the system prompt and tools at least: a real agent prompt
     print(marked)
@@ -84,9 +98,69 @@ def test_claude_code_cache_control_pins_what_it_marks(agent_clis, agent_server, 
     # block's partial key too, which only a prompt ending there would store).
     assert all(p["held_blocks"] >= p["blocks"] - 1 for p in marked)
     claude.ask("--continue", "And where are the tests?")
-    lines = re.findall(r"cache: (cached=\d+; tier=\w+(?:; diverged_at=\d+; message=\d+; role=\w+)?)", agent_server.read_log())
+    lines = re.findall(
+        r"cache: (cached=\d+; tier=\w+(?:; diverged_at=\d+; message=\d+; role=\w+)?)",
+        agent_server.read_log(),
+    )
     assert len(lines) >= 2, lines
     print("\n".join(lines))
     follow = dict(part.split("=", 1) for part in lines[-1].split("; "))
     assert follow["tier"] == "hot" and int(follow["cached"]) > 10_000
-    assert follow.get("role") in ("user", "assistant"), follow  # the new turn, not the system prompt
+    assert follow.get("role") in ("user", "assistant"), (
+        follow
+    )  # the new turn, not the system prompt
+
+
+def first_token_seconds(server: ServerProcess, key: str, messages: list[dict]) -> tuple[float, int]:
+    """Time to the first streamed token, and the cached tokens the usage reports."""
+    body = {
+        "model": "tiny-llama",
+        "messages": messages,
+        "max_tokens": 2,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started, first, cached = time.perf_counter(), None, None
+    headers = {"authorization": f"Bearer {key}"}
+    with httpx.stream(
+        "POST", server.base_url + "/v1/chat/completions", json=body, headers=headers, timeout=300
+    ) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                first = time.perf_counter() - started
+            if chunk.get("usage"):
+                cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert first is not None and cached is not None
+    return first, cached
+
+
+def test_another_tenants_prompt_is_a_cold_prefill(tiny_model_dir, tmp_path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("alice sk-alice\nbob sk-bob\n")
+    long_prompt = [
+        {"role": "system", "content": " ".join(f"Rule {i}: answer with care." for i in range(70))},
+        {"role": "user", "content": "Which rule comes first?"},
+    ]
+    with ServerProcess(
+        "--model",
+        str(tiny_model_dir),
+        "--block-size",
+        "16",
+        "--api-keys-file",
+        str(keys),
+        cache_dir=tmp_path / "cache",
+    ) as server:
+        cold, cached_cold = first_token_seconds(server, "sk-alice", long_prompt)
+        hit, cached_hit = first_token_seconds(server, "sk-alice", long_prompt)
+        other, cached_other = first_token_seconds(server, "sk-bob", long_prompt)
+    print(
+        f"\ntenant A cold {cold:.3f} s ({cached_cold} cached), A again {hit:.3f} s "
+        f"({cached_hit} cached), tenant B {other:.3f} s ({cached_other} cached)"
+    )
+    assert cached_cold == 0 and cached_hit > 500 and cached_other == 0
+    assert other > 2 * hit  # B paid the prefill A's hit skipped
