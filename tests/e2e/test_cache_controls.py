@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import subprocess
+import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -164,3 +167,60 @@ def test_another_tenants_prompt_is_a_cold_prefill(tiny_model_dir, tmp_path) -> N
     )
     assert cached_cold == 0 and cached_hit > 500 and cached_other == 0
     assert other > 2 * hit  # B paid the prefill A's hit skipped
+
+
+def admin(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "omlx", "admin", "cache", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_an_export_imported_into_a_fresh_server_restores_the_prefix(
+    tiny_model_dir, tmp_path
+) -> None:
+    conversation = [
+        {
+            "role": "system",
+            "content": " ".join(f"Fact {i}: primes are odd past two." for i in range(40)),
+        },
+        {"role": "user", "content": "Name a prime."},
+    ]
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"model": "tiny-llama", "messages": conversation}))
+    archive = tmp_path / "conversation.tar"
+    with ServerProcess(
+        "--model", str(tiny_model_dir), "--block-size", "16", cache_dir=tmp_path / "a"
+    ) as a:
+        ask(a, conversation)
+        settled_rows(tmp_path / "a", quiet=2.0)
+        done = admin(
+            "export", "--messages", str(request), "--out", str(archive), "--url", a.base_url
+        )
+        assert done.returncode == 0, done.stderr
+        print(done.stdout.strip())
+    flipped = tmp_path / "flipped.tar"
+    data = bytearray(archive.read_bytes())
+    with tarfile.open(archive) as tar:
+        block = [m for m in tar.getmembers() if m.name.startswith("blocks/")][-1]
+    data[block.offset_data + block.size // 2] ^= 0x01  # one bit inside a block file's tensors
+    flipped.write_bytes(bytes(data))
+    with ServerProcess(
+        "--model", str(tiny_model_dir), "--block-size", "16", cache_dir=tmp_path / "b"
+    ) as b:
+        refused = admin("import", str(flipped), "--model", "tiny-llama", "--url", b.base_url)
+        assert refused.returncode != 0 and "checksum" in refused.stderr, refused.stderr
+        assert index_rows(tmp_path / "b") == []  # nothing entered the index
+        done = admin("import", str(archive), "--model", "tiny-llama", "--url", b.base_url)
+        assert done.returncode == 0, done.stderr
+        print(done.stdout.strip())
+        settled_rows(tmp_path / "b", quiet=2.0)
+        r = ask(b, conversation)
+    cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    print(
+        f"fresh server: {cached} of {r.json()['usage']['prompt_tokens']} prompt tokens restored; {r.headers['x-omlx-cache']}"
+    )
+    assert cached >= r.json()["usage"]["prompt_tokens"] - 16
+    assert "tier=ssd" in r.headers["x-omlx-cache"]

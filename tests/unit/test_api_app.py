@@ -205,6 +205,8 @@ def test_openapi_documents_each_route_and_its_bodies():
         "deleteCachePin",
         "deleteCachePinById",
         "cacheTenantStats",
+        "exportCache",
+        "importCache",
     }
     responses = ops[("post", "/v1/responses")]
     assert set(responses["responses"]["200"]["content"]) == {

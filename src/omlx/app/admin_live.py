@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -31,16 +32,24 @@ key_option = click.option(
 model_option = click.option("--model", default=None, help="The model (else the request file's).")
 
 
-def call(url: str, method: str, path: str, key: str | None, body: Any = None) -> Any:
-    """One JSON request to the server; its error envelope's message becomes a click error."""
-    data = None if body is None else json.dumps(body).encode()
+def call(
+    url: str, method: str, path: str, key: str | None, body: Any = None, *, raw: bool = False
+) -> Any:
+    """One request to the server (JSON, or ``raw`` bytes both ways); errors become click errors."""
+    if raw:
+        data, kind = body, "application/x-tar"
+    else:
+        data, kind = (None if body is None else json.dumps(body).encode()), "application/json"
     request = urllib.request.Request(url.rstrip("/") + path, data=data, method=method)
-    request.add_header("content-type", "application/json")
+    request.add_header("content-type", kind)
     if key:
         request.add_header("authorization", f"Bearer {key}")
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return json.loads(response.read() or b"null")
+        with urllib.request.urlopen(request, timeout=600) as response:
+            payload = response.read()
+            if raw and method == "POST" and path.endswith("/export"):
+                return payload, dict(response.headers)
+            return json.loads(payload or b"null")
     except urllib.error.HTTPError as exc:
         try:
             message = json.loads(exc.read())["error"]["message"]
@@ -179,4 +188,77 @@ def pins_command(url: str, api_key: str | None, as_json: bool) -> None:
         )
 
 
-COMMANDS = (explain_command, pin_command, unpin_command, pins_command)
+@click.command("export")
+@click.option(
+    "--messages",
+    "messages_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A request body (or messages list) whose prompt to export.",
+)
+@click.option(
+    "--response-id", default=None, help="A stored response (Responses API): its conversation."
+)
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="The archive to write.",
+)
+@model_option
+@server_option
+@key_option
+def export_command(
+    messages_file: Path | None,
+    response_id: str | None,
+    out: Path,
+    model: str | None,
+    url: str,
+    api_key: str | None,
+) -> None:
+    """Write a conversation's cached prefix (block files + manifest) to one archive."""
+    if (messages_file is None) == (response_id is None):
+        raise click.UsageError("give --messages FILE or --response-id ID, one of them")
+    if messages_file is not None:
+        body = request_body(messages_file, None, model)
+    else:
+        if model is None:
+            raise click.UsageError("--response-id needs --model")
+        body = {"model": model, "response_id": response_id}
+    archive, headers = call(
+        url, "POST", "/v1/cache/export", api_key, json.dumps(body).encode(), raw=True
+    )
+    out.write_bytes(archive)
+    lower = {k.lower(): v for k, v in headers.items()}
+    click.echo(
+        f"wrote {out}: {lower.get('x-omlx-export-tokens', '?')} of "
+        f"{lower.get('x-omlx-prompt-tokens', '?')} prompt tokens, {len(archive)} bytes"
+    )
+
+
+@click.command("import")
+@click.argument("archive", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--model", required=True, help="The served model to import into (its namespace must match)."
+)
+@server_option
+@key_option
+def import_command(archive: Path, model: str, url: str, api_key: str | None) -> None:
+    """Verify an archive whole (namespace, versions, checksums, keys), then import its blocks."""
+    path = "/v1/cache/import?" + urllib.parse.urlencode({"model": model})
+    done = call(url, "POST", path, api_key, archive.read_bytes(), raw=True)
+    click.echo(
+        f"imported {done['blocks']} blocks ({done['tokens']} tokens) into {done['model']}: "
+        f"{done['queued']} written, {done['present']} already there"
+    )
+
+
+COMMANDS = (
+    explain_command,
+    pin_command,
+    unpin_command,
+    pins_command,
+    export_command,
+    import_command,
+)

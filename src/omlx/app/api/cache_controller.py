@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import msgspec
-from litestar import Controller, Request, delete, get, post
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import Parameter
 
 from omlx.app.api.anthropic.controller import translator
@@ -21,6 +22,7 @@ from omlx.app.api.openai.schemas import ChatCompletionRequest, OpenAIErrorRespon
 from omlx.app.api.openai.translate import chat_request
 from omlx.app.api.openapi import error_responses
 from omlx.app.cache_report import report
+from omlx.app.cache_transfer import ImportRefused, export_archive, import_blocks, read_archive
 from omlx.app.container import Container
 from omlx.app.errors import InvalidRequest, NotFound
 from omlx.app.pool import Served
@@ -52,6 +54,16 @@ def chat_of(body: dict[str, Any], container: Container, served: Served) -> Any:
     return chat_request(data, served.id, container.normalizer, effort_kwarg=effort)
 
 
+async def stored_chat(response_id: str, container: Container, served: Served) -> Any:
+    """A stored response's conversation (its input, then its output) as a chat request."""
+    from omlx.app.api.responses.controller import history, translator
+    from omlx.app.api.responses.schemas import ResponsesRequest
+
+    past = await history(container, response_id)
+    data = ResponsesRequest(model=served.id, input=[])
+    return translator(container, served).translate(data, served.id, past).chat
+
+
 async def prompt_of(
     body: dict[str, Any], container: Container, tenant: str | None
 ) -> tuple[Served, list[int], Any]:
@@ -73,9 +85,12 @@ async def prompt_of(
             raise InvalidRequest("prompt must be a string or a list of token ids", param="prompt")
         decode = served.generation.tokenizer.decode
         return served, tokens, report(cache, tokens, lambda t: decode(list(t)), tenant=tenant)
-    if not body.get("messages"):
-        raise InvalidRequest("give messages or a prompt", param="messages")
-    chat = chat_of(body, container, served)
+    if isinstance(body.get("response_id"), str):
+        chat = await stored_chat(body["response_id"], container, served)
+    elif not body.get("messages"):
+        raise InvalidRequest("give messages, a prompt or a response_id", param="messages")
+    else:
+        chat = chat_of(body, container, served)
     chat.cache_tenant = tenant
     tokens, found = await served.chat.explain(chat)
     return served, tokens, found
@@ -186,6 +201,48 @@ class CacheController(Controller):
     ) -> dict[str, Any]:
         return _unpin(container, pin_id, tenant_of(request) or "")
 
+    @post(
+        "/export",
+        status_code=200,
+        operation_id="exportCache",
+        summary="The cached prefix of a request's prompt as one archive (tar)",
+        responses=_ERRORS,
+    )
+    async def export(
+        self, data: dict[str, Any], container: Container, request: Request
+    ) -> Response:
+        return await export_of(data, container, tenant_of(request))
+
+    @post(
+        "/import",
+        status_code=200,
+        operation_id="importCache",
+        summary="Verify an exported archive whole, then queue its blocks for the disk tier",
+        responses=_ERRORS,
+    )
+    async def import_archive(
+        self, container: Container, request: Request, model: str = Parameter(query="model")
+    ) -> dict[str, Any]:
+        archive = await request.body()
+        served = await container.pool.acquire(model)
+        cache = getattr(served.engine, "prefix_cache", None)
+        if cache is None:
+            raise InvalidRequest(f"{served.id} has no prefix cache", param="model")
+        tenant = tenant_of(request)
+        try:
+            blocks = await anyio.to_thread.run_sync(read_archive, archive, cache, tenant)
+            queued, present = await anyio.to_thread.run_sync(import_blocks, cache, blocks)
+        except ImportRefused as exc:
+            raise InvalidRequest(f"import refused: {exc}", param="archive") from exc
+        tokens = sum(b.meta.token_count for b in blocks)
+        return {
+            "model": served.id,
+            "blocks": len(blocks),
+            "queued": queued,
+            "present": present,
+            "tokens": tokens,
+        }
+
     @get(
         "/stats",
         operation_id="cacheTenantStats",
@@ -199,6 +256,17 @@ class CacheController(Controller):
             for served, cache in pins_of(container)
         }
         return {"tenant": tenant or None, "models": models}
+
+
+async def export_of(data: dict[str, Any], container: Container, tenant: str | None) -> Response:
+    served, tokens, _found = await prompt_of(data, container, tenant)
+    cache = served.engine.prefix_cache
+    try:
+        archive, covered = await anyio.to_thread.run_sync(export_archive, cache, tokens, tenant)
+    except ImportRefused as exc:
+        raise InvalidRequest(str(exc), param="messages") from exc
+    headers = {"x-omlx-export-tokens": str(covered), "x-omlx-prompt-tokens": str(len(tokens))}
+    return Response(archive, media_type="application/x-tar", headers=headers)
 
 
 def _unpin(container: Container, pin_id: str, tenant: str) -> dict[str, Any]:

@@ -199,6 +199,27 @@ class ColdTier:
         if len(found) < len(chain):
             self._count("misses")
 
+    def files(self, keys: Sequence[str]) -> list[tuple[StoredBlock, bytes]]:
+        """The index rows and file bytes of ``keys`` (in order, to the first one missing).
+
+        Bytes only where the store found the file matching its row's size and checksum
+        (an export's source); nothing is decoded, touched or dropped here.
+        """
+        rows = self._lookup(list(keys))
+        found: list[StoredBlock] = []
+        for key in keys:
+            row = (rows or {}).get(key)
+            if row is None or row.namespace != self.namespace.digest:
+                break
+            found.append(row)
+        out: list[tuple[StoredBlock, bytes]] = []
+        with closing(self._store.read_many(found)) as reads:
+            for read in reads:
+                if read.data is None:
+                    break
+                out.append((read.block, read.data))
+        return out
+
     def close(self) -> None:
         """Stop the store's background reads (shutdown); a later batch read starts them again."""
         self._store.close()

@@ -141,6 +141,11 @@ class PrefixCache:
             cold=self._cold,
         )
 
+    @property
+    def cold(self) -> ColdSource | None:
+        """The cold source (export and import read and queue blocks through it)."""
+        return self._cold
+
     def held_blocks(self, keys: Sequence[str]) -> int:
         """How many of ``keys``, from the first, RAM or disk holds now (a pin's state; any thread)."""
         n = 0
