@@ -61,9 +61,11 @@ def archive_of(tokens: list[int]) -> bytes:
 
 def rewritten(archive: bytes, change) -> bytes:
     """The archive with its manifest passed through ``change``."""
-    source = tarfile.open(fileobj=io.BytesIO(archive))
     out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
+    with (
+        tarfile.open(fileobj=io.BytesIO(archive)) as source,
+        tarfile.open(fileobj=out, mode="w") as tar,
+    ):
         for member in source.getmembers():
             data = source.extractfile(member).read()
             if member.name == "manifest.json":
@@ -81,7 +83,7 @@ def test_a_good_archive_is_read_whole_in_chain_order() -> None:
 
 def test_another_model_is_refused_by_name() -> None:
     other = replace(NS, digest=block_key(NS.digest, [1]), model_name="other-model")
-    with pytest.raises(ImportRefused, match="archive is for model 'fake'.*'other-model'"):
+    with pytest.raises(ImportRefused, match=r"archive is for model 'fake'.*'other-model'"):
         read_archive(archive_of(list(range(8))), Cache(other), None)
 
 
