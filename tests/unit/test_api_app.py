@@ -207,6 +207,7 @@ def test_openapi_documents_each_route_and_its_bodies():
         "cacheTenantStats",
         "exportCache",
         "importCache",
+        "recentCacheReports",
     }
     responses = ops[("post", "/v1/responses")]
     assert set(responses["responses"]["200"]["content"]) == {

@@ -237,3 +237,13 @@ def test_explain_runs_nothing_and_reads_prompts_of_each_shape(app) -> None:
     assert raw["cached_tokens"] == len("<system>You are") - 1 and raw["full_hit"]
     assert client.post("/v1/cache/explain", json={"model": MODEL}).status_code == 400
     assert len(engine.submitted) == 1
+
+
+def test_recent_reports_are_listed_newest_first_for_a_dashboard(app) -> None:
+    client, _ = app
+    chat(client, FIRST)
+    chat(client, TURN2)
+    recent = client.get("/v1/cache/recent").json()["data"]
+    assert [r["route"] for r in recent] == ["/v1/chat/completions"] * 2
+    assert recent[0]["model"] == MODEL and recent[0]["role"] == "assistant"
+    assert recent[1]["cached_tokens"] == 0 and recent[1]["tier"] == "none"

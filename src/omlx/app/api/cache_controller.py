@@ -18,6 +18,7 @@ from litestar.params import Parameter
 from omlx.app.api.anthropic.controller import translator
 from omlx.app.api.anthropic.schemas import MessagesRequest
 from omlx.app.api.auth import tenant_of
+from omlx.app.api.cache_edge import recent_reports
 from omlx.app.api.openai.schemas import ChatCompletionRequest, OpenAIErrorResponse
 from omlx.app.api.openai.translate import chat_request
 from omlx.app.api.openapi import error_responses
@@ -242,6 +243,15 @@ class CacheController(Controller):
             "present": present,
             "tokens": tokens,
         }
+
+    @get(
+        "/recent",
+        operation_id="recentCacheReports",
+        summary="The caller's last requests' x-omlx-cache reports, newest first",
+        responses=_ERRORS,
+    )
+    async def recent(self, request: Request) -> dict[str, Any]:
+        return {"object": "list", "data": recent_reports(request, tenant_of(request) or "")}
 
     @get(
         "/stats",

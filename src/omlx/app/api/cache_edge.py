@@ -9,6 +9,8 @@ asked by the ``x-omlx-cache-control: no-store`` header or the body's
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +27,8 @@ CONTROL_HEADER = "x-omlx-cache-control"
 CONTROL_FIELD = "omlx_cache_control"
 NO_STORE = "no-store"
 _STATE_KEY = "omlx_cache_report"
+RECENT_KEY = "omlx_cache_recent"  # the app state's last reports, for a dashboard
+RECENT_LIMIT = 100
 
 
 def no_store(request: Request, field: str | None) -> bool:
@@ -50,11 +54,33 @@ def with_controls(request: Request, field: str | None, gen: GenerationRequest) -
     return replace(gen, cache_store=not no_store(request, field), cache_tenant=tenant_of(request))
 
 
-def note(request: Request, cache: CacheReport | None, *, stored: bool = True) -> None:
-    """Remember the prompt's report for the response header."""
-    if cache is not None:
-        state = request.scope.setdefault("state", {})  # type: ignore[typeddict-item]
-        state[_STATE_KEY] = replace(cache, no_store=not stored)
+def note(
+    request: Request, cache: CacheReport | None, *, stored: bool = True, model: str = ""
+) -> None:
+    """Remember the prompt's report for the response header, and among the recent ones."""
+    if cache is None:
+        return
+    cache = replace(cache, no_store=not stored)
+    state = request.scope.setdefault("state", {})  # type: ignore[typeddict-item]
+    state[_STATE_KEY] = cache
+    recent: deque[dict[str, Any]] | None = request.app.state.get(RECENT_KEY)
+    if recent is None:
+        recent = request.app.state[RECENT_KEY] = deque(maxlen=RECENT_LIMIT)
+    recent.append(
+        {
+            "at": time.time(),
+            "route": request.url.path,
+            "model": model,
+            "tenant": tenant_of(request) or "",
+            **cache.as_json(),
+        }
+    )
+
+
+def recent_reports(request: Request, tenant: str) -> list[dict[str, Any]]:
+    """The last reports of ``tenant``'s requests, newest first (``GET /v1/cache/recent``)."""
+    recent = request.app.state.get(RECENT_KEY) or ()
+    return [r for r in reversed(recent) if r["tenant"] == tenant]
 
 
 async def note_tokens(request: Request, served: Any, tokens: list[int], *, stored: bool) -> None:
@@ -68,7 +94,7 @@ async def note_tokens(request: Request, served: Any, tokens: list[int], *, store
             tenant=tenant_of(request),
         )
     )
-    note(request, cache, stored=stored)
+    note(request, cache, stored=stored, model=served.id)
 
 
 async def add_cache_header(message: Message, scope: Scope) -> None:

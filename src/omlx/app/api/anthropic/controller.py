@@ -111,7 +111,7 @@ class AnthropicController(Controller):
         chat.cache_tenant = tenant_of(request)
         turn = await served.chat.prepare(chat, mid, previous)
         turn.request = with_controls(request, data.omlx_cache_control, turn.request)
-        note(request, turn.cache, stored=turn.request.cache_store)
+        note(request, turn.cache, stored=turn.request.cache_store, model=served.id)
         written = 0
         if turn.request.cache_store:  # a no-store request pins nothing
             written = await honour_breakpoints(served, chat, turn.prompt.tokens, breakpoints)

@@ -113,7 +113,7 @@ class OpenAIController(Controller):
         turn = await served.chat.prepare(chat, rid, session_turn(served, group))
         remember_session(served, group, turn)
         turn.request = with_controls(request, data.omlx_cache_control, turn.request)
-        note(request, turn.cache, stored=turn.request.cache_store)
+        note(request, turn.cache, stored=turn.request.cache_store, model=served.id)
         if turn.request.cache_store:
             await honour_retention(served, turn.prompt.tokens, retention, group, chat.cache_tenant)
         token_text = served.generation.token_text if chat.sampling.logprobs is not None else None

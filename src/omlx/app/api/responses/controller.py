@@ -101,7 +101,7 @@ class ResponsesController(Controller):
         turn = await served.chat.prepare(translated.chat, rid, previous)
         remember_session(served, group, turn)
         turn.request = with_controls(request, data.omlx_cache_control, turn.request)
-        note(request, turn.cache, stored=turn.request.cache_store)
+        note(request, turn.cache, stored=turn.request.cache_store, model=served.id)
         if turn.request.cache_store:
             tenant = translated.chat.cache_tenant
             await honour_retention(served, turn.prompt.tokens, retention, group, tenant)
