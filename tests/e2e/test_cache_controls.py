@@ -84,8 +84,24 @@ def test_no_store_restores_and_leaves_the_index_unchanged(tiny_model_dir, tmp_pa
         assert settled_rows(cache) != before
 
 
-def test_claude_code_cache_control_pins_what_it_marks(agent_clis, agent_server, tmp_path) -> None:  # noqa: F811
-    claude = ClaudeCode(agent_clis, agent_server, tmp_path)
+def test_claude_code_cache_control_pins_what_it_marks(
+    agent_clis,  # noqa: F811 (the fixture imported above)
+    agent_model_dir,
+    tmp_path,
+) -> None:
+    # Its own server: the session's shared agent server must not start out holding this prefix.
+    with ServerProcess(
+        "--model",
+        str(agent_model_dir),
+        "--log-level",
+        "debug",
+        cache_dir=tmp_path / "cache",
+        log_path=tmp_path / "server.log",
+    ) as server:
+        check_claude_code_pins(ClaudeCode(agent_clis, server, tmp_path), server)
+
+
+def check_claude_code_pins(claude: ClaudeCode, agent_server: ServerProcess) -> None:
     claude.ask("What does this project do?")
     pins = httpx.get(agent_server.base_url + "/v1/cache/pins", timeout=10).json()["data"]
     marked = [p for p in pins if p["source"] == "cache_control"]
@@ -166,7 +182,7 @@ def test_another_tenants_prompt_is_a_cold_prefill(tiny_model_dir, tmp_path) -> N
         f"({cached_hit} cached), tenant B {other:.3f} s ({cached_other} cached)"
     )
     assert cached_cold == 0 and cached_hit > 500 and cached_other == 0
-    assert other > 2 * hit  # B paid the prefill A's hit skipped
+    assert other > 1.5 * hit  # B paid the prefill A's hit skipped (measured 2.3-4.5x here)
 
 
 def admin(*args: str) -> subprocess.CompletedProcess:
