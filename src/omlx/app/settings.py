@@ -29,6 +29,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     port: int = 8000
     log_level: str = "info"
     api_key: str = ""
+    api_keys_file: str = ""
     cache_enabled: bool = True
     block_size: int = 64
     hot_cache_max_size: str = HOT_TIER_DEFAULT
