@@ -10,7 +10,7 @@ from omlx.app.api.app import create_app
 from omlx.app.settings import load_settings
 from omlx.domain.cache.cold_tier import ColdTierStats
 from omlx.domain.cache.hot_tier import HotTierStats
-from omlx.domain.cache.prefix_cache import PrefixCacheStats
+from omlx.domain.cache.tally import PrefixCacheStats
 from tests.unit.api_fakes import MODEL, FakeEngine, fake_container, reply
 
 HI = [{"role": "user", "content": "hi"}]

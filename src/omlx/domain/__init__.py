@@ -28,7 +28,8 @@ from omlx.domain.ports import (
     KVCodec,
     SystemClock,
 )
-from omlx.domain.cache.prefix_cache import PrefixCache, PrefixCacheStats
+from omlx.domain.cache.prefix_cache import PrefixCache
+from omlx.domain.cache.tally import PrefixCacheStats
 from omlx.domain.cache.session import CacheSession
 
 __all__ = [

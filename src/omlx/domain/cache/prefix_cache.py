@@ -11,12 +11,11 @@ restore, for diagnostics) and ``pins`` (pinned prefixes), which others use.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from omlx.domain.cache.blocks import NamespaceInfo
 from omlx.domain.cache.capture import RequestCapture
-from omlx.domain.cache.hot_tier import HotTier, HotTierStats
+from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.keeper import BlockKeeper, KnownKeys
 from omlx.domain.cache.keys import tenant_root
 from omlx.domain.cache.layout import CacheLayout
@@ -24,43 +23,8 @@ from omlx.domain.cache.matcher import PrefixMatcher
 from omlx.domain.cache.pins import DEFAULT_PIN_SHARE, PinBook
 from omlx.domain.cache.probe import CachedPrefix, probe
 from omlx.domain.cache.session import CacheSession
-from omlx.domain.cache.tally import Tally, TenantTally
+from omlx.domain.cache.tally import PrefixCacheStats, Tally, TenantTally
 from omlx.domain.ports import Clock, ColdSource, KeptCaches, KVCodec, SystemClock
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixCacheStats:
-    """Cumulative counters of one prefix cache, for metrics and ``/health``.
-
-    Every counter is a field here and nowhere else: the parts add to one ``Tally`` by
-    these names.
-    """
-
-    lookups: int = 0
-    lookup_tokens: int = 0
-    hit_tokens: int = 0
-    hot_hits: int = 0
-    cold_hits: int = 0
-    stored_blocks: int = 0
-    queued_blocks: int = 0
-    active_leases: int = 0
-    last_hit_at: float | None = None
-    # Time the request path spent cutting and encoding new blocks (engine thread).
-    store_calls: int = 0
-    store_seconds: float = 0.0
-    last_store_seconds: float = 0.0
-    # Lookups that used part of a block, and the tokens those parts restored.
-    partial_hits: int = 0
-    partial_tokens: int = 0
-    # Hybrid layouts: KV-matched tokens recomputed for want of a restore point there,
-    # and the state and window objects stored and their bytes.
-    lost_tokens: int = 0
-    stored_objects: int = 0
-    object_bytes: int = 0
-    # Requests that continued a kept finished cache in place, and the bytes kept now.
-    continued_requests: int = 0
-    kept_bytes: int = 0
-    hot: HotTierStats | None = None  # the RAM tier now
 
 
 class PrefixCache:

@@ -8,6 +8,9 @@ first ``stats()`` instead of being a field nobody bumps.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
+
+from omlx.domain.cache.hot_tier import HotTierStats
 
 
 class Tally:
@@ -52,3 +55,38 @@ class TenantTally:
         with self._lock:
             lookups, prompt, cached = self._counts.get(tenant, (0, 0, 0))
         return {"lookups": lookups, "prompt_tokens": prompt, "cached_tokens": cached}
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheStats:
+    """Cumulative counters of one prefix cache, for metrics and ``/health``.
+
+    Every counter is a field here and nowhere else: the parts add to one ``Tally`` by
+    these names.
+    """
+
+    lookups: int = 0
+    lookup_tokens: int = 0
+    hit_tokens: int = 0
+    hot_hits: int = 0
+    cold_hits: int = 0
+    stored_blocks: int = 0
+    queued_blocks: int = 0
+    active_leases: int = 0
+    last_hit_at: float | None = None
+    # Time the request path spent cutting and encoding new blocks (engine thread).
+    store_calls: int = 0
+    store_seconds: float = 0.0
+    last_store_seconds: float = 0.0
+    # Lookups that used part of a block, and the tokens those parts restored.
+    partial_hits: int = 0
+    partial_tokens: int = 0
+    # Hybrid layouts: KV-matched tokens recomputed for want of a restore point there,
+    # and the state and window objects stored and their bytes.
+    lost_tokens: int = 0
+    stored_objects: int = 0
+    object_bytes: int = 0
+    # Requests that continued a kept finished cache in place, and the bytes kept now.
+    continued_requests: int = 0
+    kept_bytes: int = 0
+    hot: HotTierStats | None = None  # the RAM tier now
