@@ -13,6 +13,7 @@ from typing import Any, get_origin
 
 import msgspec
 
+from omlx.domain.cache.kv_quant import KVQuant, kv_quant_of
 from omlx.domain.responses import Retention
 from omlx.domain.sizes import parse_size
 from omlx.domain.tier_defaults import COLD_TIER_DEFAULT, HOT_TIER_DEFAULT
@@ -30,6 +31,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     api_key: str = ""
     cache_enabled: bool = True
     block_size: int = 64
+    kv_bits: str = "off"  # "off", "8" or "4": blocks stored quantized (domain/cache/kv_quant.py)
+    kv_group_size: int = 64
     hot_cache_max_size: str = HOT_TIER_DEFAULT
     paged_ssd_cache_dir: str = "~/.omlx/cache"
     paged_ssd_cache_max_size: str = COLD_TIER_DEFAULT
@@ -98,6 +101,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return parse_size(self.max_model_memory)
 
     @property
+    def kv_quant(self) -> KVQuant | None:
+        """The KV quantization blocks are stored with; None when ``kv_bits`` is off."""
+        return kv_quant_of(self.kv_bits, self.kv_group_size)
+
+    @property
     def cache_dir(self) -> Path:
         return Path(self.paged_ssd_cache_dir).expanduser()
 
@@ -114,6 +122,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError("max_concurrent_requests must be >= 1 and max_queued_requests >= 0")
         if self.prefill_step_size < 1:
             raise ValueError("prefill_step_size must be >= 1")
+        self.kv_quant  # noqa: B018 - raises naming kv_bits or kv_group_size
         self.hot_cache_bytes  # noqa: B018 - parse now so a bad size fails at start
         self.ssd_cache_bytes  # noqa: B018
         self.prepared_weights_bytes  # noqa: B018
@@ -162,6 +171,8 @@ def load_settings(
             except ValueError as exc:
                 raise ValueError(f"{var}={raw!r}: {exc}") from None
     values.update({k: v for k, v in (flags or {}).items() if v is not None})
+    if isinstance(values.get("kv_bits"), int) and not isinstance(values["kv_bits"], bool):
+        values["kv_bits"] = str(values["kv_bits"])  # kv_bits = 8 in TOML means "8"
     try:
         return msgspec.convert(values, Settings).validate()
     except msgspec.ValidationError as exc:
