@@ -96,7 +96,7 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
         click.echo(
             f"  {ns['model_name']} [{ns['namespace'][:12]}]: {ns['blocks']} blocks, "
             f"{ns['tokens']} tokens, {format_bytes(ns['nbytes'])}, "
-            f"last used {_ago(ns['newest_access'] or ns['last_used_at'])}"
+            f"{ns['kv_dtype']} {_per_token(ns['bytes_per_token'])}, last used {_ago(ns['newest_access'] or ns['last_used_at'])}"
         )
     total, disk = report["total"], report["disk"]
     click.echo(
@@ -116,6 +116,10 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
         )
 
 
+def _per_token(nbytes: float | None) -> str:
+    return "-" if nbytes is None else f"{format_bytes(int(nbytes))}/token"
+
+
 def _stats(target: Target, index: SqlBlockIndex | None) -> dict[str, Any]:
     cache_dir = target.cache_dir
     namespaces: list[dict[str, Any]] = []
@@ -133,6 +137,8 @@ def _stats(target: Target, index: SqlBlockIndex | None) -> dict[str, Any]:
                     "blocks": u.blocks if u else 0,
                     "tokens": u.tokens if u else 0,
                     "nbytes": u.nbytes if u else 0,
+                    # What a token costs on disk here: kv_dtype says how blocks are stored.
+                    "bytes_per_token": round(u.nbytes / u.tokens, 1) if u and u.tokens else None,
                     "oldest_access": u.oldest_access if u else None,
                     "newest_access": u.newest_access if u else None,
                     "created_at": rec.created_at,
