@@ -157,3 +157,16 @@ def test_window_leaves_are_quantized_and_state_leaves_are_not() -> None:
     )
     assert mx.array_equal(restored[2][0], state[0])  # the state, bit for bit
     assert float(mx.abs(restored[1].keys[..., :8, :] - k).max()) < 0.05
+
+
+def test_the_library_exposes_the_same_codec() -> None:
+    from omlx.cache import kv_codec
+
+    cache = make_cache(8, mx.float32)
+    library, server = kv_codec(kv_bits=8), MLXKVCodec(kv_quant=KVQuant(8, 64))
+    data = block_file(library, library.split(cache, 0, 8), list(range(8)))
+    assert data == block_file(server, server.split(cache, 0, 8), list(range(8)))
+    assert isinstance(server.decode(data).payload, QuantizedKVBlock)
+    assert kv_codec().kv_quant is None and kv_codec("off").kv_quant is None
+    with pytest.raises(ValueError, match="kv_bits"):
+        kv_codec(kv_bits=3)
