@@ -83,7 +83,3 @@ def quantized_block(
     k, v = quantize_side(keys, quant), quantize_side(values, quant)
     nbytes = sum(a.nbytes for a in (*k, *v))
     return QuantizedKVBlock(k, v, nbytes, keys.dtype, quant, leaves)
-
-
-def side_nbytes(parts: Sequence[np.ndarray]) -> int:
-    return sum(p.nbytes for p in parts)
