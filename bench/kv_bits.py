@@ -118,6 +118,42 @@ def sdpa_decode_ms(context: int, quant: KVQuant | None, layers: int, heads: int,
     return (time.perf_counter() - started) / runs * 1000
 
 
+CHAT_PROMPTS = [
+    "Write a Python function that parses an ISO 8601 date and explain each step.",
+    "What does `git rebase --onto` do? Give an example with three branches.",
+    "Review this code: def add(a, b): return a - b. What is wrong and how do I test it?",
+]
+SYSTEM = (
+    "You are a careful coding assistant working in a large repository. Answer precisely, "
+    "show code where it helps, and say what you are unsure of. "
+) * 6
+
+
+def chat_agreement(model, n: int, out: Path | None) -> None:
+    """Greedy ``n`` tokens after each chat prompt, its prefix restored from blocks per setting."""
+    rows: dict = {}
+    for prompt in CHAT_PROMPTS:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+        tokens = list(model.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        cut = len(tokens) - len(tokens) % BLOCK
+        full, _ = prefill(model, tokens[:cut])
+        outputs = {}
+        for name, quant in SETTINGS.items():
+            codec = MLXKVCodec(model.layout, quant)
+            restored, _ = restore(codec, block_files(codec, full, tokens[:cut]))
+            logits = model.model(mx.array(tokens[cut:])[None], cache=restored)[0]
+            outputs[name] = greedy(model, restored, logits[-1:], n)
+        for name in ("8", "4"):
+            a, b = outputs[name], outputs["off"]
+            lead = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+            rows.setdefault(name, []).append(lead)
+        print(f"{len(tokens)}-token prompt: leading greedy tokens equal to off:",
+              {k: v[-1] for k, v in rows.items()}, flush=True)
+    print(json.dumps(rows))
+    if out is not None:
+        out.write_text(json.dumps({"greedy_tokens": n, "leading_agreement": rows}, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--context", type=int, default=2048, help="prefix tokens restored")
@@ -125,8 +161,15 @@ def main() -> None:
     parser.add_argument("--greedy", type=int, default=200)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-sdpa", action="store_true", help="skip the attention timing")
+    parser.add_argument("--sdpa-only", action="store_true", help="only the attention timing")
+    parser.add_argument("--settings", default="off,8,4", help="kv_bits settings to measure")
+    parser.add_argument(
+        "--chat", action="store_true", help="only greedy agreement on chat prompts (CHAT_PROMPTS)"
+    )
     args = parser.parse_args()
     model = load_model(None)
+    if args.chat:
+        return chat_agreement(model, args.greedy, args.out)
     config = model.config
     layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
@@ -136,35 +179,40 @@ def main() -> None:
             ms = sdpa_decode_ms(context, quant, layers, heads, kv_heads)
             result["sdpa_decode_ms"][f"{name}@{context}"] = round(ms, 3)
             print(f"attention per decode step, {context} positions, kv {name}: {ms:.2f} ms", flush=True)
+    if args.sdpa_only:
+        print(json.dumps(result))
+        return
+    chosen = {name: SETTINGS[name] for name in args.settings.split(",")}
     tokens = corpus_tokens(model.tokenizer, args.context + args.scored)
     prefix, scored = tokens[: args.context], tokens[args.context :]
     full, logits = prefill(model, prefix)
     last = logits[0, -1:]
     baseline_greedy = None
-    for name, quant in SETTINGS.items():
+    for name, quant in chosen.items():
         codec = MLXKVCodec(model.layout, quant)
         files = block_files(codec, full, prefix)
         size = sum(len(f) for f in files)
         restored, seconds = restore(codec, files)
         ppl = math.exp(nll(model, restored, scored, last))
-        restored, _ = restore(codec, files)
-        tokens_out = greedy(model, restored, last, args.greedy)
-        if baseline_greedy is None:
-            baseline_greedy = tokens_out
-        lead = next((i for i, (a, b) in enumerate(zip(tokens_out, baseline_greedy)) if a != b), len(tokens_out))
-        same = sum(a == b for a, b in zip(tokens_out, baseline_greedy)) / len(tokens_out)
-        row = {
+        row: dict = {}
+        if args.greedy and "off" in chosen:  # agreement needs the unquantized run first
+            restored, _ = restore(codec, files)
+            tokens_out = greedy(model, restored, last, args.greedy)
+            if baseline_greedy is None:
+                baseline_greedy = tokens_out
+            pairs = list(zip(tokens_out, baseline_greedy))
+            row["greedy_leading_agreement"] = next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs))
+            row["greedy_positional_agreement"] = round(sum(a == b for a, b in pairs) / len(pairs), 3)
+        row |= {
             "bytes_per_token": size / len(prefix),
             "file_bytes": size,
             "restore_s": round(seconds, 4),
             "perplexity": round(ppl, 4),
-            "greedy_leading_agreement": lead,
-            "greedy_positional_agreement": round(same, 3),
         }
         result["settings"][name] = row
         print(name, json.dumps(row), flush=True)
-    off = result["settings"]["off"]
-    for name in ("8", "4"):
+    off = result["settings"].get("off")
+    for name in [n for n in ("8", "4") if n in chosen and off is not None]:
         row = result["settings"][name]
         row["bytes_vs_off"] = round(row["bytes_per_token"] / off["bytes_per_token"], 4)
         row["perplexity_vs_off"] = round(row["perplexity"] / off["perplexity"] - 1, 5)

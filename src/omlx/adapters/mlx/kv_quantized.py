@@ -10,7 +10,6 @@ Joining blocks gathers each component on the host, then MLX dequantizes once per
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
