@@ -48,3 +48,19 @@ def test_a_models_own_setting_wins_over_the_servers() -> None:
 def test_the_setting_is_a_separate_namespace_field_only_when_on() -> None:
     assert KVQuant(8, 64).identity() != KVQuant(4, 64).identity() != KVQuant(8, 32).identity()
     assert KVQuant(8, 64).label == "q8g64"
+
+
+def test_a_model_folders_omlx_json_sets_its_own_kv_bits(tmp_path) -> None:
+    from omlx.app.model_loader import kv_quant_for
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    assert kv_quant_for(folder, None) is None  # no omlx.json: the server's setting
+    (folder / "omlx.json").write_text('{"kv_bits": 4, "kv_group_size": 32}')
+    assert kv_quant_for(folder, KVQuant(8, 64)) == KVQuant(4, 32)
+    (folder / "omlx.json").write_text('{"kv_bits": 5}')
+    with pytest.raises(ValueError, match="omlx.json.*kv_bits"):
+        kv_quant_for(folder, None)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"")
+    assert kv_quant_for(gguf, KVQuant(8, 64)) == KVQuant(8, 64)  # a file: the server's
