@@ -1,4 +1,5 @@
-"""PNG plots of the benches' summaries (``summary.summarize`` dicts): bars with min-max whiskers.
+"""PNG plots of the benches' summaries (``summary.summarize`` dicts): bars with min-max
+whiskers where there was more than one run.
 
 matplotlib is the optional ``bench`` extra. Without it every function prints one note
 and returns None, so a bench still prints its table and writes its JSON.
@@ -58,6 +59,18 @@ def _whiskers(summaries: Sequence[Summary]) -> tuple[list[float], list[list[floa
     return heights, [low, high]
 
 
+def _runs(s: Summary) -> int:
+    return 0 if s is None else int(s.get("n", len(s.get("values", ())) or 1))
+
+
+def label_height(s: Summary) -> float:
+    """Where a bar's value label sits: over its whisker's top when it has one, so the
+    text never crosses the whisker; over the bar itself for a single run."""
+    if s is None:
+        return 0.0
+    return s["max"] if _runs(s) > 1 else s["median"]
+
+
 def _log_axis(ax, which: str) -> None:
     """A log scale labelled 0.1, 1, 10 and 2, 5 between (not 10^-1 or 2x10^0)."""
     from matplotlib.ticker import FuncFormatter, LogLocator
@@ -92,9 +105,11 @@ def grouped_bars(
     labels: bool = True,
     overlay: bool = False,
 ) -> Path | None:
-    """One group of bars per category, one bar per series (peer): median, min-max whiskers.
+    """One group of bars per category, one bar per series (peer): median, min-max whiskers
+    (none for a single run).
 
-    A missing value (None) leaves its bar out. ``labels`` writes each median over its bar.
+    A missing value (None) leaves its bar out. ``labels`` writes each median over its bar
+    and whisker.
     ``overlay``: the series fill disjoint categories (one bar per category, coloured by series).
     """
     plt = _pyplot()
@@ -114,21 +129,30 @@ def grouped_bars(
             [xs[j] for j in keep],
             [heights[j] for j in keep],
             width,
-            yerr=[[err[0][j] for j in keep], [err[1][j] for j in keep]],
-            capsize=3,
             label=name,
             color=_colour(name, i),
         )
+        # Whiskers only where there was a spread to show: a single run has none.
+        spread = [j for j in keep if _runs(summaries[j]) > 1]
+        if spread:
+            ax.errorbar(
+                [xs[j] for j in spread],
+                [heights[j] for j in spread],
+                yerr=[[err[0][j] for j in spread], [err[1][j] for j in spread]],
+                fmt="none",
+                ecolor="#333333",
+                elinewidth=1,
+                capsize=3,
+            )
         if labels:
             for j in keep:
-                h = heights[j]
                 ax.annotate(
-                    f"{h:.3g}",
-                    (xs[j], h),
+                    f"{heights[j]:.3g}",
+                    (xs[j], label_height(summaries[j])),
                     ha="center",
                     va="bottom",
                     fontsize=7,
-                    xytext=(0, 2),
+                    xytext=(0, 3),
                     textcoords="offset points",
                 )
     ax.set_xticks(range(len(categories)))

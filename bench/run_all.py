@@ -34,6 +34,7 @@ SET: dict[str, tuple[list[str], list[str]]] = {
     "restore": ([], ["--rounds", "1", "--tokens", "1024"]),
     "index_scale": ([], ["--rows", "10000,100000", "--reps", "50", "--no-orphans"]),
     "hybrid_loop": ([], ["--families", "gemma3_text"]),
+    "agent_trace": ([], ["--models", "long", "--scale", "long=0.1", "--main-turns", "10"]),
 }
 
 

@@ -30,7 +30,8 @@ from omlx.adapters.grammar import Constraint, LLGuidanceCompiler  # noqa: E402
 from omlx.adapters.mlx.engine import EngineConfig, MLXEngine  # noqa: E402
 from omlx.adapters.mlx.loader import load_model  # noqa: E402
 from omlx.domain.generation import Finished, GenerationRequest, TextDelta  # noqa: E402
-from omlx.domain.grammar import OutputGrammar, ToolSpec  # noqa: E402
+from omlx.app.tool_calls import HERMES  # noqa: E402
+from omlx.domain.grammar import CallShape, OutputGrammar  # noqa: E402
 
 PROMPT = "List many short facts about lighthouses, as JSON."
 LONG = {
@@ -114,11 +115,12 @@ def compile_times(grammars: LLGuidanceCompiler) -> list[tuple[str, float, float]
             json_schema=json.dumps({**PERSON, "$comment": tag})
         ),
         "forced call, 2 tools, <tool_call> markers": OutputGrammar(
-            tools=(
-                ToolSpec("get_weather", json.dumps({**weather, "$comment": tag})),
-                ToolSpec("get_time", json.dumps({"type": "object", "$comment": tag})),
+            calls=tuple(
+                CallShape(name, HERMES.before(name), json.dumps({**schema, "$comment": tag}),
+                          HERMES.after)
+                for name, schema in (("get_weather", weather), ("get_time", {"type": "object"}))
             ),
-            call_markers=("<tool_call>", "</tool_call>"),
+            between=HERMES.between,
             several_calls=True,
         ),
     }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install omlx, its test extras, the default model and, where the OS
-# package manager allows it, an optimized BLAS. Safe to re-run; `make` calls it.
+# package manager allows it, an optimized BLAS, and PostgreSQL and Chromium for the tests.
+# Safe to re-run; `make` calls it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +27,13 @@ fi
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
   apt_install postgresql \
     || echo "note: could not install postgresql; the shared-index tests will be skipped" >&2
+fi
+
+# The dashboard's browser test drives Debian's Chromium through chromedriver (Selenium, from
+# the test extra); it skips, saying why, where they cannot be installed.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  apt_install chromium chromium-driver \
+    || echo "note: could not install chromium and chromium-driver; the dashboard's browser test will be skipped" >&2
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -447,6 +447,9 @@ class FakeTokenConstraint:
         self.tokens.append(token)
         return True
 
+    def failure(self) -> str | None:
+        return None
+
 
 class FakeGrammarCompiler:
     """Records the grammars asked for; refuses any whose JSON schema contains ``"refuse"``."""

@@ -65,3 +65,22 @@ def agent_server(agent_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
     )
     with server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def all_tasks_server(tmp_path_factory) -> Iterator[ServerProcess]:
+    """A chat model ("chat"), an embedding model ("emb") and a reranker ("rr"): every route
+    has a model to reach (the API fuzzing and the hostile-client tests)."""
+    from tests.encoder_models import build_embedding_model, build_rerank_model
+    from tests.tiny_model import build_tiny_model
+
+    root = tmp_path_factory.mktemp("all-tasks")
+    build_tiny_model(root / "models" / "chat", seed=1)
+    build_embedding_model(root / "models" / "emb")
+    build_rerank_model(root / "models" / "rr")
+    server = ServerProcess(
+        "--model-dir", str(root / "models"), "--block-size", "16", "--pin-model", "chat",
+        cache_dir=root / "cache", log_path=root / "server.log",
+    )
+    with server:
+        yield server

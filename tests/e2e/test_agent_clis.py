@@ -187,7 +187,7 @@ def _requests(log: str) -> list[tuple[int, int]]:
 
     return [
         (int(m.group(1)), int(m.group(2)))
-        for m in re.finditer(r"request \d+ \w+: prompt (\d+) tokens, (\d+) cached", log)
+        for m in re.finditer(r"request \d+ \(\S+\) \w+: prompt (\d+) tokens, (\d+) cached", log)
     ]
 
 
@@ -195,7 +195,7 @@ def _first_token_seconds(log: str) -> list[float]:
     """Each finished request's time to first token, from the engine's log lines."""
     import re
 
-    return [float(m.group(1)) for m in re.finditer(r"request \d+ \w+: .*, first token ([\d.]+) s", log)]
+    return [float(m.group(1)) for m in re.finditer(r"request \d+ \(\S+\) \w+: .*, first token ([\d.]+) s", log)]
 
 
 def _get(server, path: str) -> str:

@@ -70,9 +70,11 @@ def test_streamed_tool_call(scripted_server):
     )
     chunks = list(stream)
     deltas = [tc for ch in chunks if ch.choices for tc in ch.choices[0].delta.tool_calls or []]
-    assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].id
-    assert deltas[0].function.name == "get_weather"
-    assert json.loads(deltas[0].function.arguments) == {"city": "Paris"}
+    # A first chunk with the call's id and name, then its arguments as they were written.
+    assert deltas[0].index == 0 and deltas[0].id and deltas[0].function.name == "get_weather"
+    assert all(d.index == 0 and d.id is None for d in deltas[1:])
+    arguments = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(arguments) == {"city": "Paris"}
     finishes = [
         ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason
     ]

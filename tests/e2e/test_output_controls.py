@@ -1,8 +1,9 @@
 """Structured outputs and forced tool calls through real servers and the official SDKs.
 
 The default model (SmolLM2-135M, sampled at temperature 1) answers under a JSON schema and
-is forced to call tools it has never been shown (its template renders no tools: the call
-is bare JSON); the scripted model writes forced calls in its own ``<tool_call>`` syntax.
+is forced to call tools that its template does not render (omlx's fallback shows them in the
+system turn and forces the call as ``<tool_call>`` JSON); the scripted model writes forced
+calls in its own ``<tool_call>`` syntax.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 
 import anthropic
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -129,7 +131,12 @@ def test_openai_forced_call_names_the_tool_with_valid_arguments(default_server, 
             if ch.choices and ch.choices[0].finish_reason
         ]
         assert finish == ["tool_calls"]
-        (call,) = calls
+        # A first chunk with the id and name, then the arguments as fragments.
+        assert calls[0].id and calls[0].function.name == name and len(calls) > 2
+        assert {c.index for c in calls} == {0} and all(c.id is None for c in calls[1:])
+        arguments = "".join(c.function.arguments or "" for c in calls)
+        call = calls[0]
+        call.function.arguments = arguments
     else:
         r = c.chat.completions.create(**args)
         assert r.choices[0].finish_reason == "tool_calls"
@@ -244,11 +251,28 @@ def test_a_forced_call_in_the_models_own_syntax_is_parsed_back(scripted_server, 
     )
     if stream:
         chunks = list(c.chat.completions.create(**args, stream=True))
-        calls = [t for ch in chunks if ch.choices for t in ch.choices[0].delta.tool_calls or []]
+        deltas = [t for ch in chunks if ch.choices for t in ch.choices[0].delta.tool_calls or []]
         text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        calls = [d for d in deltas if d.id]  # the first chunk of each call
+        for call in calls:
+            call.function.arguments = "".join(
+                d.function.arguments or "" for d in deltas if d.index == call.index
+            )
     else:
         r = c.chat.completions.create(**args)
         calls, text = r.choices[0].message.tool_calls, r.choices[0].message.content or ""
     (call,) = calls
     assert call.function.name == "get_weather" and "<tool_call>" not in text
     assert "city" in json.loads(call.function.arguments)
+
+
+def test_grammar_compile_time_is_a_phase_in_metrics(default_server):
+    oai(default_server).chat.completions.create(
+        model=DEFAULT, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=4
+    )
+    metrics = httpx.get(default_server.base_url + "/metrics").text
+    counts = [
+        line for line in metrics.splitlines()
+        if line.startswith('omlx_request_phase_seconds_count{phase="grammar"}')
+    ]
+    assert counts and float(counts[0].split()[-1]) >= 1

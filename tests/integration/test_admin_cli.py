@@ -378,3 +378,27 @@ def test_blocks_of_an_older_block_format_are_collected_never_read(tmp_path: Path
     index.close()
     assert left == {new.digest}
     assert_cache_invariants(tmp_path)
+
+
+def test_vacuum_beside_a_live_server_spares_recently_used_blocks_from_the_budget(tmp_path: Path) -> None:
+    """The grace the vacuum announces holds for --max-size eviction too (issue 27)."""
+    ns = make_namespace()
+    now = time.time()
+    old = _populate(tmp_path, ns, 2, at=OLD)  # used an hour ago
+    young = _populate(tmp_path, ns, 2, seed=5, at=now - 30)  # used 30 s ago
+    with CacheDirLock(tmp_path):  # a server owns the folder
+        result = _run("cache", "vacuum", "--max-size", "1", "--cache-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "blocks used in the last 60 s are left alone" in result.stderr
+    assert "evicted 2 least recently used blocks" in result.output
+    assert "blocks used in the last 60 s were spared" in result.output
+    index = open_index(tmp_path)
+    assert {b.key for b in index.lru_blocks(10)} == {b.key for b in young}
+    index.close()
+    assert not any((tmp_path / b.relpath).exists() for b in old)
+
+
+def test_clear_counts_in_the_singular(tmp_path: Path) -> None:
+    _populate(tmp_path, make_namespace(), 1)
+    result = _run("cache", "clear", "--yes", "--cache-dir", str(tmp_path))
+    assert "cleared 1 block of 1 namespace (" in result.output

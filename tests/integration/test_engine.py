@@ -125,25 +125,84 @@ def test_a_request_waiting_at_start_stops_the_warm_up(tiny, caplog):
     assert run.text == tiny.tokenizer.decode([t for t in expected if t not in eos])
 
 
-def _first_token_step_and_tokens(model, prompt: list[int], fused: bool) -> tuple[int, list[int]]:
-    generator = FusingBatchGenerator(model, fuse=fused, in_order=fused, prefill_step_size=256)
+class _CountingModel:
+    """The model, counting its forward passes."""
+
+    def __init__(self, model) -> None:
+        self.model, self.calls = model, 0
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.model(*args, **kwargs)
+
+
+def _first_token_step_and_tokens(model, prompt: list[int], fused: bool) -> tuple[int, int, list[int]]:
+    """The step that hands out the first token, the forward passes run by then, the tokens."""
+    counting = _CountingModel(model)
+    generator = FusingBatchGenerator(counting, fuse=fused, in_order=fused, prefill_step_size=256)
     generator.insert_segments([[prompt]], max_tokens=[8])
-    first, tokens = None, []
+    first, passes, tokens = None, None, []
     for step in range(1, 40):
+        before = counting.calls
         _, generated = generator.next()
         for r in generated:
-            first = first or step
+            if first is None:
+                # In order, this step's pass is only built; mlx-lm's pipelined step ran it.
+                first, passes = step, before if fused else counting.calls
             tokens.append(r.token)
         if any(r.finish_reason for r in generated):
             break
-    return first, tokens
+    return first, passes, tokens
 
 
 def test_the_first_token_comes_one_pass_sooner_with_the_same_tokens(tiny):
     """mlx-lm's batcher: prompt chunk, last token alone, then token 1 handed out a pass
     late; fused and in order: the chunk with its last token, then token 1."""
     prompt = chat_tokens(tiny, "What is the capital of France?")
-    fused_first, fused_tokens = _first_token_step_and_tokens(tiny.model, prompt, fused=True)
-    plain_first, plain_tokens = _first_token_step_and_tokens(tiny.model, prompt, fused=False)
+    fused_first, fused_passes, fused_tokens = _first_token_step_and_tokens(tiny.model, prompt, fused=True)
+    plain_first, plain_passes, plain_tokens = _first_token_step_and_tokens(tiny.model, prompt, fused=False)
     assert (fused_first, plain_first) == (2, 3)
+    assert (fused_passes, plain_passes) == (1, 3)
     assert fused_tokens == plain_tokens and len(fused_tokens) == 8
+
+
+def _tokens_per_row(model, rows, fused: bool, **options) -> tuple[list[list[int]], list[int]]:
+    """Each row's generated tokens, run together in one batch, and which rows fused."""
+    generator = FusingBatchGenerator(model, fuse=fused, in_order=fused, prefill_step_size=64)
+    uids = generator.insert_segments(rows, max_tokens=[6] * len(rows), **options)
+    tokens = {uid: [] for uid in uids}
+    finished: set[int] = set()
+    fused_uids: set[int] = set()
+    for _ in range(100):
+        started, generated = generator.next()
+        fused_uids.update(r.uid for r in started if getattr(r, "fused", False))
+        for r in generated:
+            tokens[r.uid].append(r.token)
+            if r.finish_reason is not None:
+                finished.add(r.uid)
+        if finished == set(uids):
+            break
+    assert finished == set(uids) and generator.fused_rows == len(fused_uids)
+    return [tokens[uid] for uid in uids], [i for i, uid in enumerate(uids) if uid in fused_uids]
+
+
+def test_rows_fuse_only_where_every_chunk_of_the_step_is_short_and_the_cut_is_mlx_lms(tiny):
+    """A 20-token row beside a 200-token one does not fuse (the step has a 64-token
+    chunk); the long one fuses in its own last step; a row whose caller gave its last token
+    a segment of its own keeps that boundary. Each row's tokens are mlx-lm's, with a
+    repetition penalty on two of them (the fused row's first token is sampled through it)."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    short = chat_tokens(tiny, "Hi")[:20]
+    long = chat_tokens(tiny, "Tell me about the sea. " * 20)[:200]
+    asked = chat_tokens(tiny, "And the sky?")
+    rows = [[short], [long], [asked[:-1], asked[-1:]]]
+    penalty = make_logits_processors(repetition_penalty=1.5)
+    options = {"logits_processors": [penalty, penalty, []]}
+    fused, fused_rows = _tokens_per_row(tiny.model, rows, fused=True, **options)
+    plain, plain_rows = _tokens_per_row(tiny.model, rows, fused=False, **options)
+    assert (fused_rows, plain_rows) == ([1], [])
+    assert fused == plain and all(len(t) > 0 for t in fused)

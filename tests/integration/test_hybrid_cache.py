@@ -181,14 +181,63 @@ def test_layouts_mlx_lm_cannot_batch_keep_the_cache_off(tmp_path):
     # head_dim 32: the smallest group MLX quantizes
     wide = build_hybrid_model("gemma3_text", tmp_path / "g", head_dim=32, query_pre_attn_scalar=32)
     model = load_model(str(wide)).model
-    from omlx.adapters.mlx.cache_layout import probe_layout
+    from omlx.adapters.mlx.cache_layout import probe_model
 
     original = model.make_cache
     try:
         model.make_cache = lambda: [QuantizedKVCache(group_size=32) for _ in original()]
-        assert "QuantizedKVCache layers cannot be batched" in probe_layout(model).unsupported
+        assert "QuantizedKVCache layers cannot be batched" in probe_model(model).layout.unsupported
         model.make_cache = lambda: [RotatingKVCache(max_size=32, keep=4) for _ in original()]
-        assert "keep > 0" in probe_layout(model).unsupported
+        assert "keep > 0" in probe_model(model).layout.unsupported
     finally:
         model.make_cache = original
-    assert probe_layout(model).unsupported == ""
+    assert probe_model(model).layout.unsupported == ""
+
+
+class _CountingModel:
+    """The model, counting its forward passes."""
+
+    def __init__(self, model) -> None:
+        self.model, self.calls = model, 0
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.model(*args, **kwargs)
+
+
+def test_one_probe_at_load_gives_the_layout_the_kv_dtype_and_the_kv_cost(hybrid):
+    from omlx.adapters.mlx.cache_layout import flat_leaves, probe_model
+
+    counting = _CountingModel(hybrid.model)
+    probe = probe_model(counting)
+    assert counting.calls == 1
+    assert probe.layout == hybrid.layout and probe.kv_dtype == hybrid.kv_dtype
+    assert probe.kv_cost == hybrid.kv_cost
+    # What a real cache of n positions holds: n positions per full-attention layer, the
+    # last window's per sliding-window layer, and the state arrays.
+    from mlx_lm.models.cache import ArraysCache, RotatingKVCache
+
+    from omlx.adapters.mlx.batch_rows import kv_slice
+
+    n = 40
+    cache = make_prompt_cache(hybrid.model)
+    hybrid.model(mx.array([list(range(1, n + 1))]), cache=cache)
+    mx.eval([c.state for c in flat_leaves(cache)])
+    kv = window = fixed = 0
+    for leaf in flat_leaves(cache):
+        if isinstance(leaf, ArraysCache):
+            fixed += sum(a.nbytes for a in leaf.cache if a is not None)
+        elif isinstance(leaf, RotatingKVCache):
+            window += sum(a.nbytes for a in kv_slice(leaf, None, n - min(n, leaf.max_size), n))
+        else:
+            kv += sum(a.nbytes for a in kv_slice(leaf, None, 0, n))
+    cost = probe.kv_cost
+    assert cost.per_token > 0 and kv == n * cost.per_token
+    assert window == min(n, cost.window) * cost.window_per_token
+    assert fixed == cost.fixed
+    layout = probe.layout.domain
+    assert (cost.window > 0) == (layout.window is not None)
+    assert (cost.fixed > 0) == layout.has_state

@@ -88,3 +88,42 @@ def test_the_fast_backend_is_found_behind_mlx_lm_and_hugging_face_wrappers(tmp_p
     assert backend is not None
     text = render([("system", "x " * 2000), ("user", "hi")])
     assert PrefixReusingEncoder(backend).encode(text) == list(wrapper.encode(text, add_special_tokens=False))
+
+
+def test_encoding_releases_the_gil_so_other_threads_run(tokenizers):
+    """A long prompt tokenizes on a worker thread without stalling the event loop's thread."""
+    import threading
+    import time
+
+    encoder = PrefixReusingEncoder(tokenizers["tiny"])
+    text = "hello world, the quick brown fox " * 40_000  # 1.3 M characters
+    gaps: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            start = time.monotonic()
+            time.sleep(0.002)
+            gaps.append(time.monotonic() - start)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    started = time.monotonic()
+    encoder.encode(text)
+    took = time.monotonic() - started
+    done.set()
+    ticker.join()
+    assert took > 0.05, "the text must take long enough to measure the stall"
+    assert max(gaps) < max(0.05, took / 4), (took, max(gaps))
+
+
+def test_prompts_at_the_limit_are_not_remembered(tokenizers):
+    tok = tokenizers["tiny"]
+    long_text = render([("user", "word " * 4000)])
+    limit = len(tok.encode(long_text, add_special_tokens=False).ids)
+    encoder = PrefixReusingEncoder(tok, max_tokens=limit)
+    assert len(encoder.encode(long_text)) == limit
+    assert encoder._recent == []  # refused by the context: forgotten at once
+    short = render([("user", "word " * 1000)])
+    encoder.encode(short)
+    assert [e.text for e in encoder._recent] == [short]

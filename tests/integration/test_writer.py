@@ -231,3 +231,74 @@ def test_tick_flushes_recency_on_the_writer_thread(tmp_path: Path) -> None:
     assert writer.close(timeout=5)
     index.close()
     assert_cache_invariants(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("error", "reason", "said"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "no_space", "out of space (ENOSPC"),
+        (OSError(errno.EROFS, "Read-only file system"), "read_only", "read-only or not writable (EROFS"),
+        (PermissionError(errno.EACCES, "Permission denied"), "read_only", "not writable (EACCES"),
+    ],
+    ids=["full", "read-only", "permission"],
+)
+def test_a_disk_fault_is_one_warning_per_episode_and_one_recovery_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, error: OSError, reason: str, said: str
+) -> None:
+    ns = make_namespace()
+    chain = make_chain(ns, 25)
+    store = SlowStore(tmp_path)
+    store.fail = error
+    writer, index = _writer(tmp_path, store)
+    with caplog.at_level(logging.DEBUG, logger="omlx"):
+        for meta, _, data in chain[:20]:
+            writer.submit(meta, ns, data)
+        deadline = time.monotonic() + 10
+        while writer.pending_keys() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        store.fail = None
+        for meta, _, data in chain[20:]:
+            writer.submit(meta, ns, data)
+        assert writer.close(timeout=10)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2, [r.getMessage() for r in warnings]
+    assert said in warnings[0].getMessage() and str(tmp_path) in warnings[0].getMessage()
+    assert "written again (20 writes dropped" in warnings[1].getMessage()
+    assert not any(r.exc_info for r in caplog.records)  # no traceback
+    stats = writer.stats()
+    assert stats[f"dropped_{reason}"] == 20 and stats["written"] == 5 and stats["dropped_error"] == 0
+    index.close()
+    assert_cache_invariants(tmp_path)
+
+
+def test_a_full_index_database_is_the_same_episode(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """SQLite's own 'database or disk is full' (the row after the file) is no_space too."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    ns = make_namespace()
+    chain = make_chain(ns, 6)
+    writer, index = _writer(tmp_path)
+    real_add = index.add_block
+    full = OperationalError("INSERT", {}, sqlite3.OperationalError("database or disk is full"))
+
+    def add_block(block, tokens=()):
+        raise full
+
+    index.add_block = add_block
+    with caplog.at_level(logging.WARNING, logger="omlx"):
+        for meta, _, data in chain[:4]:
+            writer.submit(meta, ns, data)
+        deadline = time.monotonic() + 10
+        while writer.pending_keys() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        index.add_block = real_add
+        for meta, _, data in chain[4:]:
+            writer.submit(meta, ns, data)
+        assert writer.close(timeout=10)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "out of space (database or disk is full)" in lines[0], lines
+    assert writer.stats()["dropped_no_space"] == 4 and writer.stats()["written"] == 2
+    index.close()
+    assert_cache_invariants(tmp_path)  # the files of the failed rows were removed

@@ -46,6 +46,9 @@ class FakeTokenizer:
     def __len__(self) -> int:
         return 256
 
+    def get_vocab(self) -> dict[str, int]:  # one byte per token: a character is at least one
+        return {chr(i): i for i in range(256)}
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(text.encode())
 

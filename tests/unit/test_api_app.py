@@ -199,6 +199,7 @@ def test_openapi_documents_each_route_and_its_bodies():
         "createEmbedding",
         "rerank",
         "metrics",
+        "dashboardState",
     }
     responses = ops[("post", "/v1/responses")]
     assert set(responses["responses"]["200"]["content"]) == {

@@ -13,15 +13,14 @@ from omlx.app.output import (
     OutputFormat,
     OutputSplitter,
     Reasoning,
+    ToolCallArgs,
     ToolCallPiece,
+    ToolCallStart,
     collect,
 )
+from omlx.app.tool_calls import HERMES, formats
 
-FMT = OutputFormat(
-    think=("<think>", "</think>"),
-    tool=("<tool_call>", "</tool_call>"),
-    tool_parser=lambda text, tools: json.loads(text),
-)
+FMT = OutputFormat(think=("<think>", "</think>"), calls=HERMES)
 CALL = '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
 OUTPUT = (
     "<think>step one</think>\n\nThe answer"
@@ -41,7 +40,8 @@ def test_whole_output_splits_into_reasoning_text_and_calls():
     text, reasoning, calls = collect(run([OUTPUT]))
     assert reasoning == "step one"
     assert text == "The answer"  # whitespace after </think> and after a call is dropped
-    assert calls == [ToolCallPiece("f", '{"x": 1}'), ToolCallPiece("g", "{}")]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"x": 1}), ("g", "{}")]
+    assert [c.index for c in calls] == [0, 1]
 
 
 @given(st.lists(st.integers(min_value=1, max_value=len(OUTPUT) - 1), unique=True).map(sorted))
@@ -63,7 +63,7 @@ def test_unparsable_or_unterminated_calls_come_back_as_text():
         collect(run(["x<tool_call>not json</tool_call>"]))[0] == "x<tool_call>not json</tool_call>"
     )
     pieces = run(['<tool_call>{"name": "f", "arguments": {}}'])  # cut by max_tokens, still parsable
-    assert pieces == [ToolCallPiece("f", "{}")]
+    assert pieces[-1] == ToolCallPiece("f", "{}", 0, complete=True, streamed=True)
     assert collect(run(['<tool_call>{"name": ']))[0] == '<tool_call>{"name": '
 
 
@@ -92,5 +92,33 @@ def test_format_is_read_from_an_mlx_lm_tokenizer_wrapper():
             return {}
 
     fmt = OutputFormat.of(Wrapper())
-    assert fmt.think == ("<think>", "</think>") and fmt.tool == ("<tool_call>", "</tool_call>")
-    assert OutputFormat.of(object()) == OutputFormat()
+    assert fmt.think == ("<think>", "</think>") and fmt.calls.family == "mlx-lm"
+    assert (fmt.calls.start, fmt.calls.end) == ("<tool_call>", "</tool_call>")
+    assert OutputFormat.of(object()) == OutputFormat() and OutputFormat.of(object()).calls is None
+
+
+def test_a_template_names_its_family_before_mlx_lm_does():
+    class Llama:
+        chat_template = "{{ '<|python_tag|>' }}"
+        has_tool_calling = False
+
+    assert OutputFormat.of(Llama()).calls is formats.LLAMA3
+
+
+def test_a_call_streams_its_name_then_its_arguments_as_written():
+    splitter = OutputSplitter(FMT)
+    out = []
+    for part in ["<tool_", 'call>\n{"name": "get_', 'weather", "arguments": {"ci', 'ty": "Pa',
+                 'ris"}}\n</tool_call>']:
+        out.append(splitter.feed(part))
+    out.append(splitter.finish())
+    assert out[:2] == [[], []]  # no name yet
+    assert out[2] == [ToolCallStart(0, "get_weather"), ToolCallArgs(0, '{"ci')]
+    assert out[3] == [ToolCallArgs(0, 'ty": "Pa')]
+    assert out[4] == [ToolCallArgs(0, 'ris"}'),
+                      ToolCallPiece("get_weather", '{"city": "Paris"}', 0, True, True)]
+
+
+def test_a_call_cut_inside_its_arguments_is_a_partial_call():
+    pieces = run(['<tool_call>\n{"name": "f", "arguments": {"city": "Par'])
+    assert pieces[-1] == ToolCallPiece("f", '{"city": "Par', 0, complete=False, streamed=True)

@@ -144,3 +144,11 @@ def test_index_scale_keys_chain_and_log_times() -> None:
     assert t % 1 == pytest.approx(0.943, abs=1e-3)
     later = index_scale.log_time("INFO - 2026-12-01 10:51:15,943 - omlx.app.bootstrap - reconciled")
     assert later - t == pytest.approx(1.0)
+
+
+def test_value_labels_sit_over_the_whisker_and_single_runs_have_none() -> None:
+    s = summary.summarize
+    spread, single = s([1.0, 2.0, 1.5]), s([0.3])
+    assert plots.label_height(spread) == 2.0  # the whisker's top, not the 1.5 median
+    assert plots.label_height(single) == 0.3
+    assert plots._runs(spread) == 3 and plots._runs(single) == 1 and plots._runs(None) == 0

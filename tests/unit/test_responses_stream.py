@@ -179,6 +179,7 @@ def test_leaving_the_stream_closes_the_turn_events():
         base=base_response("resp_1", 0, ResponsesRequest(model=MODEL)),
         builder=OutputBuilder(ReasoningSeal(b"k" * 32)),
         items=[],
+        previous_id=None,
         store=None,
         caching=False,
         count_tokens=len,

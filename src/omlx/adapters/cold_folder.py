@@ -9,13 +9,17 @@ caller words a locked folder or an unreachable index its own way.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from omlx.adapters.blockfiles import BlockWriter, CacheDirLock, DiskBudget, FileBlockStore
 from omlx.adapters.sqlindex import SqlBlockIndex, backend, connect_index, index_path, sqlite_url
+from omlx.adapters.sqlindex.damaged import is_damaged, set_aside
 from omlx.domain.cache.cold_tier import RecencyBuffer
+
+log = logging.getLogger(__name__)
 
 WRITER_TICK_S = 1.0  # how often an idle writer wakes to flush recency or see close()
 
@@ -54,7 +58,8 @@ class ColdFolder:
 
 
 def open_cold_folder(cache_dir: Path, index_url: str | None, *, writer_id: str = "") -> ColdFolder:
-    """Lock ``cache_dir`` (exclusive, or shared beside a shared index) and connect its index.
+    """Lock ``cache_dir`` (exclusive, or shared beside a shared index) and connect its index;
+    a damaged SQLite index is moved aside and a new one made (``sqlindex.damaged``).
 
     Raises ``CacheDirLocked`` when another owner holds the folder, and the index's own
     error when it cannot be reached (the lock is released then). ``writer_id`` names this
@@ -66,12 +71,30 @@ def open_cold_folder(cache_dir: Path, index_url: str | None, *, writer_id: str =
     lock = CacheDirLock(cache_dir, shared=shared)
     lock.acquire()
     try:
-        index = connect_index(url)
+        index = _connect_or_set_aside(url, None if shared else index_path(cache_dir))
     except BaseException:
         lock.release()
         raise
     store = FileBlockStore(cache_dir, writer_id=writer_id)
     return ColdFolder(cache_dir, index, store, shared, lock)
+
+
+def _connect_or_set_aside(url: str, db: Path | None) -> SqlBlockIndex:
+    """The index at ``url``; a damaged SQLite file ``db`` is moved aside for a new one."""
+    from sqlalchemy import exc as sa_exc
+
+    try:
+        return connect_index(url)
+    except sa_exc.DatabaseError as exc:
+        if db is None or not is_damaged(exc):
+            raise
+        moved = set_aside(db)
+        log.warning(
+            "the index %s is damaged (%s): moved to %s; starting with a new, empty index "
+            "(cached prefixes are computed again; the old block files are reclaimed)",
+            db, str(exc.orig or exc).strip().splitlines()[0], moved,
+        )
+        return connect_index(url)
 
 
 @dataclass(frozen=True, slots=True)

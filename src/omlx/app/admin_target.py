@@ -117,8 +117,8 @@ def owned_or_shared(target: Target, grace: float = LIVE_GRACE_S) -> Iterator[flo
         lock.acquire()
     except CacheDirLocked as exc:
         click.echo(
-            f"server running (pid {exc.pid or '?'}): files younger than "
-            f"{grace:.0f} s are left alone",
+            f"server running (pid {exc.pid or '?'}): files written and blocks used in the "
+            f"last {grace:.0f} s are left alone",
             err=True,
         )
     if not lock.held:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas
+from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas, log_blas
 from omlx.app.catalog import CHAT, ModelSpec, catalog
 from omlx.app.container import Container
 from omlx.app.model_loader import ModelLoader, SharedCold, serve_chat
@@ -19,6 +19,7 @@ from omlx.app.pool import ModelPool
 from omlx.app.responses_store import MemoryResponseStore, ResponseStore
 from omlx.app.sealing import ReasoningSeal
 from omlx.app.settings import Settings
+from omlx.app.startup_errors import check_cache_folder, index_error
 from omlx.domain.memory import MemoryAccount
 from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
 
@@ -52,7 +53,7 @@ def bootstrap(
         raise ValueError("bootstrap: model= and engine= go together")
     if engine is None:
         load_optimized_blas()  # before the first import of mlx below
-        log.info(describe_blas())
+        log_blas()
     closers: list = []
     try:
         if model is not None:
@@ -119,6 +120,7 @@ def _container(
         started_at=int(time.time()),
         blas=blas,
         writer=cold.writer if cold is not None else None,
+        ssd=ssd,
         closers=closers,
         start_loads=start_loads,
     )
@@ -161,6 +163,7 @@ def _open_ssd(settings: Settings, closers: list) -> ColdFolder:
     from omlx.adapters.sqlindex import display
 
     cache_dir = settings.cache_dir
+    check_cache_folder(cache_dir)  # a path under a file, read-only, not ours: one line
     url = index_url_of(cache_dir, settings.index_url or None)
     server_id = settings.server_identity
     try:
@@ -173,7 +176,11 @@ def _open_ssd(settings: Settings, closers: list) -> ColdFolder:
             f"(pid {exc.pid or '?'}); servers share a folder only through one --index-url"
         ) from None
     except sa_exc.OperationalError as exc:
+        if not is_shared(url):
+            raise index_error(display(url), exc) from None
         raise _unreachable(url, exc) from None
+    except sa_exc.DatabaseError as exc:  # damaged past what open_cold_folder sets aside
+        raise index_error(display(url), exc) from None
     closers.append(ssd.close)  # its read threads, the index, the lock: after the writer
     if ssd.shared:
         from omlx.adapters.sqlindex.postgres import hold_identity

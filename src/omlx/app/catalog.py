@@ -68,23 +68,51 @@ def spec_for(path: Path) -> ModelSpec:
 
 def discover(model_dir: Path) -> list[ModelSpec]:
     """Every model folder and .gguf file under ``model_dir`` (a folder holding a model is not
-    searched further), in path order."""
+    searched further), in path order.
+
+    Symbolic links are followed, but never into a folder already searched (two links to
+    ``..`` would loop forever); a model folder that cannot be read or says nonsense
+    (an unreadable or invalid ``omlx.json``) is skipped with a warning, and the rest served.
+    """
     root = model_dir.expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"--model-dir {str(model_dir)!r} is not a folder")
     found: list[ModelSpec] = []
+    searched: set[Path] = set()
+
+    def add(entry: Path) -> None:
+        try:
+            found.append(spec_for(entry))
+        except (OSError, ValueError) as exc:
+            log.warning("--model-dir: skipped %s: %s", entry, exc)
 
     def walk(folder: Path) -> None:
-        for entry in sorted(folder.iterdir()):
+        real = folder.resolve()
+        if real in searched:
+            if folder.is_symlink():
+                log.warning("--model-dir: %s links to %s, already searched; not followed", folder, real)
+            return
+        searched.add(real)
+        try:
+            entries = sorted(folder.iterdir())
+        except OSError as exc:
+            log.warning("--model-dir: skipped %s: %s", folder, exc)
+            return
+        for entry in entries:
             if entry.name.startswith("."):
                 continue
-            if entry.is_file() and entry.suffix.lower() == ".gguf":
-                found.append(spec_for(entry))
-            elif entry.is_dir():
-                if (entry / "config.json").exists():
-                    found.append(spec_for(entry))
-                else:
-                    walk(entry)
+            try:
+                is_file, is_dir = entry.is_file(), entry.is_dir()
+                holds_model = is_dir and (entry / "config.json").exists()
+            except OSError as exc:  # a link loop of its own (ELOOP), a folder we may not read
+                log.warning("--model-dir: skipped %s: %s", entry, exc)
+                continue
+            if is_file and entry.suffix.lower() == ".gguf":
+                add(entry)
+            elif holds_model:
+                add(entry)
+            elif is_dir:
+                walk(entry)
 
     walk(root)
     if not found:

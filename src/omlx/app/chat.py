@@ -16,13 +16,21 @@ from typing import Any, Protocol
 
 import anyio
 
-from omlx.app.constraints import ResponseFormat, output_grammar
+from omlx.app.constraints import ResponseFormat, forced_format, output_grammar
 from omlx.app.diagnostics import Divergence, Fingerprint, FingerprintStore, compare, fingerprint
 from omlx.app.errors import GenerationFailed, InvalidRequest
-from omlx.app.output import OutputFormat, OutputSplitter, Piece, ToolCallPiece
+from omlx.app.output import (
+    OutputFormat,
+    OutputSplitter,
+    Piece,
+    ToolCallArgs,
+    ToolCallPiece,
+    ToolCallStart,
+)
 from omlx.app.sampling import Sampling
 from omlx.app.service import GenerationService
 from omlx.app.templates import ChatRenderer, RenderedPrompt
+from omlx.app.tool_calls import HERMES
 from omlx.domain.generation import (
     Failed,
     Finished,
@@ -74,6 +82,9 @@ class ChatRequest:
     sampling: Sampling = field(default_factory=Sampling)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     parallel_tool_calls: bool = True
+    # A forced call may be several only when asked for outright (parallel_tool_calls: true):
+    # forced, a small model calls again and again until max_tokens.
+    several_forced_calls: bool = False
     response_format: ResponseFormat | None = None  # the answer as JSON (structured output)
     reasoning_budget: int | None = None  # most reasoning tokens before the end marker is forced
 
@@ -147,15 +158,16 @@ class ChatPipeline:
     ) -> None:
         self.service = service
         self.renderer = renderer
-        self.format = OutputFormat.of(service.tokenizer)
+        self.native_format = OutputFormat.of(service.tokenizer)
         self.fingerprints = fingerprints or FingerprintStore()
         self.observer: CacheMissObserver | None = None  # the API's metrics
 
     async def count_tokens(self, chat: ChatRequest) -> int:
-        text = await anyio.to_thread.run_sync(
-            self.renderer.render, chat.messages, chat.tools, chat.template_kwargs
-        )
-        return len(self.service.encode_text(text))
+        def count() -> int:
+            text = self.renderer.render(chat.messages, chat.tools, chat.template_kwargs)
+            return len(self.service.encode_text(text))
+
+        return await anyio.to_thread.run_sync(count)
 
     async def prepare(
         self, chat: ChatRequest, response_id: str, previous_id: str | None = None
@@ -168,37 +180,55 @@ class ChatPipeline:
         started = time.monotonic()
         prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
         request = self.service.build_request(prompt.tokens, chat.sampling)
-        in_reasoning = self.format.opens_in_reasoning(prompt.text)
+        fmt = self.format_for(chat.tools)
+        in_reasoning = fmt.opens_in_reasoning(prompt.text)
         wanted = output_grammar(
-            fmt=self.format,
+            fmt=fmt,
             in_reasoning=in_reasoning,
             response_format=chat.response_format,
             tool_mode=chat.tool_choice.mode,
             tool_name=chat.tool_choice.name,
             tools=chat.tools,
-            parallel=chat.parallel_tool_calls,
+            parallel=chat.parallel_tool_calls and chat.several_forced_calls,
         )
+        grammar_seconds = 0.0
         if wanted is not None:
             grammar, param = wanted
+            compiling = time.monotonic()
             request = await self.service.constrain(request, grammar, param)
-        if chat.reasoning_budget is not None and self.format.think is not None:
-            request = replace(request, reasoning_budget=self._budget(chat.reasoning_budget, in_reasoning))
-        # Template, tokenizer and grammar: what came before the engine saw the request.
-        request = replace(request, render_seconds=time.monotonic() - started)
+            grammar_seconds = time.monotonic() - compiling
+            if grammar.calls:  # read back in the syntax it was forced in
+                fmt = fmt.with_calls(forced_format(fmt))
+        if chat.reasoning_budget is not None and fmt.think is not None:
+            request = replace(
+                request, reasoning_budget=self._budget(chat.reasoning_budget, in_reasoning, fmt)
+            )
+        # Template and tokenizer, then the grammar: what came before the engine saw it.
+        request = replace(
+            request,
+            render_seconds=time.monotonic() - started - grammar_seconds,
+            grammar_seconds=grammar_seconds,
+        )
         splitter = OutputSplitter(
-            self.format,
-            tools=chat.tools,
+            fmt,
             parse_tools=chat.tool_choice.mode != "none" and bool(chat.tools),
             in_reasoning=in_reasoning,
-            bare_call=wanted is not None and bool(grammar.tools) and grammar.call_markers is None,
+            forced_name=_forced_name(chat) if wanted is not None and grammar.calls else None,
         )
         turn = ChatTurn(prompt, request, splitter, chat.parallel_tool_calls, fp)
         self._diagnose(turn, previous_id, last_label=chat.labels[-1] if chat.labels else "")
         self.fingerprints.record(response_id, fp)
         return turn
 
-    def _budget(self, tokens: int, opened: bool) -> ReasoningBudget:
-        start, end = self.format.think
+    def format_for(self, tools: list[dict[str, Any]] | None) -> OutputFormat:
+        """The output format of a turn: the model's own tool-call syntax, or the fallback's
+        (Hermes) where its template shows the tools no other way."""
+        if tools and not self.renderer.renders_tools():
+            return self.native_format.with_calls(HERMES)
+        return self.native_format
+
+    def _budget(self, tokens: int, opened: bool, fmt: OutputFormat) -> ReasoningBudget:
+        start, end = fmt.think
         encode = self.service.encode_text
         return ReasoningBudget(tokens, tuple(encode(start)), tuple(encode(end)), opened)
 
@@ -287,11 +317,14 @@ class ChatPipeline:
         try:
             async for event in events:
                 if isinstance(event, Output):
-                    pieces.extend(event.pieces)
+                    pieces.extend(_whole(event.pieces))
                     logprobs.extend(event.logprobs)
                 elif isinstance(event, Done):
                     return ChatResult(
-                        [*pieces, *event.pieces], event.finished, event.tool_calls, tuple(logprobs)
+                        [*pieces, *_whole(event.pieces)],
+                        event.finished,
+                        event.tool_calls,
+                        tuple(logprobs),
                     )
                 elif isinstance(event, Error):
                     raise GenerationFailed(event.message)
@@ -304,12 +337,30 @@ class ChatPipeline:
         """Count tool calls; with parallel_tool_calls off, keep only the first."""
         kept = []
         for piece in pieces:
-            if isinstance(piece, ToolCallPiece):
-                if turn.tool_calls and not turn.parallel_tool_calls:
+            if isinstance(piece, ToolCallStart | ToolCallArgs | ToolCallPiece):
+                if piece.index > 0 and not turn.parallel_tool_calls:
                     continue
-                turn.tool_calls += 1
+                if isinstance(piece, ToolCallPiece):
+                    turn.tool_calls += 1
             kept.append(piece)
         return kept
+
+
+def _forced_name(chat: ChatRequest) -> str | None:
+    """The one tool a forced call can name (a call cut before its name is still that call)."""
+    if chat.tool_choice.mode == "function":
+        return chat.tool_choice.name
+    names = {t["function"]["name"] for t in chat.tools or ()}
+    return names.pop() if len(names) == 1 else None
+
+
+def _whole(pieces: list[Piece]) -> list[Piece]:
+    """Pieces less the streamed fragments of calls: a whole answer has its calls whole."""
+    return [
+        replace(p, streamed=False) if isinstance(p, ToolCallPiece) else p
+        for p in pieces
+        if not isinstance(p, ToolCallStart | ToolCallArgs)
+    ]
 
 
 def check_tool_choice(choice: ToolChoice, tools: list[dict[str, Any]] | None) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 import sys
+import time
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NoReturn
 
 import click
+
+from omlx.domain.sizes import format_bytes
 
 SERVE_HELP = "Serve a model over OpenAI- and Anthropic-compatible HTTP APIs."
 
@@ -84,19 +86,18 @@ def _serve(**flags) -> None:
         flags["ssd_cache_enabled"] = False
     if flags.pop("no_prompt_normalization"):
         flags["prompt_normalizations"] = []
-    flags["model_aliases"] = list(flags["model_aliases"]) or None  # none given: the settings' own
+    added_aliases = list(flags.pop("model_aliases"))  # added to the settings' own (claude-*)
     flags["pin_models"] = list(flags["pin_models"]) or None
     models = list(flags.pop("model_args"))
     if models:
         flags["model"], flags["models"] = models[0], models[1:]
     try:
-        settings = load_settings(config_file, flags=flags)
+        settings = load_settings(config_file, flags=flags, added_aliases=added_aliases)
     except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+        _fail(str(exc))
+    from omlx.app.logs import configure_logging
+
+    configure_logging(settings.log_level)
     from omlx.app.errors import AppError
     from omlx.app.server import run_server
 
@@ -104,8 +105,13 @@ def _serve(**flags) -> None:
         run_server(settings)
     # AppError: a model named at start that cannot be loaded (too large for max_model_memory)
     except (FileNotFoundError, ValueError, RuntimeError, AppError) as exc:
-        click.echo(f"omlx: {exc}", err=True)
-        sys.exit(2)
+        _fail(str(exc))
+
+
+def _fail(message: str) -> NoReturn:
+    """A start-up mistake: one line on stderr, exit status 2, no traceback."""
+    click.echo(f"omlx: {message}", err=True)
+    sys.exit(2)
 
 
 @main.command(help=SERVE_HELP)
@@ -124,11 +130,20 @@ def run(**flags) -> None:
 @click.argument("gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
 def convert(gguf: Path, out_dir: Path) -> None:
-    """Write GGUF as an mlx-lm model folder OUT_DIR (for mlx_lm tools)."""
+    """Write GGUF as an mlx-lm model folder OUT_DIR (for mlx_lm tools), weights in float32."""
     from omlx.adapters.mlx.blas import load_optimized_blas
 
     load_optimized_blas()
     from omlx.adapters.mlx.convert import convert_gguf
 
-    convert_gguf(gguf, out_dir)
-    click.echo(f"wrote {out_dir}")
+    started = time.monotonic()
+    try:
+        convert_gguf(gguf, out_dir, step=lambda line: click.echo(line, err=True))
+    except ValueError as exc:  # UnsupportedModelError: a GGUF omlx cannot read correctly
+        _fail(str(exc))
+    written = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())
+    click.echo(
+        f"wrote {out_dir} in {time.monotonic() - started:.0f} s: {format_bytes(written)} "
+        f"(float32, from a {format_bytes(gguf.stat().st_size)} GGUF: quantized weights are "
+        "dequantized, since MLX has no fast quantized kernels on the CPU)"
+    )

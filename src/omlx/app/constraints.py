@@ -1,11 +1,14 @@
 """The grammar a chat turn's output must follow: a JSON answer, or a forced tool call.
 
 A forced call (``tool_choice`` required or naming a tool) is written in the model's own
-syntax when its tool calls are JSON bodies between markers (``<tool_call>{"name": …,
-"arguments": …}</tool_call>``, mlx-lm's ``json_tools`` family), so the usual parser reads
-it back; for a model with no tool-call syntax, or another one, the whole output is one
-bare JSON call that ``OutputSplitter(bare_call=True)`` parses. A reasoning model may
+tool-call syntax (``tool_calls.formats``: the text around each call's arguments, and
+around the calls), so the usual parser reads it back; a family only mlx-lm's parser
+knows is forced in omlx's fallback syntax (Hermes ``<tool_call>``). A reasoning model may
 reason first, between its own markers.
+
+A forced call's arguments follow the tool's schema, closed: an object schema that does
+not say ``additionalProperties`` gets ``false``, so a call ends when its arguments do
+instead of inventing keys until ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -16,10 +19,8 @@ from typing import Any
 
 from omlx.app.errors import InvalidRequest
 from omlx.app.output import OutputFormat
-from omlx.domain.grammar import OutputGrammar, ToolSpec
-
-# mlx-lm tool parsers whose call bodies are {"name": ..., "arguments": ...} JSON.
-JSON_CALL_PARSERS = frozenset({"json_tools"})
+from omlx.app.tool_calls import HERMES, ToolCallFormat
+from omlx.domain.grammar import CallShape, OutputGrammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,15 +32,39 @@ class ResponseFormat:
     param: str = "response_format"  # the request field named in errors
 
 
-def writes_json_calls(fmt: OutputFormat) -> bool:
-    parser = fmt.tool_parser
-    module = getattr(parser, "__module__", "") or ""
-    return fmt.tool is not None and module.rpartition(".")[2] in JSON_CALL_PARSERS
-
-
 def canonical(schema: Any) -> str:
     # Key order kept: JSON objects are generated in the schema's property order.
     return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+
+
+def forced_format(fmt: OutputFormat) -> ToolCallFormat:
+    """The syntax a forced call is written in for this model."""
+    calls = fmt.calls
+    return calls if calls is not None and calls.forced_here else HERMES
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with every object that lists ``properties`` but says nothing of other keys
+    closed (``additionalProperties: false``). ``allOf`` branches are left open: closing each
+    would refuse the keys the others add."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "allOf":
+            out[key] = value
+        elif key in ("properties", "$defs", "definitions", "patternProperties"):
+            out[key] = {k: closed(v) for k, v in value.items()} if isinstance(value, dict) else value
+        elif key in ("items", "anyOf", "oneOf", "prefixItems", "additionalProperties", "not"):
+            out[key] = closed(value)
+        else:
+            out[key] = value
+    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+    if "properties" in out and not any(k in out for k in open_keys):
+        out["additionalProperties"] = False
+    return out
 
 
 def output_grammar(
@@ -58,12 +83,20 @@ def output_grammar(
         functions = [t["function"] for t in tools]
         if tool_mode == "function":
             functions = [f for f in functions if f["name"] == tool_name]
-        specs = tuple(ToolSpec(f["name"], canonical(_parameters(f))) for f in functions)
-        markers = fmt.tool if writes_json_calls(fmt) else None
+        calls = forced_format(fmt)
+        if calls.think is not None:
+            think = None  # reasoning is a channel of its own (harmony): the call comes first
+        shapes = tuple(
+            CallShape(f["name"], calls.before(f["name"]), canonical(closed(_parameters(f))),
+                      calls.after, calls.pairs)
+            for f in functions
+        )
         grammar = OutputGrammar(
-            tools=specs,
-            several_calls=tool_mode == "required" and parallel and markers is not None,
-            call_markers=markers,
+            calls=shapes,
+            opening=calls.opening,
+            between=calls.between,
+            closing=calls.closing,
+            several_calls=tool_mode == "required" and parallel and calls.several,
             think=think,
             in_reasoning=in_reasoning,
             strict=all(f.get("strict") is True for f in functions),
@@ -87,4 +120,4 @@ def output_grammar(
 
 def _parameters(function: dict[str, Any]) -> Any:
     parameters = function.get("parameters")
-    return parameters if parameters else {"type": "object"}
+    return parameters if parameters else {"type": "object", "properties": {}}

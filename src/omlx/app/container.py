@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omlx.adapters.blockfiles.writer import BlockWriter  # the root's: Litestar reads these hints
+from omlx.adapters.cold_folder import ColdFolder
 from omlx.app.catalog import ModelSpec
 from omlx.app.model_names import ModelNames
 from omlx.app.normalize import PromptNormalizer
@@ -27,6 +28,7 @@ class Container:
     started_at: int
     blas: str = ""
     writer: BlockWriter | None = None  # the cold tier's, shared by every model (its stats: metrics)
+    ssd: ColdFolder | None = None  # the cold tier's folder, index and store (dashboard actions)
     closers: list[Callable[[], None]] = field(default_factory=list)
     # Models to load once the server listens (``omlx serve``: the port opens first).
     start_loads: list[ModelSpec] = field(default_factory=list)
@@ -90,9 +92,24 @@ def _cache_health(settings: Settings, served: Served) -> dict[str, Any]:
         cache["layout"] = model.layout.counts()
     if prefix_cache is not None:
         cache["block_size"] = settings.block_size
-        cache["hot"] = _asdict(prefix_cache.stats().hot)
+        stats = prefix_cache.stats()
+        cache["hot"] = _asdict(stats.hot)
+        cache["restored"] = _restored(stats)
         cache["ssd"] = served.cold_tier is not None
     return cache
+
+
+def _restored(stats: Any) -> dict[str, Any]:
+    """What lookups restored, partial blocks included: ``hot.hits`` counts only whole
+    blocks found in RAM, so a replay restored from partial blocks showed 0 hits there."""
+    return {
+        "lookups": stats.lookups,
+        "tokens": stats.hit_tokens,
+        "blocks_from_ram": stats.hot_hits,
+        "blocks_from_disk": stats.cold_hits,
+        "partial_blocks": stats.partial_hits,
+        "partial_tokens": stats.partial_tokens,
+    }
 
 
 def _asdict(value: Any) -> dict[str, Any]:

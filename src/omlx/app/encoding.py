@@ -14,7 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 from omlx.app.errors import InvalidRequest
+from omlx.app.prompt_limit import PromptLimit
 
 MAX_INPUTS = 2048  # per request, as OpenAI's embeddings API allows
 
@@ -37,11 +40,12 @@ class EmbeddingService:
     def __init__(self, runner: Any, model: Any) -> None:
         self.runner = runner
         self.model = model
+        self.limit = PromptLimit.of(model.tokenizer, model.context_length)
 
     async def embed(
         self, inputs: str | Sequence[Any], *, dimensions: int | None = None, encoding: str = "float"
     ) -> Embedded:
-        batch = self._tokenize(inputs)
+        batch = await anyio.to_thread.run_sync(self._tokenize, inputs)  # long texts take a while
         dims = self.model.dimensions
         if dimensions is not None and not 1 <= dimensions <= dims:
             raise InvalidRequest(f"dimensions must be between 1 and {dims} for this model", param="dimensions")
@@ -72,6 +76,7 @@ class EmbeddingService:
             if isinstance(item, str):
                 if not item:
                     raise InvalidRequest(f"input[{i}] is an empty string", param="input")
+                self.limit.check(item, "input", f"input[{i}]")
                 tokens = list(self.model.tokenizer.encode(item))
             elif isinstance(item, list) and item and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
                 if any(not 0 <= t < vocab for t in item):
@@ -106,6 +111,7 @@ class RerankService:
     def __init__(self, runner: Any, model: Any) -> None:
         self.runner = runner
         self.model = model
+        self.limit = PromptLimit.of(model.tokenizer, model.context_length)
 
     async def rank(
         self, query: str, documents: Sequence[str], *, top_n: int | None = None, instruction: str | None = None
@@ -118,9 +124,18 @@ class RerankService:
             raise InvalidRequest(f"at most {MAX_INPUTS} documents per request", param="documents")
         if top_n is not None and top_n < 1:
             raise InvalidRequest("top_n must be at least 1", param="top_n")
+        prompts = await anyio.to_thread.run_sync(self._tokenize, query, documents, instruction)
+        scores = await asyncio.wrap_future(self.runner.submit(lambda: self.model.score(prompts)))
+        ranked = sorted((Ranked(i, s) for i, s in enumerate(scores)), key=lambda r: (-r.score, r.index))
+        return ranked[: top_n or len(ranked)], sum(len(p) for p in prompts)
+
+    def _tokenize(self, query: str, documents: Sequence[str], instruction: str | None) -> list[list[int]]:
+        """Each document's prompt with the query, as tokens (on a worker thread: it takes a while)."""
         prompts = []
         for i, document in enumerate(documents):
-            tokens = list(self.model.tokenizer.encode(self.model.prompt.render(query, document, instruction)))
+            text = self.model.prompt.render(query, document, instruction)
+            self.limit.check(text, "documents", f"documents[{i}] with the query")
+            tokens = list(self.model.tokenizer.encode(text))
             if len(tokens) > self.model.context_length:
                 raise InvalidRequest(
                     f"documents[{i}] with the query is {len(tokens)} tokens; this model's context "
@@ -128,6 +143,4 @@ class RerankService:
                     param="documents",
                 )
             prompts.append(tokens)
-        scores = await asyncio.wrap_future(self.runner.submit(lambda: self.model.score(prompts)))
-        ranked = sorted((Ranked(i, s) for i, s in enumerate(scores)), key=lambda r: (-r.score, r.index))
-        return ranked[: top_n or len(ranked)], sum(len(p) for p in prompts)
+        return prompts

@@ -46,3 +46,7 @@ class GenerationFailed(AppError):
 
 class ModelUnavailable(AppError):
     """The model could not be loaded (its files, or the machine): retrying may not help."""
+
+
+class StoreUnavailable(AppError):
+    """The stored-responses database cannot be used now (down, full, read-only): retry later."""

@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -137,20 +137,16 @@ class ModelLoader:
             account=self.account,
         )
         if engine.budget is not None:
-            log.info(
-                "memory guard of %s: kv_memory_limit %d bytes, %d bytes of KV per token, "
-                "at most %d tokens per request",
-                spec.id, engine.budget.limit_bytes, engine.budget.bytes_per_token,
-                engine.budget.token_capacity,
-            )
+            log.info("memory guard of %s: %s", spec.id, _guard_line(engine.budget, model.context_length))
         engine.start()
         closers.append(engine.stop)  # last added, closed first: nothing is stored after
         backend = fast_backend(model.tokenizer)
         grammars = _grammar_compiler(model)
         served = serve_chat(
             settings, spec, model, engine, weights=weights_bytes(model.model),
-            encode=PrefixReusingEncoder(backend).encode if backend is not None else None,
+            encode=PrefixReusingEncoder(backend, max_tokens=model.context_length).encode if backend is not None else None,
             grammars=grammars,
+            sampling_defaults=model.generation_config,
         )
         served.prefix_cache, served.cold_tier = prefix_cache, cold_tier
         served.closers.extend(closers)
@@ -166,12 +162,14 @@ class ModelLoader:
         from omlx.domain.cache.cold_tier import ColdTier
         from omlx.domain.cache.hot_tier import HotTier
         from omlx.domain.cache.prefix_cache import PrefixCache
+        from omlx.domain.cache.reuse_eviction import ReuseLevelPolicy
 
         settings = self.settings
         kv_quant = kv_quant_for(model.path, settings.kv_quant)
         namespace = model.namespace(settings.block_size, kv_quant)
         codec = MLXKVCodec(model.layout, kv_quant)
-        hot = HotTier(settings.hot_cache_bytes)
+        # One-off blocks (side calls) leave RAM before a reused conversation's (issue 20).
+        hot = HotTier(settings.hot_cache_bytes, ReuseLevelPolicy())
         cold_tier = None
         if self.cold is not None:
             ssd = self.cold.ssd
@@ -246,12 +244,16 @@ def serve_chat(
     weights: int = 0,
     encode: Callable[[str], list[int]] | None = None,
     grammars: GrammarCompiler | None = None,
+    sampling_defaults: Mapping[str, Any] | None = None,
 ) -> Served:
     """A chat model's services over its started engine, wired once for the loader and for
-    ``bootstrap(engine=...)`` (tests): the generation service and the chat pipeline."""
+    ``bootstrap(engine=...)`` (tests): the generation service and the chat pipeline.
+    ``sampling_defaults``: the model's own (its generation_config.json) for what a request
+    leaves out."""
     generation = GenerationService(
         engine, model, max_queued=settings.max_queued_requests,
         default_max_tokens=settings.default_max_tokens, encode=encode, grammars=grammars,
+        sampling_defaults=sampling_defaults,
     )
     chat = ChatPipeline(generation, ChatRenderer(model.tokenizer, model.model_id))
     return Served(spec, model, engine, weights=weights, generation=generation, chat=chat)
@@ -319,4 +321,18 @@ def _grammar_compiler(model: Any) -> Any:
     return LLGuidanceCompiler(
         model.tokenizer, sorted(model.tokenizer.eos_token_ids), model.config.get("vocab_size"),
         build_now=False,  # a chore (_run_when_quiet), or the first constrained request
+    )
+
+
+def _guard_line(budget: Any, context: int) -> str:
+    """The memory guard in words: its limit, KV per token and what one request may use,
+    which the model's context caps long before the memory does on a small model."""
+    from omlx.domain.sizes import format_bytes
+
+    per_request = min(budget.token_capacity, context)
+    limit = "the model's context" if per_request == context else "the memory"
+    return (
+        f"{format_bytes(budget.limit_bytes)} of KV memory, {format_bytes(budget.bytes_per_token)} per token: "
+        f"room for {budget.token_capacity:,} tokens in all; a request may use {per_request:,} "
+        f"(prompt + max_tokens, capped by {limit})"
     )

@@ -5,7 +5,9 @@ Every field is what a client sent (None: not sent), so each error names the fiel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
 from omlx.app.errors import InvalidRequest
 from omlx.domain.generation import Penalties, SamplingParams
@@ -32,7 +34,19 @@ class Sampling:
     logprobs_param: str = "top_logprobs"
 
 
-def sampling_params(s: Sampling, vocab: int) -> SamplingParams:
+def with_defaults(s: Sampling, defaults: Mapping[str, Any]) -> Sampling:
+    """``s`` with the model's own defaults (its generation_config.json) where it sent none."""
+    given = {
+        k: v for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+        if getattr(s, k) is None and (v := defaults.get(k)) is not None
+    }
+    return replace(s, **given) if given else s
+
+
+def sampling_params(s: Sampling, vocab: int, defaults: Mapping[str, Any] | None = None) -> SamplingParams:
+    """The engine's sampling values; ``defaults`` stand in for what the request left out,
+    then the OpenAI defaults (temperature 1, top_p 1)."""
+    s = with_defaults(s, defaults or {})
     temperature = 1.0 if s.temperature is None else s.temperature
     if not 0 <= temperature <= 2:
         raise InvalidRequest("temperature must be between 0 and 2", param="temperature")

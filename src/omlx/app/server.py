@@ -1,30 +1,72 @@
-"""Run the HTTP server: bootstrap, then uvicorn on the Litestar app."""
+"""Run the HTTP server: bind the port, bootstrap, then uvicorn on the Litestar app."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 
 from omlx.app.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
+class PortUnavailable(RuntimeError):
+    """The address to listen on cannot be bound: said before anything is loaded."""
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (uvicorn listens on it later); PortUnavailable,
+    naming the port and the flag that changes it, when another program holds it."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise PortUnavailable(f"cannot listen on host {host!r} ({exc.strerror}): choose another with --host") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restarts rebind at once
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortUnavailable(
+                f"port {port} on {host} is already in use (another omlx, or another program): "
+                "stop it or choose another port with --port"
+            ) from None
+        if exc.errno == errno.EACCES:
+            raise PortUnavailable(
+                f"port {port} on {host} needs privileges to bind: choose one above 1023 with --port"
+            ) from None
+        raise PortUnavailable(f"cannot listen on {host}:{port} ({exc.strerror}): check --host and --port") from None
+    return sock
+
+
 def run_server(settings: Settings) -> None:
     import uvicorn
 
-    from omlx.app.api.app import create_app
-    from omlx.app.bootstrap import bootstrap
-
-    container = bootstrap(settings, load_in_background=True)
-    app = create_app(container)
-    log.info("serving %s on http://%s:%d", ", ".join(container.pool.specs), settings.host, settings.port)
+    # The port first: a port in use is one line before seconds of loading, not after.
+    listener = bind_listener(settings.host, settings.port)
     try:
-        uvicorn.run(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            timeout_graceful_shutdown=5,
-        )
+        from omlx.app.api.app import create_app
+        from omlx.app.bootstrap import bootstrap
+
+        container = bootstrap(settings, load_in_background=True)
+    except BaseException:
+        listener.close()
+        raise
+    app = create_app(container)
+    config = uvicorn.Config(
+        app,
+        log_config=None,  # uvicorn's lines go through omlx's own format (omlx.app.logs)
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=5,
+    )
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    log.info("serving %s on http://%s:%d", ", ".join(container.pool.specs), host, settings.port)
+    try:
+        uvicorn.Server(config).run(sockets=[listener])
     finally:
+        listener.close()
         container.close()

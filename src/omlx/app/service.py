@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -18,6 +18,7 @@ import anyio
 
 from omlx.app.errors import Busy, GenerationFailed, InvalidRequest
 from omlx.app.progress import PrefillWatch
+from omlx.app.prompt_limit import PromptLimit
 from omlx.app.sampling import Sampling, sampling_params
 from omlx.app.sampling import logprobs_count as _logprobs
 from omlx.domain.generation import (
@@ -66,23 +67,31 @@ class GenerationService:
         default_max_tokens: int,
         encode: Callable[[str], list[int]] | None = None,
         grammars: GrammarCompiler | None = None,
+        sampling_defaults: Mapping[str, Any] | None = None,
     ) -> None:
         self.engine = engine
+        self.sampling_defaults = dict(sampling_defaults or {})  # the model's generation_config
         self.grammars = grammars
         self.model = model
         self.tokenizer = model.tokenizer
         # The tokenizer's own encode unless a faster equal one is given (a growing
         # conversation's tokens reused: adapters.mlx.prompt_tokens).
         self._encode = encode or (lambda text: list(self.tokenizer.encode(text, add_special_tokens=False)))
+        self.prompt_limit = PromptLimit.of(self.tokenizer, model.context_length)
         self.max_queued = max_queued
         self.default_max_tokens = default_max_tokens
         self.observer: GenerationObserver | None = None
+        # Told of each finished generation with its TTFT and decode seconds (the dashboard's
+        # request log: ``omlx.app.request_log``).
+        self.finished_hook: Callable[[Finished, float | None, float], None] | None = None
         self.in_flight = 0  # generations being streamed (the event loop's count: the pool reads it)
 
     # ---- prompts ----------------------------------------------------------
 
     def encode_text(self, text: str, param: str = "messages") -> list[int]:
         # The rendered template already holds its special tokens; don't add a BOS twice.
+        # Call it off the event loop: a long prompt takes a while (chat.py, the controllers).
+        self.prompt_limit.check(text, param)
         try:
             return self._encode(text)
         except Exception as exc:  # e.g. lone surrogates from a JSON \ud800 escape
@@ -118,7 +127,7 @@ class GenerationService:
         return GenerationRequest(
             prompt_tokens=tuple(prompt_tokens),
             max_tokens=max_tokens,
-            sampling=sampling_params(s, vocab),
+            sampling=sampling_params(s, vocab, self.sampling_defaults),
             stop=stops,
             logprobs=_logprobs(s.logprobs, s.logprobs_param),
         )
@@ -203,6 +212,7 @@ class GenerationService:
         job_id = watch.request_id = self.engine.submit(request, emit)
         self.in_flight += 1
         finished = first = False
+        ttft: float | None = None
         # One pending get, reused across quiet spells, so a timeout never loses an event.
         getter: asyncio.Future[GenerationEvent] | None = None
         try:
@@ -218,11 +228,15 @@ class GenerationService:
                     continue
                 if isinstance(event, TextDelta) and not first:
                     first = True
-                    self._observe_first(time.monotonic() - started)
+                    ttft = time.monotonic() - started
+                    self._observe_first(ttft)
                 if isinstance(event, Finished | Failed):
                     finished = True
                     if isinstance(event, Finished):
                         self._observe_finished(event)
+                        if self.finished_hook is not None:
+                            decode = time.monotonic() - started - ttft if ttft is not None else 0.0
+                            self.finished_hook(event, ttft, decode)
                 yield event
                 if finished:
                     return

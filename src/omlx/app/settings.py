@@ -6,13 +6,14 @@ import os
 import re
 import socket
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, get_origin
 
 import msgspec
 
+from omlx.app.config_errors import check_file_keys, describe_invalid, name_origin
 from omlx.domain.cache.kv_quant import KVQuant, kv_quant_of
 from omlx.domain.responses import Retention
 from omlx.domain.sizes import parse_size
@@ -58,6 +59,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     prompt_normalizations: tuple[str, ...] = ("claude_code_billing_header",)
     responses_max_stored: int = 1000
     responses_max_age_days: int = 30
+    responses_max_size: str = "256MB"  # all stored responses together
+    dashboard_sample_seconds: float = 5.0
 
     @property
     def hot_cache_bytes(self) -> int:
@@ -83,7 +86,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     @property
     def responses_retention(self) -> Retention:
-        return Retention(self.responses_max_stored, self.responses_max_age_days)
+        return Retention(
+            self.responses_max_stored, self.responses_max_age_days, parse_size(self.responses_max_size)
+        )
 
     @property
     def model_list(self) -> tuple[str, ...]:
@@ -123,10 +128,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if self.prefill_step_size < 1:
             raise ValueError("prefill_step_size must be >= 1")
         self.kv_quant  # noqa: B018 - raises naming kv_bits or kv_group_size
-        self.hot_cache_bytes  # noqa: B018 - parse now so a bad size fails at start
-        self.ssd_cache_bytes  # noqa: B018
-        self.prepared_weights_bytes  # noqa: B018
-        if self.kv_memory_limit_bytes == 0:
+        for key in ("hot_cache_max_size", "paged_ssd_cache_max_size", "prepared_weights_max_size"):
+            try:  # parse now so a bad size fails at start, naming its key
+                parse_size(getattr(self, key))
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from None
+        try:
+            kv_limit = self.kv_memory_limit_bytes
+        except ValueError as exc:
+            raise ValueError(f"kv_memory_limit: {exc}") from None
+        if kv_limit == 0:
             raise ValueError('kv_memory_limit must be a size above 0, "auto" or "off"')
         from omlx.app.normalize import PromptNormalizer
 
@@ -134,7 +145,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if self.model_idle_timeout < 0:
             raise ValueError("model_idle_timeout must be >= 0 seconds (0: never)")
         if str(self.max_model_memory).strip().lower() not in ("auto", "off"):
-            parse_size(self.max_model_memory)  # a bad size fails at start
+            try:  # a bad size fails at start
+                parse_size(self.max_model_memory)
+            except ValueError as exc:
+                raise ValueError(f"max_model_memory: {exc}") from None
+        if self.dashboard_sample_seconds <= 0:
+            raise ValueError("dashboard_sample_seconds must be > 0")
         if self.eviction_lease_seconds < 0 or self.reconcile_grace_seconds < 0:
             raise ValueError("eviction_lease_seconds and reconcile_grace_seconds must be >= 0")
         if self.index_url and not _URL.match(self.index_url):
@@ -149,18 +165,41 @@ def default_config_text() -> str:
     return resources.files("omlx._config").joinpath("omlx.toml").read_text(encoding="utf-8")
 
 
+# Flags whose names are not ``--`` plus the key with dashes.
+_FLAG_NAMES = {
+    "models": "--model",
+    "pin_models": "--pin-model",
+    "model_aliases": "--model-alias",
+    "answer_any_model": "--any-model",
+    "cache_enabled": "--no-cache",
+    "ssd_cache_enabled": "--no-ssd-cache",
+    "prompt_normalizations": "--no-prompt-normalization",
+}
+
+
 def load_settings(
     config_file: Path | None = None,
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
+    added_aliases: Sequence[str] = (),
 ) -> Settings:
-    """Defaults from the packaged TOML, then ``config_file``, env, then non-None flags."""
+    """Defaults from the packaged TOML, then ``config_file``, env, then non-None flags.
+
+    ``added_aliases`` (``--model-alias``) come first, before the aliases those give (the
+    default ``claude-*`` included): a flag adds a name, and replaces only an alias of the
+    same NAME. ValueError messages name the file, variable or flag at fault.
+    """
     values: dict[str, Any] = tomllib.loads(default_config_text())
+    known = [field.name for field in msgspec.structs.fields(Settings)]
+    origins: dict[str, str] = {}
     if config_file is not None:
         try:
-            values.update(tomllib.loads(Path(config_file).read_text(encoding="utf-8")))
+            from_file = tomllib.loads(Path(config_file).read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{config_file}: {exc}") from exc
+            raise ValueError(f"{config_file}: not valid TOML: {exc}") from None
+        check_file_keys(str(config_file), from_file, known)
+        values.update(from_file)
+        origins.update(dict.fromkeys(from_file, str(config_file)))
     env = os.environ if env is None else env
     for field in msgspec.structs.fields(Settings):
         var = f"OMLX_{field.name.upper()}"
@@ -168,15 +207,33 @@ def load_settings(
         if raw is not None:
             try:  # the field's type, not the TOML value's: model_idle_timeout = 0 is a float
                 values[field.name] = _from_env(raw, get_origin(field.type) or field.type)
-            except ValueError as exc:
-                raise ValueError(f"{var}={raw!r}: {exc}") from None
-    values.update({k: v for k, v in (flags or {}).items() if v is not None})
+            except ValueError:
+                kind = get_origin(field.type) or field.type
+                raise ValueError(f"{var}={raw!r}: expected {_ENV_WORDS.get(kind, kind)}") from None
+            origins[field.name] = var
+    for key, value in (flags or {}).items():
+        if value is not None:
+            values[key] = value
+            origins[key] = _FLAG_NAMES.get(key, "--" + key.replace("_", "-"))
+    configured = values.get("model_aliases", ())
+    if added_aliases and isinstance(configured, list | tuple):  # else msgspec names the bad type
+        names = {spec.partition("=")[0].strip() for spec in added_aliases}
+        kept = [a for a in configured if str(a).partition("=")[0].strip() not in names]
+        values["model_aliases"] = [*added_aliases, *kept]
+        origins["model_aliases"] = "--model-alias"
     if isinstance(values.get("kv_bits"), int) and not isinstance(values["kv_bits"], bool):
         values["kv_bits"] = str(values["kv_bits"])  # kv_bits = 8 in TOML means "8"
     try:
-        return msgspec.convert(values, Settings).validate()
+        settings = msgspec.convert(values, Settings)
     except msgspec.ValidationError as exc:
-        raise ValueError(f"invalid setting: {exc}") from exc
+        raise ValueError(describe_invalid(str(exc), origins, values)) from None
+    try:
+        return settings.validate()
+    except ValueError as exc:
+        raise ValueError(name_origin(str(exc), origins)) from None
+
+
+_ENV_WORDS = {int: "a whole number", float: "a number"}
 
 
 def _from_env(raw: str, kind: type) -> Any:

@@ -13,7 +13,9 @@ templates do not do by themselves, and this module does:
   markers, as the model wrote it.
 
 Templates that rewrite history themselves (e.g. drop earlier reasoning) are detected once
-per model with a probe conversation and reported in the log.
+per model with a probe conversation and reported in the log. So are templates that render
+no ``tools``: those get omlx's fallback (``tool_calls.fallback``), which shows the tools in
+the system turn, logged once per model.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omlx.app.errors import InvalidRequest
+from omlx.app.tool_calls import fallback
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,25 @@ class ChatRenderer:
         self.think: tuple[str, str] | None = think if has_thinking else None  # type: ignore[assignment]
         self._fold_system = False  # learned once: the template rejects a later system message
         self._probed = False
+        self._renders_tools: bool | None = None  # learned once, by a probe
+
+    def renders_tools(self) -> bool:
+        """Whether the template shows the model its ``tools`` (else the fallback does)."""
+        if self._renders_tools is None:
+            ask = [{"role": "user", "content": "ping"}]
+            kwargs = {"add_generation_prompt": True, "tools": fallback.probe_tools()}
+            try:
+                text = self._apply(ask, kwargs)
+            except InvalidRequest:
+                text = ""
+            self._renders_tools = fallback.PROBE_TOOL in text
+            if not self._renders_tools:
+                log.info(
+                    "the chat template of %s renders no tools: omlx shows them in the system "
+                    "turn and reads calls as <tool_call> JSON (docs/api.md, tool calls)",
+                    self.model_id,
+                )
+        return self._renders_tools
 
     def render(
         self,
@@ -89,9 +111,13 @@ class ChatRenderer:
             self._probed = True
             self._report_history_rewrites()
         kwargs: dict[str, Any] = {**(template_kwargs or {}), "add_generation_prompt": True}
-        if tools:
-            kwargs["tools"] = tools
         messages = [self._inline_reasoning(m) for m in messages]
+        if tools and not self.renders_tools():
+            messages = fallback.with_tools_in_system(fallback.inline_calls(messages), tools)
+        elif tools:
+            kwargs["tools"] = tools
+        elif not self.renders_tools():
+            messages = fallback.inline_calls(messages)
         folded = fold_system_messages(messages) if _has_later_system(messages) else messages
         if self._fold_system and folded is not messages:
             return self._apply(folded, kwargs)

@@ -17,6 +17,7 @@ from omlx.domain.cache.eviction import LRUPolicy, plan_eviction
 from omlx.domain.cache.hot_tier import HotBlock, HotTier, HotTierStats
 from omlx.domain.cache.keys import CACHE_FORMAT_VERSION, block_key, chain_keys, namespace_digest
 from omlx.domain.cache.partial_match import PartialMatch, best_child, common_prefix
+from omlx.domain.cache.reuse_eviction import ReuseLevelPolicy
 from omlx.domain.ports import (
     BlockIndex,
     BlockStore,
@@ -52,6 +53,7 @@ __all__ = [
     "PrefixCache",
     "PrefixCacheStats",
     "PrefixHit",
+    "ReuseLevelPolicy",
     "StoredBlock",
     "SystemClock",
     "best_child",

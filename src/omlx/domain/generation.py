@@ -35,7 +35,7 @@ class Penalties:
 # the wait for a batch slot, the prefix lookup, the restore of the matched blocks into a
 # fresh cache, admission into the batch, the prefill of the uncached tail, and the step
 # from the prefilled prompt to the first token.
-PHASES = ("render", "queue", "lookup", "restore", "admit", "prefill", "first_step")
+PHASES = ("render", "grammar", "queue", "lookup", "restore", "admit", "prefill", "first_step")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +71,7 @@ class GenerationRequest:
     # Seconds the app spent turning the request into tokens (template, tokenizer), so the
     # engine's per-request breakdown covers what the client waited for.
     render_seconds: float = 0.0
+    grammar_seconds: float = 0.0  # compiling (or finding) its output grammar
     # Log-probabilities to report per generated token: None: none; 0: the chosen token's;
     # k > 0: also the k most likely tokens.
     logprobs: int | None = None
@@ -123,6 +124,7 @@ class Finished:
     stop_sequence: str | None = None  # the stop string that ended it, if one did
     # Where its time to first token went, in PHASES order (seconds; empty: no token came).
     phases: tuple[tuple[str, float], ...] = ()
+    tier: str = "none"  # where the cached prefix came from: "hot" (RAM), "ssd" (some from disk), "none"
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,10 @@ class TokenConstraint(Protocol):
         """Take the token chosen; False when the grammar did not allow it."""
         ...
 
+    def failure(self) -> str | None:
+        """Why the grammar can go no further (a limit of the grammar engine), or None."""
+        ...
+
 
 class GrammarCompiler(Protocol):
     """Compiles output grammars for one model's tokenizer (slow: never on the engine thread)."""
@@ -323,8 +327,20 @@ class BlockIndex(Protocol):
 class EvictionPolicy(Protocol):
     """Which RAM blocks go first when a tier is over budget; the tier owns the blocks."""
 
+    def record_insert(self, key: str, nbytes: int, parent_key: str | None) -> None:
+        """Note a new block ``key`` (``nbytes`` large) extending ``parent_key``."""
+        ...
+
+    def record_hit(self, key: str, nbytes: int) -> None:
+        """Note that a later request matched ``key``: it is being reused."""
+        ...
+
+    def record_promotion(self, key: str, nbytes: int, parent_key: str | None) -> None:
+        """Note ``key`` back in RAM from disk because a request matched it."""
+        ...
+
     def record_access(self, key: str, nbytes: int) -> None:
-        """Note an insert or a hit of ``key`` (``nbytes`` large)."""
+        """Note another use of ``key`` (recency only: not a new block, not a match)."""
         ...
 
     def remove(self, key: str) -> None:

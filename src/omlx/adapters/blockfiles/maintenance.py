@@ -50,6 +50,21 @@ class ReconcileReport:
     files_without_rows: int = 0
     orphan_bytes: int = 0
 
+    def __str__(self) -> str:
+        """For the log: what was removed, in words."""
+        parts = [
+            f"{n} {what}"
+            for n, what in (
+                (self.temp_files, "leftover temporary files"),
+                (self.rows_without_files, "rows without files"),
+                (self.files_without_rows, "files without rows"),
+            )
+            if n
+        ]
+        if not parts:
+            return "nothing to remove"
+        return "removed " + ", ".join(parts) + f" ({self.orphan_bytes / 1e6:.1f} MB)"
+
 
 def check_block(store: FileBlockStore, block: StoredBlock) -> str | None:
     """Why ``block`` must not be served, or None when its file is sound."""

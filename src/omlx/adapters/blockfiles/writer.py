@@ -14,7 +14,6 @@ add at once); eviction spares blocks any server used within ``lease`` seconds.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import logging
 import queue
@@ -24,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from omlx.adapters.blockfiles.budget import DiskBudget
+from omlx.adapters.disk_faults import NO_SPACE, FaultEpisodes, fault_of
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo, StoredBlock
 from omlx.domain.cache.eviction import evict
 from omlx.domain.ports import BlockIndex, BlockStore, IndexUnavailable
@@ -52,6 +52,9 @@ class WriterStats:
     lost_races: int = 0  # another server recorded the key first (a shared index)
     dropped_queue_full: int = 0
     dropped_no_space: int = 0
+    dropped_read_only: int = 0
+    dropped_io_error: int = 0
+    dropped_damaged: int = 0
     dropped_closed: int = 0
     dropped_error: int = 0
     dropped_index_unavailable: int = 0
@@ -90,9 +93,12 @@ class BlockWriter:
         self._lock = threading.Lock()  # pending keys and stats
         self._stats = WriterStats()
         self._namespaces: set[str] = set()
+        self._orphans: set[str] = set()  # files whose row failed and that could not be removed
         self._used: int | None = None
         self._used_at = 0.0
         self._abandoned = 0  # jobs dropped by a close that ran out of time
+        # One warning per episode of a full disk or read-only folder, one when it ends.
+        self._faults = FaultEpisodes(f"cache folder {getattr(store, 'root', '')}".rstrip(), log)
         self._closing = threading.Event()
         self._abort = threading.Event()
         self._thread = threading.Thread(target=self._run, name="omlx-block-writer", daemon=True)
@@ -176,8 +182,12 @@ class BlockWriter:
             return
         try:
             self._tick()
-        except Exception:
-            log.exception("block writer tick failed")
+        except Exception as exc:
+            fault = fault_of(exc)
+            if fault is None:
+                log.exception("block writer tick failed")
+            else:  # recency touches cannot be written either: the same episode
+                self._faults.failed(fault, exc)
 
     def _drop_remaining(self) -> None:
         while True:
@@ -191,12 +201,29 @@ class BlockWriter:
     def _process_safely(self, job: WriteJob) -> None:
         try:
             outcome = self._process(job)
-        except IndexUnavailable as exc:  # already logged once by the index
+        except IndexUnavailable as exc:  # already logged once by the index, unless the disk
             log.debug("block %s not written: %s", job.meta.key, exc)
-            outcome = "dropped_index_unavailable"
-        except Exception:
-            log.exception("writing block %s failed; dropped", job.meta.key)
-            outcome = "dropped_error"
+            fault = fault_of(exc)
+            if fault is None:
+                outcome = "dropped_index_unavailable"
+            else:  # SQLite on a full or read-only disk
+                self._faults.failed(fault, exc.__cause__ or exc)
+                outcome = f"dropped_{fault}"
+        except Exception as exc:
+            fault = fault_of(exc)
+            if fault is None:
+                log.exception("writing block %s failed; dropped", job.meta.key)
+                outcome = "dropped_error"
+            else:
+                self._faults.failed(fault, exc)
+                log.debug("block %s not written: %s", job.meta.key, exc)
+                self._used = None  # re-read usage and free space before the next write
+                outcome = f"dropped_{fault}"
+        else:
+            if outcome == "written":
+                self._faults.succeeded()
+                if self._orphans:
+                    self._retry_orphans()
         self._finish(job.meta.key, outcome)
 
     def _finish(self, key: str, outcome: str) -> None:
@@ -213,19 +240,13 @@ class BlockWriter:
             self._index.upsert_namespace(job.namespace)
             self._namespaces.add(job.namespace.digest)
         if not self._make_room(len(data)):
-            log.warning("no room within the cache budget for block %s; not written", meta.key)
+            self._faults.failed(NO_SPACE, "no room within paged_ssd_cache_max_size and the disk's free-space reserve")
+            log.debug("no room within the cache budget for block %s; not written", meta.key)
             return "dropped_no_space"
         checksum = hashlib.sha256(data).hexdigest()
         relpath = self._store.relpath(job.namespace, meta.key, checksum)
         started = time.perf_counter()
-        try:
-            self._store.write(relpath, data)
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            log.warning("disk full (ENOSPC) writing block %s; not written", meta.key)
-            self._used = None  # re-read usage and free space before the next write
-            return "dropped_no_space"
+        self._store.write(relpath, data)  # a full disk or read-only folder: _process_safely
         now = self._clock()
         block = StoredBlock(
             key=meta.key,
@@ -242,7 +263,7 @@ class BlockWriter:
         try:
             recorded = self._add_row(job.namespace, block, meta.tokens)
         except Exception:
-            self._store.delete(relpath)  # no row: the file must not linger as an orphan
+            self._delete_orphan(relpath)  # no row: the file must not linger as an orphan
             raise
         if not recorded:
             self._lose_race(block)
@@ -257,12 +278,30 @@ class BlockWriter:
         self._used = (self._used or 0) + len(data)
         return "written"
 
+    def _delete_orphan(self, relpath: str) -> None:
+        """Remove a file whose row was not written; when the folder refuses even that (it
+        became read-only), remember it and retry after the next successful write."""
+        try:
+            self._store.delete(relpath)
+        except OSError:
+            self._orphans.add(relpath)
+
+    def _retry_orphans(self) -> None:
+        for relpath in list(self._orphans):
+            try:
+                self._store.delete(relpath)
+            except OSError:
+                return
+            self._orphans.discard(relpath)
+
     def _add_row(self, namespace: NamespaceInfo, block: StoredBlock, tokens: Sequence[int]) -> bool:
         try:
             return self._index.add_block(block, tokens)
         except IndexUnavailable:
             raise
-        except Exception:
+        except Exception as exc:
+            if fault_of(exc) is not None:
+                raise
             # An admin may have dropped the namespace row (cache clear): restore it once.
             log.info("re-recording namespace %s after a failed insert", namespace.digest[:12])
             self._index.upsert_namespace(namespace)

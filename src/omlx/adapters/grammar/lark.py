@@ -12,9 +12,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from omlx.domain.grammar import GrammarError, OutputGrammar, ToolSpec
+from omlx.adapters.grammar.one_of import rewrite_one_of
+from omlx.domain.grammar import CallShape, GrammarError, OutputGrammar, PairStyle
 
-# Between a marker and what it frames (``<tool_call>\n{...}\n</tool_call>``, ``</think>\n\n``).
+# After a reasoning section's end marker (``</think>\n\n``), and around call markers.
 _GAP = r"/[ \n]{0,2}/"
 
 
@@ -30,30 +31,62 @@ def json_options(strict: bool) -> dict[str, Any]:
 
 
 def with_options(schema: dict[str, Any] | bool, strict: bool) -> dict[str, Any]:
+    """The schema as llguidance compiles it: its options added, exclusive ``oneOf`` as ``anyOf``."""
     if schema is True or schema == {}:
         schema = {}
     if not isinstance(schema, dict):
         raise GrammarError("a JSON schema must be an object")
-    return {**schema, "x-guidance": json_options(strict)}
+    return {**rewrite_one_of(schema), "x-guidance": json_options(strict)}
 
 
-def call_schema(tools: tuple[ToolSpec, ...]) -> dict[str, Any]:
-    """One call to any of ``tools``: ``{"name": <one of them>, "arguments": <its schema>}``."""
-    options = []
-    for tool in tools:
-        try:
-            parameters = json.loads(tool.parameters)
-        except ValueError as exc:
-            raise GrammarError(f"the parameters of tool {tool.name!r} are not JSON") from exc
-        options.append(
-            {
-                "type": "object",
-                "properties": {"name": {"const": tool.name}, "arguments": parameters},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
+def _json(schema: Any, strict: bool) -> str:
+    return f"%json {json.dumps(with_options(schema, strict))}"
+
+
+def _parameters(call: CallShape) -> Any:
+    try:
+        return json.loads(call.parameters)
+    except ValueError as exc:
+        raise GrammarError(f"the parameters of tool {call.name!r} are not JSON") from exc
+
+
+def _sequence(pieces: tuple[str, ...], literal: Callable[[str], str]) -> list[str]:
+    """Pieces as Lark; a piece of whitespace only is a GAP (up to two spaces or newlines,
+    none included), as models differ in what they put around their markers."""
+    return ["GAP" if not p.strip() else literal(p) for p in pieces if p]
+
+
+def _pair_rules(rule: str, schema: Any, style: PairStyle, strict: bool) -> list[str]:
+    """``rule`` as key-by-key arguments: required keys in order, optional ones (without a
+    separator) optional; each value a raw or quoted string, or JSON."""
+    properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    required = set(schema.get("required", ())) if isinstance(schema, dict) else set()
+    rules, parts = [], []
+    for i, (key, sub) in enumerate(properties.items()):
+        if style.separator and key not in required:
+            continue  # joined by a separator, only the required keys are written
+        value = f"{rule}_v{i}"
+        if isinstance(sub, dict) and sub.get("type") == "string" and not sub.get("enum"):
+            text = "/[^<]*/"
+            quote = style.quote
+            rules.append(
+                f"{value}: {_lark_string(quote[0])} {text} {_lark_string(quote[1])}"
+                if quote
+                else f"{value}: {text}"
+            )
+        else:
+            rules.append(f"{value}: {_json(sub, strict)}")
+        pair = " ".join(
+            s for s in (_lark_string(style.key_open), _lark_string(key),
+                        _lark_string(style.key_close), value,
+                        _lark_string(style.value_close) if style.value_close else "") if s
         )
-    return options[0] if len(options) == 1 else {"anyOf": options}
+        rules.append(f"{rule}_p{i}: {pair}")
+        parts.append(f"{rule}_p{i}" + ("" if key in required or style.separator else "?"))
+    joiner = f" {_lark_string(style.separator)} " if style.separator else " "
+    empty = '""'
+    rules.append(f"{rule}: {joiner.join(parts) if parts else empty}")
+    return rules
 
 
 def lark_grammar(grammar: OutputGrammar, literal: Callable[[str], str]) -> str:
@@ -63,18 +96,24 @@ def lark_grammar(grammar: OutputGrammar, literal: Callable[[str], str]) -> str:
             schema = json.loads(grammar.json_schema)
         except ValueError as exc:
             raise GrammarError("the JSON schema is not JSON") from exc
-        body = f"%json {json.dumps(with_options(schema, grammar.strict))}"
-        rules = [f"answer: {body}"]
+        rules = [f"answer: {_json(schema, grammar.strict)}"]
         main = "answer"
     else:
-        body = f"%json {json.dumps(with_options(call_schema(grammar.tools), grammar.strict))}"
-        rules = [f"call_body: {body}"]
-        if grammar.call_markers is not None:
-            start, end = (literal(m) for m in grammar.call_markers)
-            rules.append(f"call: {start} GAP call_body GAP {end}")
-        else:
-            rules.append("call: call_body")
-        main = "call (GAP call)*" if grammar.several_calls and grammar.call_markers else "call"
+        rules, names = [], []
+        for i, call in enumerate(grammar.calls):
+            args = f"args{i}"
+            if call.pairs is not None:
+                rules += _pair_rules(args, _parameters(call), call.pairs, grammar.strict)
+            else:
+                rules.append(f"{args}: {_json(_parameters(call), grammar.strict)}")
+            body = [*_sequence(call.before, literal), args, *_sequence(call.after, literal)]
+            rules.append(f"call{i}: {' '.join(body)}")
+            names.append(f"call{i}")
+        rules.append(f"call: {' | '.join(names)}")
+        between = " ".join(_sequence(grammar.between, literal))
+        calls = f"call ({between} call)*" if grammar.several_calls else "call"
+        main = " ".join([*_sequence(grammar.opening, literal), calls,
+                         *_sequence(grammar.closing, literal)])
     prefix = ""
     if grammar.think is not None:
         open_, close = grammar.think
@@ -89,3 +128,8 @@ def _reasoning_rule(close: str, literal: Callable[[str], str]) -> str:
         return f"reasoning: REASONING_TEXT {written}\nREASONING_TEXT: /(.|\\n)*/"
     # A text marker: the shortest text that ends with it.
     return f"reasoning[suffix={written}]: /(.|\\n)*/"
+
+
+def _lark_string(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'

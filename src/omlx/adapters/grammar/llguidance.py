@@ -11,6 +11,7 @@ a fresh state that costs about a microsecond.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import re
 import threading
@@ -21,9 +22,13 @@ from typing import Any
 from llguidance import LLMatcher, LLTokenizer
 
 from omlx.adapters.grammar.lark import lark_grammar
+from omlx.adapters.grammar.one_of import ONE_OF_ADVICE
 from omlx.domain.grammar import GrammarError, OutputGrammar
 
 log = logging.getLogger(__name__)
+
+# anyOf/oneOf branches of one schema node: llguidance's parser fails past about 2,000.
+MAX_ALTERNATIVES = 1000
 
 
 def tokenizer_json(tokenizer: Any) -> str:
@@ -55,6 +60,9 @@ class Constraint:
 
     def advance(self, token: int) -> bool:
         return bool(self._matcher.consume_token(token))
+
+    def failure(self) -> str | None:
+        return refusal_reason(self._matcher.get_error()) if self._matcher.is_error() else None
 
 
 class LLGuidanceCompiler:
@@ -131,10 +139,14 @@ class LLGuidanceCompiler:
             if found is not None:
                 self._cache.move_to_end(grammar)
                 return found
+        for schema in (grammar.json_schema, *(c.parameters for c in grammar.calls)):
+            if schema is not None:
+                _check_alternatives(schema)
         tokenizer = self.tokenizer
         matcher = LLMatcher(tokenizer, lark_grammar(grammar, self._literal), log_level=0)
         if matcher.is_error():
-            raise GrammarError(_first_line(matcher.get_error()))
+            raise GrammarError(refusal_reason(matcher.get_error()))
+        _check_it_can_start(matcher)
         with self._lock:
             self._cache[grammar] = matcher
             while len(self._cache) > self._cache_size:
@@ -153,12 +165,62 @@ class LLGuidanceCompiler:
         return self.tokenizer.decode_bytes([token])
 
 
+def _check_alternatives(schema_json: str) -> None:
+    """A 400 for a schema with more alternatives than llguidance's parser takes at a step.
+
+    An ``anyOf`` of 3,000 objects compiles, then fails at the first key (its parser holds
+    at most 2,000 items per row); refusing it up front beats a truncated answer.
+    """
+    stack: list[Any] = [json.loads(schema_json)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in ("anyOf", "oneOf"):
+                branches = node.get(key)
+                if isinstance(branches, list) and len(branches) > MAX_ALTERNATIVES:
+                    raise GrammarError(
+                        f"the schema is too large: an {key} of {len(branches)} alternatives "
+                        f"(at most {MAX_ALTERNATIVES})"
+                    )
+            stack.extend(v for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, dict | list))
+
+
+def _check_it_can_start(matcher: LLMatcher) -> None:
+    """A grammar with no first token (a schema that only refers to itself has no values)
+    compiles, then fails at the first step: refuse it now, as the client's mistake."""
+    probe = matcher.deep_copy()
+    mask = probe.compute_bitmask()
+    if probe.is_error() or not any(mask):
+        detail = refusal_reason(probe.get_error()) if probe.is_error() else "no token can start it"
+        raise GrammarError(
+            f"no output can satisfy it ({detail}): a schema whose $ref refers only to itself, "
+            "directly or through others, has no values"
+        )
+
+
 def _lark_string(text: str) -> str:
     escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f'"{escaped}"'
 
 
-def _first_line(error: str) -> str:
-    """llguidance's message without its grammar excerpt and position (``at 3(9): ...``)."""
-    line = error.strip().splitlines()[0] if error.strip() else "the grammar is invalid"
-    return re.sub(r"^at \d+\(\d+\): ", "", line)
+def refusal_reason(error: str) -> str:
+    """llguidance's whole reason, on one line, without its position (``at 3(9): ``), the
+    grammar excerpt it quotes (omlx's grammar, not the client's) or caret lines.
+
+    A regex it cannot take reads ``regex parse error in pattern '(a)\\1': backreferences
+    are not supported``.
+    """
+    lines = []
+    for line in error.strip().splitlines():
+        if re.match(r"^\s*\d+ \| ", line):
+            break  # the quoted grammar starts here
+        if line.strip() and not re.fullmatch(r"\s*\^+\s*", line):
+            lines.append(line.strip())
+    if not lines:
+        return "the grammar is invalid"
+    text = re.sub(r"^at \d+\(\d+\): ", "", " ".join(lines))
+    text = re.sub(r"regex parse error: (.*?) error: ", r"regex parse error in pattern '\1': ", text)
+    return re.sub(r"oneOf constraints are not supported\.? ?Enable .coerce_one_of.[^.]*\.?",
+                  f"oneOf: {ONE_OF_ADVICE}", text)

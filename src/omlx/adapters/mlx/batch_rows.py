@@ -1,13 +1,26 @@
-"""The one place omlx reads mlx-lm's private batch state: a running request's cache, uncopied.
+"""omlx's one contact with mlx-lm's private batch state, behind one version check.
 
-Capturing blocks after every prefill chunk must not copy the request's whole prefix each
-time (``BatchGenerator.extract_cache`` does: it is O(prefix) per call, O(prefix²) per
-prompt). Written for mlx-lm 0.32 (``tests/integration/test_batch_rows.py`` pins it and
-checks both paths against each other): with another version the public, copying
-``extract_cache`` is used instead, with a warning.
+Two users read it:
 
-A *row view* is what the codec cuts blocks from: the batch's per-layer caches and the
-request's row in them. ``positions`` maps a row's token positions to buffer indices.
+- the block cache cuts blocks from a running request's cache after every prefill chunk,
+  uncopied (``BatchGenerator.extract_cache`` copies the whole prefix per call: O(prefix)
+  per chunk, O(prefix²) per prompt). A *row view* is what the codec cuts blocks from: the
+  batch's per-layer caches and the request's row in them;
+- the batcher (``fused_prefill``) puts its own batch classes in, takes the rows it moved
+  to decoding out of the prefill list, and decodes in order (``InOrderGeneration``).
+
+Every private name omlx uses of mlx-lm is here: ``BatchGenerator._prompt_batch``,
+``._generation_batch`` and ``._currently_processing``; ``GenerationBatch._step`` and the
+fields it keeps (``_current_tokens``, ``_current_logprobs``, ``_next_tokens``,
+``_next_logprobs``, ``_token_context``); ``BatchKVCache._idx`` and
+``RotatingKVCache._temporal_order``; and ``BatchGenerator._next``, which
+``FusingBatchGenerator`` wraps (it calls it, it does not copy it).
+
+Written for mlx-lm 0.32 (``test_batch_rows_was_written_for_this_mlx_lm`` in
+``tests/integration/test_prefill_capture.py`` pins it, and
+``test_uncopied_reads_cut_the_same_blocks_as_extract_cache`` checks both ways of reading
+a row against each other). With another version, rows are read through the public,
+copying ``extract_cache`` (with a warning) and the batcher is mlx-lm's own.
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx_lm
+from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.cache import (
     ArraysCache,
     BatchKVCache,
@@ -57,7 +71,7 @@ def prefill_row(
         private = private_access_supported()
         _warn_once(private)
     if private:
-        batch = generator._prompt_batch
+        batch = prompt_batch(generator)
         if uid in batch.uids:
             return RowView(batch.prompt_cache, batch.uids.index(uid))
         return None
@@ -73,7 +87,7 @@ def decode_row(
         private = private_access_supported()
         _warn_once(private)
     if private:
-        batch = generator._generation_batch
+        batch = generation_batch(generator)
         if uid in batch.uids:
             return RowView(batch.prompt_cache, batch.uids.index(uid))
         return None
@@ -91,6 +105,109 @@ def _warn_once(private: bool) -> None:
             mlx_lm.__version__,
             WRITTEN_FOR,
         )
+
+
+# ---- the batcher's hooks (fused_prefill) ------------------------------------------
+
+
+def prompt_batch(generator: Any) -> PromptProcessingBatch:
+    """The batch of rows being prefilled (one object for the generator's life)."""
+    return generator._prompt_batch
+
+
+def generation_batch(generator: Any) -> GenerationBatch:
+    """The batch of rows decoding (one object for the generator's life)."""
+    return generator._generation_batch
+
+
+def install_batches(
+    generator: Any,
+    prompt: PromptProcessingBatch | None = None,
+    generation: GenerationBatch | None = None,
+) -> None:
+    """Put empty batches of omlx's own classes in place of a new generator's.
+
+    New rows join these objects (``extend``), so their classes hold for every row. A
+    ``BatchGenerator`` argument naming the batch classes would make this public.
+    """
+    if prompt is not None:
+        generator._prompt_batch = prompt
+    if generation is not None:
+        generator._generation_batch = generation
+
+
+def leave_prefill(generator: Any, rows: list[int]) -> None:
+    """Forget the prefill progress of rows of the prompt batch (by index): they decode now.
+
+    ``BatchGenerator._next`` keeps that list in the prompt batch's row order; a row split
+    off the batch must leave it too.
+    """
+    leaving = set(rows)
+    generator._currently_processing = [
+        p for i, p in enumerate(generator._currently_processing) if i not in leaving
+    ]
+
+
+class InOrderGeneration(GenerationBatch):
+    """Decode steps that hand out each token before the next forward pass runs.
+
+    mlx-lm's ``_step`` starts the pass for token k+1 (``mx.async_eval``) and then hands
+    out token k, to overlap the GPU with Python. On the CPU backend ``async_eval`` runs
+    most of that pass before it returns (measured: 80 ms of a 100 ms step), so every
+    token, the first included, reached the client one forward pass late. This step only
+    builds the next pass; evaluating token k+1 in the next step runs it. Same tokens,
+    same caches; used on the CPU only.
+
+    It is ``GenerationBatch._step`` without the ``mx.async_eval`` call: a public switch
+    for that pipelining (say ``BatchGenerator(..., pipelined_decode=False)``) would
+    remove this class.
+    """
+
+    def _step(self) -> tuple[list[int], list[mx.array]]:
+        inputs = self._current_tokens = self._next_tokens
+        self._current_logprobs = self._next_logprobs
+        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        if any(self.logits_processors):
+            logits = _processed(self, logits, inputs)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        self._next_tokens = _sampled(self, logprobs)
+        self._next_logprobs = list(logprobs)
+        mx.eval(inputs, self._current_logprobs)  # token k: runs the pass the last step built
+        handed = inputs.tolist()
+        for held, token in zip(self.tokens, handed, strict=True):
+            held.append(token)  # ``tokens`` is what each row's cache holds
+        return handed, self._current_logprobs
+
+    def next(self) -> list[Any]:
+        responses = super().next()
+        finished = [r.prompt_cache for r in responses if r.prompt_cache is not None]
+        if finished:
+            # A finished row's cache still holds the graph of the pass after its last
+            # token; computed now, as mlx-lm's eager step would have, so no caller keeps a
+            # lazy graph (and the weights it references) alive.
+            mx.eval([c.state for cache in finished for c in cache])
+        return responses
+
+
+def _processed(batch: GenerationBatch, logits: mx.array, inputs: mx.array) -> mx.array:
+    """The logits after each row's processors, each given its row's tokens so far."""
+    rows = []
+    for e, processors in enumerate(batch.logits_processors):
+        row = logits[e : e + 1]
+        if processors:
+            context = batch._token_context[e].update_and_fetch(inputs[e : e + 1])
+            for processor in processors:
+                row = processor(context, row)
+        rows.append(row)
+    return mx.concatenate(rows, axis=0)
+
+
+def _sampled(batch: GenerationBatch, logprobs: mx.array) -> mx.array:
+    """Each row's next token: one call when the rows share a sampler, else row by row."""
+    samplers = [batch.fallback_sampler if s is None else s for s in batch.samplers or []]
+    if not samplers or all(s is samplers[0] for s in samplers):
+        return (samplers[0] if samplers else batch.fallback_sampler)(logprobs)
+    return mx.concatenate([s(logprobs[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
 
 
 # ---- positions in a layer's buffers ---------------------------------------------------

@@ -78,3 +78,9 @@ def describe_blas() -> str:
         "BLAS: mlx's bundled reference BLAS (about 40x slower); "
         "install libopenblas0-pthread or set OMLX_BLAS to a BLAS library"
     )
+
+
+def log_blas() -> None:
+    """Log ``describe_blas()``: a warning when mlx is left with the slow reference BLAS."""
+    slow = sys.platform == "linux" and not _loaded
+    log.log(logging.WARNING if slow else logging.INFO, describe_blas())

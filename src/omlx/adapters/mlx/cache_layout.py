@@ -17,18 +17,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import mlx.core as mx
 import mlx_lm
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
+from omlx.adapters.mlx.memory import KVCost, kv_cost_of
 from omlx.domain.cache.keys import KV, STATE, WINDOW
 from omlx.domain.cache.layout import CacheLayout
 
+T = TypeVar("T")
+
 # Families whose batched prefill mlx-lm gets wrong: a request's cache would be wrong
 # whether or not omlx restores it, and a restore would spread the error. Each entry
-# says why; tests/integration/test_cache_layouts.py turns red when mlx-lm is fixed.
+# says why; tests/integration/test_hybrid_cache.py turns red when mlx-lm is fixed.
 BROKEN_FAMILIES = {
     "nemotron_h": (
         "mlx-lm 0.32 computes its Mamba2 state wrongly for right-padded rows in a batched "
@@ -113,34 +116,47 @@ LEAF_KINDS: dict[type, Callable[[Any, tuple[int, ...]], tuple[Leaf, str, str]]] 
 }
 
 
-def probe_layout(model: Any) -> ModelLayout:
-    """Walk the cache the model makes, after one token (so state shapes and dtypes are known)."""
+@dataclass(frozen=True, slots=True)
+class ModelProbe:
+    """What one forward pass of one token tells about a model's cache."""
+
+    layout: ModelLayout
+    kv_dtype: str  # of the first KV buffer ("unknown" without one)
+    kv_cost: KVCost  # what one request's cache costs (the memory guard's measure)
+
+
+def probe_model(model: Any) -> ModelProbe:
+    """Run one token through a fresh cache (so state shapes and dtypes are known) and read it.
+
+    The one probe at load: the layout, the KV dtype and the KV cost all come from it.
+    """
     cache = make_prompt_cache(model)
     model(mx.array([[0]]), cache=cache)
     mx.eval([getattr(c, "state", []) for c in cache])
+    leaves = flat_leaves(cache)
+    return ModelProbe(_layout_of(model, cache), _kv_dtype(leaves), kv_cost_of(leaves))
+
+
+def _layout_of(model: Any, cache: list[Any]) -> ModelLayout:
     leaves: list[Leaf] = []
+    signatures: list[str] = []  # per leaf
     problems: list[str] = []
 
-    def walk(entry: Any, path: tuple[int, ...]) -> tuple[Any, str]:
-        if isinstance(entry, CacheList):
-            parts = [walk(child, (*path, j)) for j, child in enumerate(entry.caches)]
-            return tuple(p[0] for p in parts), "list(" + ",".join(p[1] for p in parts) + ")"
-        describe = LEAF_KINDS.get(type(entry))
-        if describe is None:
+    def describe(entry: Any, path: tuple[int, ...]) -> int:
+        kind_of = LEAF_KINDS.get(type(entry))
+        if kind_of is None:
             problems.append(f"its {type(entry).__name__} layers cannot be batched by mlx-lm")
-            leaves.append(Leaf(path, "unsupported"))
-            return len(leaves) - 1, type(entry).__name__
-        leaf, signature, problem = describe(entry, path)
-        if problem:
-            problems.append(problem)
+            leaf, signature = Leaf(path, "unsupported"), type(entry).__name__
+        else:
+            leaf, signature, problem = kind_of(entry, path)
+            if problem:
+                problems.append(problem)
         leaves.append(leaf)
-        return len(leaves) - 1, signature
+        signatures.append(signature)
+        return len(leaves) - 1
 
-    shape, signature = [], []
-    for i, entry in enumerate(cache):
-        s, sig = walk(entry, (i,))
-        shape.append(s)
-        signature.append(sig)
+    shape = map_leaves(cache, describe)
+    signature = [_signature(node, signatures) for node in shape]
     args = getattr(model, "args", None)
     family = getattr(args, "model_type", None) or getattr(model, "model_type", None)
     if family in BROKEN_FAMILIES:
@@ -153,19 +169,37 @@ def probe_layout(model: Any) -> ModelLayout:
     )
 
 
-def kv_dtype_of(model: Any) -> str:
-    """The dtype of the model's first KV buffer, after one token."""
-    cache = make_prompt_cache(model)
-    model(mx.array([[0]]), cache=cache)
-    for layer in _flat(cache):
+def _kv_dtype(leaves: list[Any]) -> str:
+    for layer in leaves:
         keys = getattr(layer, "keys", None)
         if isinstance(keys, mx.array):
             return str(keys.dtype).removeprefix("mlx.core.")
     return "unknown"
 
 
-def _flat(cache: list[Any]) -> list[Any]:
+# ---- the cache tree ----------------------------------------------------------------
+
+
+def map_leaves(cache: list[Any], fn: Callable[[Any, tuple[int, ...]], T]) -> list[Any]:
+    """The cache with each leaf replaced by ``fn(leaf, path)``; a ``CacheList`` becomes a
+    tuple of its children's results (the one walk over mlx-lm's cache trees)."""
+
+    def visit(entry: Any, path: tuple[int, ...]) -> Any:
+        if isinstance(entry, CacheList):
+            return tuple(visit(child, (*path, j)) for j, child in enumerate(entry.caches))
+        return fn(entry, path)
+
+    return [visit(entry, (i,)) for i, entry in enumerate(cache)]
+
+
+def flat_leaves(cache: list[Any]) -> list[Any]:
+    """The leaf caches of a cache, in order (``CacheList`` entries walked into)."""
     out: list[Any] = []
-    for entry in cache:
-        out.extend(_flat(entry.caches) if isinstance(entry, CacheList) else [entry])
+    map_leaves(cache, lambda leaf, _: out.append(leaf))
     return out
+
+
+def _signature(node: int | tuple, signatures: list[str]) -> str:
+    if isinstance(node, tuple):
+        return "list(" + ",".join(_signature(n, signatures) for n in node) + ")"
+    return signatures[node]

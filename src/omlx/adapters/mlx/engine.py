@@ -30,10 +30,9 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 
 from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.fused_prefill import FusingBatchGenerator
-from omlx.adapters.mlx.jobs import Emit, Job, log_finished, phases_of
+from omlx.adapters.mlx.jobs import Emit, Job, log_finished, phases_of, tier_of
 from omlx.adapters.mlx.loader import LoadedModel
-from omlx.adapters.mlx.memory import measure_kv_cost
-from omlx.adapters.mlx.processors import request_processors, token_logprob
+from omlx.adapters.mlx.processors import grammar_finish_reason, request_processors, token_logprob
 from omlx.adapters.mlx.sampling import Sampler, make_sampler
 from omlx.adapters.mlx.warm_up import warm_up
 from omlx.domain.generation import (
@@ -54,6 +53,7 @@ if TYPE_CHECKING:
     from omlx.domain.cache.session import CacheSession
 
 log = logging.getLogger(__name__)
+_REQUEST_IDS = itertools.count(1)  # shared by every model's engine: numbers are process-wide
 
 _GREEDY = SamplingParams()
 
@@ -88,7 +88,7 @@ class MLXEngine:
         self.prefix_cache = prefix_cache
         self.config = config or EngineConfig()
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._ids = itertools.count(1)
+        self._ids = _REQUEST_IDS  # one numbering for the process: log lines stay unique
         self._running: dict[int, Job] = {}  # batcher uid -> job
         self._jobs: dict[int, Job] = {}  # job id -> job (waiting or running)
         self._stopping = threading.Event()
@@ -100,9 +100,9 @@ class MLXEngine:
         # Unseeded samplers are stateless: requests with equal parameters share one
         # object, so the batcher samples them in one call instead of row by row.
         self._samplers: dict[tuple[float, float, int, float], Sampler] = {}
-        # Measured now, before the engine thread owns MLX (one forward of one token).
+        # Measured at load, by the model's one probe (``cache_layout.probe_model``).
         limit = self.config.kv_memory_limit
-        cost = measure_kv_cost(model.model) if limit is not None else None
+        cost = model.kv_cost if limit is not None else None
         budget = KVBudget(limit, cost.per_token, cost) if cost is not None else None
         self.scheduler = Scheduler(self.config.max_concurrent, budget, account, model.model_id)
         self.last_step_at = time.monotonic()
@@ -391,7 +391,7 @@ class MLXEngine:
             tail = job.stops.feed(job.detok.last_segment) + job.stops.flush()
             if tail or job.logprobs:
                 self._emit_text(job, tail)
-            reason = "stop" if job.stops.stopped else r.finish_reason
+            reason = "stop" if job.stops.stopped else grammar_finish_reason(job.request, r.finish_reason)
             self._finish(job, reason, r.prompt_cache, r.all_tokens)
 
     @staticmethod
@@ -419,10 +419,10 @@ class MLXEngine:
                 job.completion_tokens,
                 job.cached_tokens,
                 job.stops.matched if job.stops is not None else None,
-                phases_of(job),
+                phases_of(job), tier_of(job),
             )
         )
-        log_finished(job, reason)
+        log_finished(job, reason, self.model.model_id)
         if job.session is not None:
             job.session.finished(tokens, cache)  # never raises
         self._jobs.pop(job.id, None)

@@ -53,19 +53,20 @@ class Job:
         return len(self.request.prompt_tokens) + self.request.max_tokens
 
 
-def log_finished(job: Job, reason: str) -> None:
-    """Its time to first token by phase (debug level), then its summary line."""
+def log_finished(job: Job, reason: str, model_id: str) -> None:
+    """Its time to first token by phase (debug level), then its summary line, which names
+    the model: request numbers are process-wide, shared by every model's engine."""
     if log.isEnabledFor(logging.DEBUG):
         phases = phases_of(job)
         if phases:
             log.debug(
-                "request %d time to first token: %s", job.id,
+                "request %d (%s) time to first token: %s", job.id, model_id,
                 ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in phases),
             )
-    _log_summary(job, reason)
+    _log_summary(job, reason, model_id)
 
 
-def _log_summary(job: Job, reason: str) -> None:
+def _log_summary(job: Job, reason: str, model_id: str) -> None:
     """One line per request: what it cost, what the cache saved, how long it waited."""
     t = job.times
     first = t.get("first_token")
@@ -75,8 +76,9 @@ def _log_summary(job: Job, reason: str) -> None:
     prompt = len(job.request.prompt_tokens)
     cut_short = first is None and job.prefilled < prompt - 1
     log.info(
-        "request %d %s: prompt %d tokens, %d cached%s, %d generated; queued %s, first token %s%s",
+        "request %d (%s) %s: prompt %d tokens, %d cached%s, %d generated; queued %s, first token %s%s",
         job.id,
+        model_id,
         reason,
         prompt,
         job.cached_tokens,
@@ -86,6 +88,13 @@ def _log_summary(job: Job, reason: str) -> None:
         ttft,
         f"; prefill stopped at {job.prefilled} tokens" if cut_short and "admitted" in t else "",
     )
+
+
+def tier_of(job: Job) -> str:
+    """Where its restored prefix came from: "ssd" (some blocks read from disk), "hot" (RAM), "none"."""
+    if not job.cached_tokens or job.session is None:
+        return "none"
+    return "ssd" if job.session.hit.cold_hits else "hot"
 
 
 def phases_of(job: Job) -> tuple[tuple[str, float], ...]:
@@ -103,6 +112,7 @@ def phases_of(job: Job) -> tuple[tuple[str, float], ...]:
     prefilled = t.get("prefilled", t["first_token"])
     spans = {
         "render": job.request.render_seconds,
+        "grammar": job.request.grammar_seconds,
         "queue": max(t["admitted"] - job.submitted - lookup - restore, 0.0),
         "lookup": lookup,
         "restore": restore,

@@ -39,9 +39,7 @@ from omlx.adapters.blockfiles.format import (
 )
 from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.batch_rows import RowView
-# One walker of nested CacheLists, cache_layout's (its owner may make it public).
-from omlx.adapters.mlx.cache_layout import ModelLayout, plain_layout
-from omlx.adapters.mlx.cache_layout import _flat as _flat
+from omlx.adapters.mlx.cache_layout import ModelLayout, flat_leaves, plain_layout
 from omlx.adapters.mlx.kv_quantized import (
     QuantizedKVBlock,
     dequantize_side,
@@ -204,7 +202,7 @@ class MLXKVCodec:
         if missing:
             raise ValueError(f"leaves {missing} have nothing to restore from")
         cache = [_rebuild(entry, built) for entry in layout.shape]
-        mx.eval([c.state for c in _flat(cache)])
+        mx.eval([c.state for c in flat_leaves(cache)])
         return cache
 
     def truncate(self, payload: Any, n: int) -> Any:

@@ -19,13 +19,15 @@ import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load as mlx_lm_load
 
-from omlx.adapters.mlx.cache_layout import ModelLayout, kv_dtype_of, probe_layout
+from omlx.adapters.mlx.cache_layout import ModelLayout, probe_model
 from omlx.adapters.mlx.errors import UnsupportedModelError
 from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, LoadedGGUF, default_model_path, load_gguf
+from omlx.adapters.mlx.generation_config import BUNDLED_GENERATION_CONFIG, read_generation_config
 from omlx.adapters.mlx.prepared import PreparedWeights
 from omlx.domain.cache.blocks import NamespaceInfo
 from omlx.domain.cache.keys import namespace_digest
 from omlx.domain.cache.kv_quant import KVQuant
+from omlx.domain.memory import KVCost
 from omlx.domain.model_ids import model_id_for
 
 log = logging.getLogger(__name__)
@@ -58,12 +60,15 @@ class LoadedModel:
     context_length: int
     layer_count: int
     kv_dtype: str
+    kv_cost: KVCost  # what one request's cache costs (for the memory guard)
     cache_supported: bool
     weights_digest: str
     tokenizer_digest: str
     cache_unsupported_reason: str = ""
     layout: ModelLayout | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Sampling defaults for what a request leaves out (temperature, top_p, ...).
+    generation_config: dict[str, Any] = field(default_factory=dict)
 
     def namespace(self, block_size: int, kv_quant: KVQuant | None = None) -> NamespaceInfo:
         """The cache namespace of this model at ``block_size`` and ``kv_quant`` (DESIGN §4).
@@ -176,12 +181,15 @@ def load_model(
         model_id = model_id or model_id_for(path)
 
     extra: dict[str, Any] = {}
+    generation: dict[str, Any] = {}
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise UnsupportedModelError(f"{path} is a file but not a .gguf file")
         weight_files = [path]
         digest = weights_digest(weight_files, digest_cache, progress, f"digesting the weights of {model_id}")
         loaded, dequantized_now = _load_gguf(path, digest, prepared)
+        if path.resolve() == default_model_path().resolve():
+            generation = dict(BUNDLED_GENERATION_CONFIG)
         model, tokenizer, config = loaded.model, loaded.tokenizer, loaded.config
         if prepared is not None and dequantized_now:
             extra["write_prepared_copy"] = partial(prepared.keep, digest, loaded, path)
@@ -194,9 +202,10 @@ def load_model(
         weight_files = sorted(path.glob("*.safetensors"))
         tokenizer_files = [path / n for n in _TOKENIZER_FILES if (path / n).exists()]
         digest = weights_digest(weight_files, digest_cache, progress, f"digesting the weights of {model_id}")
+        generation = read_generation_config(path)
 
-    layout = probe_layout(model)
-    kv_dtype = kv_dtype_of(model)
+    probe = probe_model(model)  # one one-token pass: layout, KV dtype and KV cost
+    layout, kv_dtype = probe.layout, probe.kv_dtype
     context = int(config.get("max_position_embeddings") or config.get("context_length") or 4096)
     loaded_model = LoadedModel(
         model_id=model_id,
@@ -207,17 +216,24 @@ def load_model(
         context_length=context,
         layer_count=len(layout.leaves),
         kv_dtype=kv_dtype,
+        kv_cost=probe.kv_cost,
         cache_supported=not layout.unsupported,
         weights_digest=digest,
         tokenizer_digest=files_digest(tokenizer_files),
         cache_unsupported_reason=layout.unsupported,
         layout=layout,
         extra=extra,
+        generation_config=generation,
     )
     log.info(
         "loaded %s from %s: %d cache layers (%s), KV dtype %s, context %d",
         model_id, path, len(layout.leaves), ", ".join(f"{n} {label}" for label, n in layout.counts().items()), kv_dtype, context,
     )
+    if generation:
+        log.info(
+            "sampling defaults of %s (for what a request leaves out): %s", model_id,
+            ", ".join(f"{k} {v}" for k, v in generation.items()),
+        )
     return loaded_model
 
 

@@ -14,6 +14,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
+from typing import Any
 
 # The arithmetic is pure and lives in the domain; measuring a model's cost needs MLX.
 from omlx.domain.memory import CACHE_STEP, KVBudget, KVCost, format_bytes
@@ -24,7 +25,7 @@ __all__ = [
     "KVCost",
     "auto_limit_bytes",
     "format_bytes",
-    "measure_kv_cost",
+    "kv_cost_of",
     "return_freed_memory",
     "total_ram_bytes",
 ]
@@ -66,42 +67,30 @@ def auto_limit_bytes(fraction: float = AUTO_LIMIT_FRACTION) -> int | None:
     return None if ram is None else int(ram * fraction)
 
 
-def measure_kv_cost(model) -> KVCost:
-    """A request's cache cost, measured on a one-token cache (exact for any architecture).
+def kv_cost_of(leaves: list[Any]) -> KVCost:
+    """A request's cache cost, read off the leaf caches of a one-token cache (exact for any
+    architecture): bytes per position of the full and the sliding-window layers, the
+    longest window, and the fixed bytes of state layers.
 
-    Runs MLX: call it before the engine thread starts or on that thread.
+    The probe at load (``cache_layout.probe_model``) makes that cache; this runs no pass.
     """
     import mlx.core as mx
-    from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, make_prompt_cache
+    from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
-    cache = make_prompt_cache(model)
-    model(mx.array([[0]]), cache=cache)
-    mx.eval([getattr(c, "state", []) for c in cache])
-    totals = {"kv": 0, "window": 0, "size": 0, "fixed": 0}
-
-    def walk(layer) -> None:
-        if isinstance(layer, CacheList):
-            for child in layer.caches:
-                walk(child)
-            return
+    kv = window = size = fixed = 0
+    for layer in leaves:
         if isinstance(layer, ArraysCache):
-            totals["fixed"] += sum(a.nbytes for a in layer.cache if a is not None)
-            return
+            fixed += sum(a.nbytes for a in layer.cache if a is not None)
+            continue
         arrays = (getattr(layer, "keys", None), getattr(layer, "values", None))
         cost = sum(
-            a.nbytes // a.shape[2] for a in arrays if isinstance(a, mx.array) and a.ndim == 4 and a.shape[2]
+            a.nbytes // a.shape[2]
+            for a in arrays
+            if isinstance(a, mx.array) and a.ndim == 4 and a.shape[2]
         )
         if isinstance(layer, RotatingKVCache):
-            totals["window"] += cost
-            totals["size"] = max(totals["size"], layer.max_size)
+            window += cost
+            size = max(size, layer.max_size)
         else:
-            totals["kv"] += cost
-
-    for layer in cache:
-        walk(layer)
-    return KVCost(totals["kv"], totals["window"], totals["size"], totals["fixed"])
-
-
-def kv_bytes_per_token(model) -> int:
-    """Bytes of KV one position costs in the layers that keep every position."""
-    return measure_kv_cost(model).per_token
+            kv += cost
+    return KVCost(kv, window, size, fixed)

@@ -7,6 +7,7 @@ from the request's ``TokenConstraint``. Rows without processors skip the per-row
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,6 +16,8 @@ import numpy as np
 from mlx_lm.sample_utils import make_logits_processors
 
 from omlx.domain.generation import GenerationRequest, ReasoningBudget, TokenLogprob
+
+log = logging.getLogger(__name__)
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
@@ -25,8 +28,9 @@ class GrammarMask:
     The first call comes with the prompt only; each later one brings the token sampled
     at the step before, which the grammar takes before the next mask is computed (that
     read waits for the step: constrained rows give up one step of overlap). A grammar
-    that refuses a token (a stop string or penalty cannot cause one; a bug could) ends
-    the row: only end-of-sequence is allowed from then on.
+    that refuses a token (a limit of the grammar engine, such as a schema with thousands
+    of alternatives, or a bug) ends the row: only end-of-sequence is allowed from then
+    on, and ``finish_reason`` says the answer is cut short (``grammar_finish_reason``).
     """
 
     def __init__(self, constraint: Any, eos_token_ids: Sequence[int]) -> None:
@@ -99,6 +103,16 @@ class BudgetEnforcer:
 
 def _ends_with(seq: list[int], tail: tuple[int, ...]) -> bool:
     return bool(tail) and tuple(seq[-len(tail) :]) == tail
+
+
+def grammar_finish_reason(request: GenerationRequest, reason: str) -> str:
+    """``length`` for a row whose grammar failed: its output is incomplete, never a finished
+    answer that does not parse; the reason is logged once."""
+    failure = request.constraint.failure() if request.constraint is not None else None
+    if failure is None:
+        return reason
+    log.warning("the output grammar failed mid-answer (%s); finish_reason is length", failure)
+    return "length"
 
 
 def request_processors(

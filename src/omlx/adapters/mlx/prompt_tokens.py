@@ -14,6 +14,11 @@ part of a longer added token (which a different continuation could match instead
 Tokens without those properties are never used as cut points; tokenizers without a
 fast backend are encoded whole. ``tests/integration/test_prompt_tokens.py`` checks the
 result against whole encoding on random conversations.
+
+Encoding goes through ``encode_batch``, which releases the GIL while Rust works
+(``encode`` holds it: a long prompt would stall the event loop and every other
+request). A prompt at or past ``max_tokens`` (the context: it is refused) is not
+remembered, so refused prompts cost no memory once answered.
 """
 
 from __future__ import annotations
@@ -44,9 +49,10 @@ def fast_backend(tokenizer: Any) -> Any | None:
 class PrefixReusingEncoder:
     """``encode(text)`` equal to the backend's whole encoding, reusing a recent prompt's tokens."""
 
-    def __init__(self, backend: Any, recent: int = 8) -> None:
+    def __init__(self, backend: Any, recent: int = 8, max_tokens: int | None = None) -> None:
         self.backend = backend
         self.recent = recent
+        self.max_tokens = max_tokens  # prompts this long are refused: not worth remembering
         self._recent: list[_Encoded] = []  # most recent last
         self._lock = threading.Lock()  # prompts are rendered on worker threads
         added = {i: t for i, t in backend.get_added_tokens_decoder().items()}
@@ -63,13 +69,16 @@ class PrefixReusingEncoder:
     def encode(self, text: str) -> list[int]:
         base = self._base_for(text) if len(text) >= MIN_REUSE_CHARS and self.cut_ids else None
         if base is None:
-            return self._remember(text, self.backend.encode(text, add_special_tokens=False), 0, [])
+            return self._remember(text, self._encode(text), 0, [])
         index, offset, _ = base[1]
-        tail = self.backend.encode(text[offset:], add_special_tokens=False)
+        tail = self._encode(text[offset:])
         head_ids = base[0].ids[:index]
         head_cuts = [c for c in base[0].cuts if c[0] < index]
         self.reused_tokens += index
         return self._remember(text, tail, offset, head_cuts, head_ids)
+
+    def _encode(self, text: str) -> Any:
+        return self.backend.encode_batch([text], add_special_tokens=False)[0]
 
     def _base_for(self, text: str) -> tuple[_Encoded, tuple[int, int, int]] | None:
         """The recent prompt sharing the longest prefix with ``text``, and its last cut in it."""
@@ -99,6 +108,8 @@ class PrefixReusingEncoder:
             for k, (token, (start, end)) in enumerate(zip(encoding.ids, encoding.offsets, strict=True))
             if token in self.cut_ids
         ]
+        if self.max_tokens is not None and len(ids) >= self.max_tokens:
+            return ids
         with self._lock:
             kept = [e for e in self._recent if e.text != text][-(self.recent - 1) :] if self.recent > 1 else []
             self._recent = [*kept, _Encoded(text, ids, cuts)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 
+from omlx.adapters.disk_faults import fault_of
 from omlx.domain.ports import IndexUnavailable
 
 log = logging.getLogger(__name__)
@@ -82,10 +84,22 @@ def _timed_out(exc: BaseException) -> bool:
 
 
 class AlwaysAvailable:
-    """The embedded SQLite index: its errors are real errors, raised as they are."""
+    """The embedded SQLite index: its errors are real errors, raised as they are, except a
+    full disk, a read-only folder, failing writes or a damaged file, which are
+    ``IndexUnavailable`` (lookups miss, writes are deferred or dropped; the block writer
+    logs the episode once)."""
 
     down = False
 
+    def __init__(self, label: str = "index.db") -> None:
+        self._label = label
+
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
-        yield
+        try:
+            yield
+        except (sa_exc.DBAPIError, sqlite3.Error) as exc:  # the request path's raw driver calls too
+            fault = fault_of(exc)
+            if fault is None:
+                raise
+            raise IndexUnavailable(f"index {self._label}: {fault.replace('_', ' ')}: {_first_line(exc)}") from exc

@@ -7,6 +7,7 @@ finds it as well as a source checkout.
 
 from __future__ import annotations
 
+import logging
 import os
 from importlib import resources
 from pathlib import Path
@@ -21,12 +22,14 @@ from omlx.adapters.sqlindex.urls import SQLITE, sqlite_path, to_url
 if TYPE_CHECKING:
     from alembic.config import Config
 
+log = logging.getLogger(__name__)
+
 FILE_TEMPLATE = "%%(year)d_%%(month).2d_%%(day).2d_%%(rev)s_%%(slug)s"
 Target = str | os.PathLike[str] | URL
 # The newest migration's revision, so a server starting on an index already there skips
 # loading Alembic and its scripts (about half a second). Kept equal to the migrations
 # folder's head by tests/integration/test_migrations.py.
-HEAD_REVISION = "0013"
+HEAD_REVISION = "0014"
 
 
 def migrations_dir() -> Path:
@@ -64,7 +67,14 @@ def upgrade(target: Target, revision: str = "head") -> None:
         sqlite_path(url).parent.mkdir(parents=True, exist_ok=True)
     from alembic import command
 
+    before = current_revision(url)
     command.upgrade(alembic_config(url), revision)
+    # One line for what Alembic said in a dozen (its own loggers are quiet at info).
+    where = url.render_as_string(hide_password=True)
+    if before is None:
+        log.info("created the cache index %s (schema %s)", where, current_revision(url))
+    else:
+        log.info("upgraded the cache index %s from schema %s to %s", where, before, current_revision(url))
 
 
 def _open_index(url: URL) -> Engine | None:

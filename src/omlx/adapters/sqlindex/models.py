@@ -114,9 +114,15 @@ class ResponseRow(Base):
     """
 
     __tablename__ = "responses"
-    __table_args__ = (Index("ix_responses_created_at", "created_at"),)
+    __table_args__ = (
+        Index("ix_responses_created_at", "created_at"),
+        Index("ix_responses_previous_id", "previous_id"),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     created_at: Mapped[float] = mapped_column(Float, nullable=False)
     response: Mapped[str] = mapped_column(Text, nullable=False)
+    # This turn's own input items; earlier turns are the rows previous_id leads to.
     input_items: Mapped[str] = mapped_column(Text, nullable=False)
+    previous_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    nbytes: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")

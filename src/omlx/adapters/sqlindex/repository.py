@@ -77,7 +77,7 @@ class SqlBlockIndex:
         self._sql = sql_for(engine)
         self.shared = self._sql is PostgresSql
         self.label = display(engine.url)
-        self._available = Availability(engine, self.label) if self.shared else AlwaysAvailable()
+        self._available = Availability(engine, self.label) if self.shared else AlwaysAvailable(self.label)
         self._reader = sessionmaker(engine)
         self._writer = sessionmaker(writer_engine(engine) if not self.shared else engine)
 

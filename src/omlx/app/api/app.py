@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from litestar import Litestar
 from litestar.di import Provide
@@ -11,6 +12,14 @@ from litestar.openapi import OpenAPIConfig
 from omlx import __version__
 from omlx.app.api.anthropic.controller import AnthropicController
 from omlx.app.api.auth import api_key_guard
+from omlx.app.api.body import CheckedRequest, release_large_bodies
+from omlx.app.api.dashboard import (
+    ApiFamily,
+    Dashboard,
+    DashboardController,
+    DashboardPageController,
+    RequestSeries,
+)
 from omlx.app.api.encoding import EncodingController
 from omlx.app.api.errors import EXCEPTION_HANDLERS
 from omlx.app.api.health import HealthController
@@ -18,15 +27,19 @@ from omlx.app.api.metrics import Metrics, MetricsController, RequestMetrics, cou
 from omlx.app.api.openai.controller import OpenAIController
 from omlx.app.api.responses.controller import ResponsesController
 from omlx.app.container import Container
+from omlx.app.request_log import RequestLog
 
 
 def create_app(container: Container) -> Litestar:
     metrics = Metrics(container)
     settings = container.settings
+    request_log = RequestLog()
+    dashboard = Dashboard(request_log, RequestSeries(request_log, settings.dashboard_sample_seconds))
 
     def observe(served) -> None:  # every model, loaded now or later, reports to these metrics
         if served.generation is not None:
             served.generation.observer = metrics
+            served.generation.finished_hook = functools.partial(request_log.record, served.id)
         if served.chat is not None:
             served.chat.observer = metrics
 
@@ -38,6 +51,7 @@ def create_app(container: Container) -> Litestar:
     async def start_reaper() -> None:
         if container.pool.idle_timeout:
             reaper.append(asyncio.create_task(container.pool.reap_idle()))
+        reaper.append(asyncio.create_task(dashboard.series.run()))
 
     async def start_loads() -> None:  # the port is open: now the models named at start
         for spec in container.start_loads:
@@ -54,6 +68,9 @@ def create_app(container: Container) -> Litestar:
     def provide_metrics() -> Metrics:
         return metrics
 
+    def provide_dashboard() -> Dashboard:
+        return dashboard
+
     return Litestar(
         route_handlers=[
             HealthController,
@@ -62,15 +79,19 @@ def create_app(container: Container) -> Litestar:
             AnthropicController,
             EncodingController,
             MetricsController,
+            DashboardPageController,
+            DashboardController,
         ],
         dependencies={
             "container": Provide(provide_container, sync_to_thread=False),
             "metrics": Provide(provide_metrics, sync_to_thread=False),
+            "dashboard": Provide(provide_dashboard, sync_to_thread=False),
         },
         guards=[api_key_guard(settings.api_key)] if settings.api_key else [],
-        middleware=[RequestMetrics(metrics)],
+        middleware=[release_large_bodies, RequestMetrics(metrics), ApiFamily()],
         before_send=[count_unmatched(metrics)],
         exception_handlers=EXCEPTION_HANDLERS,
+        request_class=CheckedRequest,  # nesting bounded, types strict (api.body)
         request_max_body_size=settings.max_request_body_bytes,
         openapi_config=OpenAPIConfig(
             title="omlx",

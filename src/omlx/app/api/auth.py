@@ -1,7 +1,9 @@
-"""API-key auth: ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` on every route but /health."""
+"""API-key auth: ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (or Basic, for browsers) on every route but /health."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 
 from litestar.connection import ASGIConnection
@@ -14,12 +16,23 @@ PUBLIC = "public"  # route opt: reachable without a key
 
 
 def presented_key(connection: ASGIConnection) -> str | None:
-    """The key a client sent, in either header clients use (OpenAI SDKs: Bearer; Anthropic: x-api-key)."""
+    """The key a client sent, in either header clients use (OpenAI SDKs: Bearer; Anthropic: x-api-key).
+
+    Basic credentials (any user name, the key as password) are what a browser sends once
+    its login prompt for ``/dashboard`` has been answered; it resends them on the page's
+    own requests.
+    """
     if key := connection.headers.get("x-api-key"):
         return key.strip()
     scheme, _, token = connection.headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
+    if scheme.lower() == "basic" and token.strip():
+        try:
+            _, _, password = base64.b64decode(token.strip(), validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return password or None
     return None
 
 

@@ -21,6 +21,7 @@ from omlx.app.errors import (
     InvalidRequest,
     ModelUnavailable,
     NotFound,
+    StoreUnavailable,
     Unauthorized,
 )
 
@@ -59,6 +60,7 @@ _STATUS: dict[type[AppError], int] = {
     ClientGone: 499,
     GenerationFailed: 500,
     ModelUnavailable: 503,
+    StoreUnavailable: 503,
 }
 
 
@@ -78,7 +80,41 @@ def headers_of(exc: AppError) -> dict[str, str]:
 
 
 def is_anthropic_path(path: str) -> bool:
-    return path.startswith("/v1/messages")
+    """The Anthropic API's routes, and the wrong spellings of them a base URL produces
+    (``/v1/v1/messages``, ``/messages``): their clients read only Anthropic's envelope."""
+    return (meant_path(path) or path).startswith("/v1/messages")
+
+
+# The first segment of every /v1 route: what a path with one /v1 too many or too few meant.
+_V1_ROUTES = ("chat", "completions", "models", "responses", "embeddings", "rerank", "messages")
+
+
+def meant_path(path: str) -> str | None:
+    """The route a wrong base URL turned into ``path``, or None when it is no such slip."""
+    if path.startswith("/v1/v1/"):
+        return path[len("/v1"):]
+    first = path.lstrip("/").split("/", 1)[0]
+    if first in _V1_ROUTES:
+        return "/v1" + path
+    return None
+
+
+def route_hint(path: str) -> str:
+    """How to fix the base URL that produced ``path``, or empty."""
+    meant = meant_path(path)
+    if meant is None:
+        return ""
+    if path.startswith("/v1/v1/"):
+        return (
+            f"; did you mean {meant}? Drop /v1 from the client's base URL: Anthropic clients "
+            "take http://HOST:PORT, OpenAI clients http://HOST:PORT/v1"
+        )
+    if meant.startswith("/v1/messages"):
+        return (
+            f"; did you mean {meant}? Anthropic clients take the base URL http://HOST:PORT "
+            "and add /v1/messages themselves"
+        )
+    return f"; did you mean {meant}? Add /v1 to the client's base URL: http://HOST:PORT/v1"
 
 
 def openai_error_body(
@@ -127,7 +163,7 @@ def handle_validation(request: Request, exc: ValidationException) -> Response:
 def handle_http(request: Request, exc: HTTPException) -> Response:
     status = exc.status_code
     if isinstance(exc, NotFoundException):
-        message = f"no route {request.method} {request.url.path}"
+        message = f"no route {request.method} {request.url.path}{route_hint(request.url.path)}"
     elif isinstance(exc, MethodNotAllowedException):
         message = f"method {request.method} not allowed on {request.url.path}"
     elif status == 413:

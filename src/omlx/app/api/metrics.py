@@ -63,7 +63,7 @@ class Metrics:
         self.phases = Histogram(
             "omlx_request_phase_seconds",
             "Where time to first token goes, by phase: render (template and tokenizer), "
-            "queue, lookup, restore, admit, prefill (the uncached tail), first_step",
+            "grammar (compiling a structured output's or forced call's grammar), queue, lookup, restore, admit, prefill (the uncached tail), first_step",
             ["phase"],
             buckets=_PHASE_BUCKETS,
             registry=r,
@@ -329,7 +329,7 @@ def _cache_families(c: Container, served: list[Served]) -> Iterator[Metric]:
     put("omlx_cache_bytes_written", writer.get("written_bytes"), "all", "ssd")
     put("omlx_cache_blocks_evicted", writer.get("evicted_blocks"), "all", "ssd")
     put("omlx_cache_bytes_evicted", writer.get("evicted_bytes"), "all", "ssd")
-    for reason in ("queue_full", "no_space", "closed", "error"):
+    for reason in ("queue_full", "no_space", "read_only", "io_error", "damaged", "closed", "error"):
         put("omlx_cache_blocks_dropped", writer.get(f"dropped_{reason}"), "all", "ssd", reason)
     put("omlx_cache_write_queue_blocks", writer.get("queued"), "all")
     yield from (f for f in families.values() if f.samples)

@@ -26,6 +26,15 @@ class LRUPolicy:
         self._order[key] = nbytes
         self._order.move_to_end(key)
 
+    def record_insert(self, key: str, nbytes: int, parent_key: str | None) -> None:
+        self.record_access(key, nbytes)
+
+    def record_hit(self, key: str, nbytes: int) -> None:
+        self.record_access(key, nbytes)
+
+    def record_promotion(self, key: str, nbytes: int, parent_key: str | None) -> None:
+        self.record_access(key, nbytes)
+
     def remove(self, key: str) -> None:
         self._order.pop(key, None)
 

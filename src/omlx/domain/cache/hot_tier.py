@@ -1,6 +1,7 @@
-"""The hot tier: a RAM pool of blocks under a byte budget, LRU over unpinned blocks.
+"""The hot tier: a RAM pool of blocks under a byte budget; unpinned blocks leave in its
+policy's order (LRU here; the server passes ``ReuseLevelPolicy``: one-off blocks first).
 
-Full and partial blocks alike (see ``keys``): the same budget, LRU order and pins. A
+Full and partial blocks alike (see ``keys``): the same budget, eviction order and pins. A
 parent -> children map lets token-granular matching find every block that extends a
 matched prefix. The engine thread mutates it; other threads (``/health``) read
 ``stats()``; one lock.
@@ -76,7 +77,7 @@ class HotTier:
                 self._misses += 1
                 return None
             self._hits += 1
-            self._policy.record_access(key, block.nbytes)
+            self._policy.record_hit(key, block.nbytes)
             return block
 
     def children(self, parent_key: str) -> list[HotBlock]:
@@ -98,11 +99,15 @@ class HotTier:
             self._policy.record_access(key, block.nbytes)
             return True
 
-    def put(self, meta: BlockMeta, tokens: tuple[int, ...], payload: Any, nbytes: int) -> bool:
-        """Store a block, evicting LRU unpinned blocks to make room; False when it cannot fit.
+    def put(
+        self, meta: BlockMeta, tokens: tuple[int, ...], payload: Any, nbytes: int,
+        *, reused: bool = False,
+    ) -> bool:
+        """Store a block, evicting unpinned blocks (policy order) to make room; False when it cannot fit.
 
         A key already present is only touched (same key, same content). Nothing is evicted
         for a block that would not fit even after evicting every unpinned block.
+        ``reused``: a block read back from disk for a request that matched it (a hit).
         """
         if nbytes < 0:
             raise ValueError("nbytes must be >= 0")
@@ -124,7 +129,10 @@ class HotTier:
             children = self._children if meta.kind == KV else self._points
             children.setdefault(meta.parent_key, set()).add(meta.key)
             self._bytes += nbytes
-            self._policy.record_access(meta.key, nbytes)
+            if reused:
+                self._policy.record_promotion(meta.key, nbytes, meta.parent_key)
+            else:
+                self._policy.record_insert(meta.key, nbytes, meta.parent_key)
             return True
 
     def pin(self, keys: Iterable[str]) -> None:
@@ -148,7 +156,7 @@ class HotTier:
             return self._is_pinned_locked(key)
 
     def shrink(self, target_bytes: int) -> int:
-        """Evict LRU unpinned blocks until ``bytes <= target_bytes`` (or none is left); bytes freed."""
+        """Evict unpinned blocks (policy order) until ``bytes <= target_bytes`` (or none is left); bytes freed."""
         with self._lock:
             needed = self._bytes - max(target_bytes, 0)
             if needed <= 0:

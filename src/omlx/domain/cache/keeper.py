@@ -35,10 +35,15 @@ class KnownKeys:
         return key in self._keys
 
     def remember(self, key: str) -> None:
-        self._keys[key] = None
-        self._keys.move_to_end(key)
-        while len(self._keys) > self._limit:
-            self._keys.popitem(last=False)
+        keys = self._keys  # one dict throughout: ``forget`` may swap it from another thread
+        keys[key] = None
+        keys.move_to_end(key)
+        while len(keys) > self._limit:
+            keys.popitem(last=False)
+
+    def forget(self) -> None:
+        """Forget every key (an admin removed blocks from disk): swapped, not cleared in place."""
+        self._keys = OrderedDict()
 
 
 @dataclass(frozen=True, slots=True)

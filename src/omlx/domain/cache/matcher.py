@@ -150,7 +150,8 @@ class PrefixMatcher:
             self._hot.touch(match.meta.key)
         else:  # promoted whole: the next lookup finds it in RAM
             self._hot.put(
-                match.meta, match.tokens, match.payload, self._codec.nbytes(match.payload)
+                match.meta, match.tokens, match.payload, self._codec.nbytes(match.payload),
+                reused=True,
             )
             self._known.remember(match.meta.key)
         return match
@@ -252,7 +253,7 @@ class PrefixMatcher:
             namespace=self.namespace.digest,
             token_count=len(block_tokens),
         )
-        self._hot.put(meta, block_tokens, payload, self._codec.nbytes(payload))
+        self._hot.put(meta, block_tokens, payload, self._codec.nbytes(payload), reused=True)
         self._known.remember(key)
         return payload
 

@@ -116,7 +116,7 @@ class RestorePointFinder:
         if found is None or found[0] != need.tokens:
             return None
         meta = BlockMeta(need.key, need.parent, self._ns, len(need.tokens), need.kind)
-        self._hot.put(meta, need.tokens, found[1], self._codec.nbytes(found[1]))
+        self._hot.put(meta, need.tokens, found[1], self._codec.nbytes(found[1]), reused=True)
         self._remember(need.key)
         return found[1]
 

@@ -79,7 +79,7 @@ class PrefixCache:
         self.layout = layout if layout is not None else CacheLayout()
         self._codec, self._hot, self._kept = codec, hot, kept
         self._tally = Tally()
-        known = KnownKeys(known_keys_limit)
+        known = self._known = KnownKeys(known_keys_limit)
         self._matcher = PrefixMatcher(
             namespace=namespace,
             codec=codec,
@@ -126,6 +126,22 @@ class PrefixCache:
         """Bytes of KV this cache holds in RAM: the hot tier and the kept finished caches."""
         kept = self._kept.nbytes if self._kept is not None else 0
         return self._hot.stats().bytes + kept
+
+    def clear(self) -> int:
+        """Drop every block in RAM and forget which are on disk; the blocks dropped.
+
+        For an admin clearing this model's blocks on disk too (the dashboard): the next
+        request computes its prompt afresh and queues its blocks for disk again. Safe
+        beside the engine thread (the hot tier locks; the known keys are swapped).
+        """
+        dropped = self._hot.stats().blocks
+        self._hot.clear()
+        self._known.forget()
+        return dropped
+
+    def forget_stored(self) -> None:
+        """Forget which blocks are on disk (a vacuum evicted some there), so they are queued again."""
+        self._known.forget()
 
     def is_pinned(self, key: str) -> bool:
         """Whether a running request holds ``key``; the cold tier's eviction asks this."""

@@ -15,17 +15,21 @@ from omlx.app.api.anthropic.schemas import MessageUsage
 from omlx.app.api.errors import anthropic_error_body
 from omlx.app.api.sse import KEEPALIVE
 from omlx.app.chat import ChatEvent, Done, Error, Output, Started
-from omlx.app.output import Content, Piece, Reasoning
+from omlx.app.output import Content, Piece, Reasoning, ToolCallArgs, ToolCallPiece, ToolCallStart
 from omlx.app.sealing import ReasoningSeal
+from omlx.app.tool_calls import close_partial
 
 log = logging.getLogger(__name__)
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as ``tool_use.input``; cut ones (``max_tokens``) as far as they got."""
     try:
         value = json.loads(arguments)
     except ValueError:
-        value = arguments
+        value = close_partial(arguments)
+        if value is None:
+            value = {} if not arguments.strip() else arguments
     return value if isinstance(value, dict) else {"arguments": value}
 
 
@@ -69,7 +73,7 @@ class MessageStream:
         self.mid, self.model = mid, model
         self.seal, self.show_thinking, self.diagnostics = seal, show_thinking, diagnostics
         self.index = -1
-        self.open: str | None = None  # the kind of the open block: "text" | "thinking"
+        self.open: str | None = None  # the kind of the open block: "text" | "thinking" | "tool_use"
         self.thinking: list[str] = []  # the open thinking block's text, sealed at its end
         self.started = False
         self.calls = 0
@@ -110,7 +114,7 @@ class MessageStream:
     def begin(self, block: dict[str, Any]) -> list[ServerSentEventMessage]:
         events = self.close()
         self.index += 1
-        self.open = block["type"] if block["type"] in ("text", "thinking") else None
+        self.open = block["type"]
         events.append(
             _event(
                 "content_block_start",
@@ -139,6 +143,14 @@ class MessageStream:
             if self.show_thinking:
                 events.append(self.delta({"type": "thinking_delta", "thinking": piece.text}))
             return events
+        if isinstance(piece, ToolCallStart):  # its arguments follow as input_json_delta
+            self.calls += 1
+            return self.begin({"type": "tool_use", "id": tool_id(), "name": piece.name, "input": {}})
+        if isinstance(piece, ToolCallArgs):
+            return [self.delta({"type": "input_json_delta", "partial_json": piece.text})]
+        assert isinstance(piece, ToolCallPiece)
+        if piece.streamed:
+            return self.close()
         self.calls += 1
         events = self.begin({"type": "tool_use", "id": tool_id(), "name": piece.name, "input": {}})
         events.append(
@@ -149,10 +161,7 @@ class MessageStream:
                 }
             )
         )
-        events.append(
-            _event("content_block_stop", {"type": "content_block_stop", "index": self.index})
-        )
-        return events
+        return [*events, *self.close()]
 
     def finish(self, done: Done) -> list[ServerSentEventMessage]:
         event = done.finished

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
+import anyio
 import msgspec
 from litestar import Controller, Request, get, post
 
@@ -153,7 +154,7 @@ class OpenAIController(Controller):
         check_n(data.n)
         service = (await container.pool.acquire(data.model)).generation
         prompt = _one_prompt(data.prompt)
-        tokens = service.encode_text(prompt) if isinstance(prompt, str) else prompt
+        tokens = await anyio.to_thread.run_sync(service.encode_text, prompt, "prompt") if isinstance(prompt, str) else prompt
         gen = service.build_request(tokens, completion_sampling(data))
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         prefix = prompt if (data.echo and isinstance(prompt, str)) else ""

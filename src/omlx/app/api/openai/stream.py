@@ -27,7 +27,7 @@ from omlx.app.api.openai.schemas import (
 )
 from omlx.app.api.sse import KEEPALIVE, KEEPALIVE_SECONDS
 from omlx.app.chat import ChatEvent, Done, Error, Output
-from omlx.app.output import Content, Piece, Reasoning, ToolCallPiece
+from omlx.app.output import Content, Piece, Reasoning, ToolCallArgs, ToolCallPiece, ToolCallStart
 from omlx.domain.generation import Failed, Finished, GenerationEvent, TextDelta
 
 log = logging.getLogger(__name__)
@@ -87,14 +87,27 @@ class ChatStream:
             )
         )
 
-    def piece(self, piece: Piece, logprobs: ChoiceLogprobs | None = None) -> str:
+    def piece(self, piece: Piece, logprobs: ChoiceLogprobs | None = None) -> str | None:
+        """The chunk of one piece; None for a call its fragments already carried."""
         if isinstance(piece, Content):
             return self.chunk(Delta(content=piece.text), logprobs=logprobs)
         if isinstance(piece, Reasoning):
             return self.chunk(Delta(reasoning_content=piece.text), logprobs=logprobs)
+        if isinstance(piece, ToolCallStart):
+            # The first chunk of a call: its id and name, then its arguments as deltas.
+            self.calls += 1
+            first = ToolCallDelta(
+                piece.index, call_id(), "function", ToolCallFunctionDelta(piece.name, "")
+            )
+            return self.chunk(Delta(tool_calls=[first]), logprobs=logprobs)
+        if isinstance(piece, ToolCallArgs):
+            fragment = ToolCallDelta(piece.index, function=ToolCallFunctionDelta(arguments=piece.text))
+            return self.chunk(Delta(tool_calls=[fragment]), logprobs=logprobs)
         assert isinstance(piece, ToolCallPiece)
+        if piece.streamed:
+            return None
         call = ToolCallDelta(
-            self.calls, call_id(), "function", ToolCallFunctionDelta(piece.name, piece.arguments)
+            piece.index, call_id(), "function", ToolCallFunctionDelta(piece.name, piece.arguments)
         )
         self.calls += 1
         return self.chunk(Delta(tool_calls=[call]), logprobs=logprobs)
@@ -103,9 +116,15 @@ class ChatStream:
         logprobs = None
         if self.token_text is not None and event.logprobs:
             logprobs = chat_logprobs(event.logprobs, self.token_text)
-        if not event.pieces:
-            return [self.chunk(Delta(), logprobs=logprobs)] if logprobs else []
-        return [self.piece(p, logprobs if i == 0 else None) for i, p in enumerate(event.pieces)]
+        chunks = []
+        for p in event.pieces:
+            chunk = self.piece(p, logprobs)
+            if chunk is not None:
+                chunks.append(chunk)
+                logprobs = None
+        if logprobs:
+            chunks.append(self.chunk(Delta(), logprobs=logprobs))
+        return chunks
 
     async def run(
         self, events: AsyncIterator[ChatEvent | None]
@@ -120,7 +139,8 @@ class ChatStream:
                         yield chunk
                 elif isinstance(event, Done):
                     for piece in event.pieces:
-                        yield self.piece(piece)
+                        if (chunk := self.piece(piece)) is not None:
+                            yield chunk
                     f = event.finished
                     usage = usage_of(f.prompt_tokens, f.completion_tokens, f.cached_tokens)
                     reason = chat_finish_reason(f.reason, self.calls)

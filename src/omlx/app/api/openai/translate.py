@@ -133,5 +133,6 @@ def chat_request(
         sampling=chat_sampling(data),
         template_kwargs={**kwargs, **(data.chat_template_kwargs or {})},
         parallel_tool_calls=data.parallel_tool_calls is not False,
+        several_forced_calls=data.parallel_tool_calls is True,
         response_format=response_format_of(data.response_format),
     )

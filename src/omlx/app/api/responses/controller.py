@@ -4,6 +4,7 @@ delete, and a stored response's input items."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import anyio
@@ -27,33 +28,66 @@ from omlx.app.api.responses.translate import Translator
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
 from omlx.app.api.translators import translator
 from omlx.app.container import Container
-from omlx.app.errors import InvalidRequest, NotFound
-from omlx.domain.responses import StoredResponse
+from omlx.app.errors import InvalidRequest, NotFound, StoreUnavailable
+from omlx.domain.ports import IndexUnavailable
+from omlx.domain.responses import BrokenChain, StoredResponse, conversation_input
+from omlx.domain.responses import history as conversation_history
 
 _ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404, 413, 429, 500)
 _READ_ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404)
 
 
-async def stored(container: Container, response_id: str) -> StoredResponse:
-    record = await anyio.to_thread.run_sync(container.responses.get, response_id)
-    if record is None:
+async def _from_store(call: Callable[..., Any], *args: Any) -> Any:
+    """A store call off the event loop; a database that cannot be used is a 503 naming it."""
+    try:
+        return await anyio.to_thread.run_sync(call, *args)
+    except IndexUnavailable as exc:
+        raise StoreUnavailable(
+            f"stored responses are unavailable: {exc}; retry once it is back", code="store_unavailable"
+        ) from exc
+
+
+async def stored_chain(container: Container, response_id: str) -> list[StoredResponse]:
+    try:
+        chain = await _from_store(container.responses.chain, response_id)
+    except BrokenChain as exc:
+        raise NotFound(f"stored response {response_id!r} lost an earlier turn: {exc}", param="response_id") from exc
+    if chain is None:
         raise NotFound(f"no stored response {response_id!r}", param="response_id")
-    return record
+    return chain
 
 
 async def history(container: Container, previous_id: str | None) -> list[dict[str, Any]]:
     """The conversation a previous response continued: its input items, then its output."""
     if previous_id is None:
         return []
-    record = await anyio.to_thread.run_sync(container.responses.get, previous_id)
-    if record is None:
+    try:
+        chain = await _from_store(container.responses.chain, previous_id)
+    except BrokenChain:
+        chain = None
+    if chain is None:
         raise InvalidRequest(
             f"previous_response_id {previous_id!r} names no stored response (stored with "
             "store: false, deleted, or pruned by the retention limits)",
             param="previous_response_id",
             code="previous_response_not_found",
         )
-    return [*record.input_items, *record.output_items]
+    return conversation_history(chain)
+
+
+def check_metadata(metadata: dict[str, str] | None) -> None:
+    """OpenAI's limits: 16 pairs, keys of at most 64 characters, values of at most 512."""
+    if not metadata:
+        return
+    if len(metadata) > 16:
+        raise InvalidRequest(f"metadata has {len(metadata)} pairs; at most 16", param="metadata")
+    for key, value in metadata.items():
+        if len(key) > 64:
+            raise InvalidRequest(f"metadata key {key[:20]!r}... has {len(key)} characters; at most 64", param="metadata")
+        if len(value) > 512:
+            raise InvalidRequest(
+                f"metadata[{key!r}] has {len(value)} characters; at most 512", param="metadata"
+            )
 
 
 class ResponsesController(Controller):
@@ -74,6 +108,7 @@ class ResponsesController(Controller):
     async def create_response(
         self, data: ResponsesRequest, container: Container, request: Request
     ) -> ResponseObject:
+        check_metadata(data.metadata)
         served = await container.pool.acquire(data.model)
         past = await history(container, data.previous_response_id)
         translated = translator(Translator, container, served).translate(data, served.id, past)
@@ -83,7 +118,8 @@ class ResponsesController(Controller):
         run = ResponseRun(
             base=base_response(rid, int(time.time()), data),
             builder=OutputBuilder(container.seal, translated.encrypted_reasoning),
-            items=translated.items,
+            items=translated.items[len(past) :],  # this turn's own: earlier ones are links
+            previous_id=data.previous_response_id,
             store=container.responses if data.store else None,
             caching=served.prefix_cache is not None,
             count_tokens=lambda text: len(service.encode_text(text)),
@@ -94,8 +130,7 @@ class ResponsesController(Controller):
         for piece in result.pieces:
             run.builder.feed(piece)
         _, final = run.complete(result.finished)
-        await run.keep(final)
-        return final
+        return await run.keep(final)
 
     @get(
         "/{response_id:str}",
@@ -111,7 +146,9 @@ class ResponsesController(Controller):
                 "stream is not supported here: a stored response is returned whole",
                 param="stream",
             )
-        record = await stored(container, response_id)
+        record = await _from_store(container.responses.get, response_id)
+        if record is None:
+            raise NotFound(f"no stored response {response_id!r}", param="response_id")
         return msgspec.convert(record.response, ResponseObject)
 
     @delete(
@@ -122,7 +159,7 @@ class ResponsesController(Controller):
         responses=_READ_ERRORS,
     )
     async def delete_response(self, response_id: str, container: Container) -> DeletedResponse:
-        if not await anyio.to_thread.run_sync(container.responses.delete, response_id):
+        if not await _from_store(container.responses.delete, response_id):
             raise NotFound(f"no stored response {response_id!r}", param="response_id")
         return DeletedResponse(response_id)
 
@@ -141,7 +178,7 @@ class ResponsesController(Controller):
         after: str | None = None,
         include: list[str] | None = None,  # accepted: stored items are returned whole
     ) -> InputItemList:
-        items = (await stored(container, response_id)).input_items
+        items = conversation_input(await stored_chain(container, response_id))
         if order == "desc":
             items = items[::-1]
         if after is not None:

@@ -24,7 +24,7 @@ from omlx.app.api.responses.schemas import (
     ResponsesRequest,
     ResponseUsage,
 )
-from omlx.app.output import Content, Piece, Reasoning, ToolCallPiece
+from omlx.app.output import Content, Piece, Reasoning, ToolCallArgs, ToolCallPiece, ToolCallStart
 from omlx.app.sealing import ReasoningSeal
 
 Event = dict[str, Any]  # a stream event without its sequence_number
@@ -39,6 +39,7 @@ class OutputBuilder:
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the reasoning or message item being written
         self._texts: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}  # streaming function_call items, by call index
 
     @property
     def reasoning_text(self) -> str:
@@ -47,7 +48,16 @@ class OutputBuilder:
         )
 
     def feed(self, piece: Piece) -> list[Event]:
+        if isinstance(piece, ToolCallStart):
+            return [*self.close(), self._call_added(piece.index, piece.name)]
+        if isinstance(piece, ToolCallArgs):
+            item = self._calls[piece.index]
+            item["arguments"] += piece.text
+            where = self._where(item)
+            return [{**where, "delta": piece.text, "type": "response.function_call_arguments.delta"}]
         if isinstance(piece, ToolCallPiece):
+            if piece.streamed:
+                return self._call_done(self._calls.pop(piece.index), piece)
             return [*self.close(), *self._call(piece)]
         assert isinstance(piece, Reasoning | Content)
         kind = "reasoning" if isinstance(piece, Reasoning) else "message"
@@ -117,24 +127,36 @@ class OutputBuilder:
         )
         return events
 
-    def _call(self, piece: ToolCallPiece) -> list[Event]:
+    def _call_added(self, index: int, name: str) -> Event:
         item = {
             "id": new_id("fc"),
             "type": "function_call",
             "call_id": call_id(),
-            "name": piece.name,
+            "name": name,
             "arguments": "",
             "status": "in_progress",
         }
         self.items.append(item)
-        added = self._item_event("response.output_item.added", item)
-        where = self._where(item)
-        item.update(arguments=piece.arguments, status="completed")
+        self._calls[index] = item
+        return self._item_event("response.output_item.added", item)
+
+    def _call(self, piece: ToolCallPiece) -> list[Event]:
+        added = self._call_added(piece.index, piece.name)
+        item = self._calls.pop(piece.index)
+        item["arguments"] = piece.arguments
+        delta = {
+            **self._where(item),
+            "delta": piece.arguments,
+            "type": "response.function_call_arguments.delta",
+        }
+        return [added, delta, *self._call_done(item, piece)]
+
+    def _call_done(self, item: dict[str, Any], piece: ToolCallPiece) -> list[Event]:
+        """A call's arguments are whole (``incomplete``: cut by max_output_tokens)."""
+        item.update(arguments=piece.arguments, status="completed" if piece.complete else "incomplete")
         return [
-            added,
-            {**where, "delta": piece.arguments, "type": "response.function_call_arguments.delta"},
             {
-                **where,
+                **self._where(item),
                 "name": piece.name,
                 "arguments": piece.arguments,
                 "type": "response.function_call_arguments.done",

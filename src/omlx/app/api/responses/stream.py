@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 class ResponseRun:
     base: ResponseObject
     builder: OutputBuilder
-    items: list[dict[str, Any]]  # the resolved input items, stored with the response
+    items: list[dict[str, Any]]  # this turn's own input items, stored with the response
+    previous_id: str | None  # the response it continues: its items are stored there
     store: ResponseStore | None  # None: store is off
     caching: bool  # the prefix cache keeps what is prefilled (usage.cache_write_tokens)
     count_tokens: Callable[[str], int]  # tokens of a text (reasoning_tokens in usage)
@@ -69,20 +70,25 @@ class ResponseRun:
             f.prompt_tokens, f.completion_tokens, f.cached_tokens, reasoning_tokens, self.caching
         )
 
-    async def keep(self, response: ResponseObject) -> None:
-        """Store the response (``store: true``); a storage failure is logged, not the client's."""
+    async def keep(self, response: ResponseObject) -> ResponseObject:
+        """Store the response (``store: true``) and return it. When it cannot be stored (the
+        database down, full or read-only, over the byte budget), the response says so with
+        ``store: false`` (its id will not be found) and one warning line names the cause."""
         if self.store is None:
-            return
+            return response
         record = StoredResponse(
             id=response.id,
             created_at=float(response.created_at),
             response=msgspec.to_builtins(response),
             input_items=self.items,
+            previous_id=self.previous_id,
         )
         try:
             await anyio.to_thread.run_sync(self.store.put, record)
-        except Exception:
-            log.exception("could not store response %s", response.id)
+        except Exception as exc:  # IndexUnavailable, TooLargeToStore, or a database error
+            log.warning("response %s not stored: %s", response.id, _first_line(exc))
+            return msgspec.structs.replace(response, store=False)
+        return response
 
     # --- the SSE body ----------------------------------------------------------------
 
@@ -119,7 +125,7 @@ class ResponseRun:
                         closing, final = self.complete(event.finished)
                         for e in closing:
                             yield numbered.event(e)
-                        await self.keep(final)
+                        final = await self.keep(final)
                         kind = f"response.{'incomplete' if final.status == 'incomplete' else 'completed'}"
                         yield numbered.event({"type": kind, "response": msgspec.to_builtins(final)})
                         return
@@ -137,8 +143,13 @@ class ResponseRun:
         yield numbered.event(
             {"type": "error", "code": "server_error", "message": failure, "param": None}
         )
-        await self.keep(final)
+        final = await self.keep(final)
         yield numbered.event({"type": "response.failed", "response": msgspec.to_builtins(final)})
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 class _Numbered:

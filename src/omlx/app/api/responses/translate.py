@@ -106,6 +106,7 @@ class Translator:
             ),
             template_kwargs=self.template_kwargs(data),
             parallel_tool_calls=data.parallel_tool_calls is not False,
+            several_forced_calls=data.parallel_tool_calls is True,
             response_format=text_format(data),
         )
         return Translated(chat, items, encrypted)

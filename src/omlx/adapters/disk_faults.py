@@ -1,0 +1,130 @@
+"""Disk faults while serving (a full disk, a read-only folder, writes failing), named and
+logged once per episode.
+
+A full disk or a read-only cache folder fails every block write the same way: one
+WARNING when writes start failing for a reason, one line when a write succeeds again,
+and the count in between, instead of a traceback per block. ``fault_of`` recognises the
+fault in an ``OSError`` and in SQLite's errors (raw or wrapped by SQLAlchemy).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+
+NO_SPACE = "no_space"
+READ_ONLY = "read_only"
+IO_ERROR = "io_error"  # the disk refuses writes through files already open (SQLite's IOERR)
+DAMAGED = "damaged"  # the index file was damaged under the running server
+
+_ERRNOS = {
+    errno.ENOSPC: NO_SPACE,
+    errno.EDQUOT: NO_SPACE,
+    errno.EROFS: READ_ONLY,
+    errno.EACCES: READ_ONLY,
+    errno.EPERM: READ_ONLY,
+    errno.EIO: IO_ERROR,
+}
+_SQLITE = (
+    ("database or disk is full", NO_SPACE),
+    ("readonly database", READ_ONLY),
+    ("read-only", READ_ONLY),
+    ("disk i/o error", IO_ERROR),
+    ("database disk image is malformed", DAMAGED),
+    ("file is not a database", DAMAGED),
+)
+_WHAT = {
+    NO_SPACE: "out of space",
+    READ_ONLY: "read-only or not writable",
+    IO_ERROR: "writes fail",
+    DAMAGED: "its index is damaged",
+}
+_UNTIL = {
+    NO_SPACE: "until there is room",
+    READ_ONLY: "until it is writable again",
+    IO_ERROR: "until they work",
+    DAMAGED: "until a restart (which moves the damaged index aside and makes a new one)",
+}
+_WHILE = {
+    NO_SPACE: "while out of space",
+    READ_ONLY: "while not writable",
+    IO_ERROR: "while writes failed",
+    DAMAGED: "while the index was damaged",
+}
+
+
+def fault_of(exc: BaseException | None) -> str | None:
+    """``no_space`` or ``read_only`` when ``exc`` (or what it wraps) is one, else None."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in _ERRNOS:
+            return _ERRNOS[exc.errno]
+        text = str(exc).lower()
+        for marker, fault in _SQLITE:
+            if marker in text:
+                return fault
+        exc = getattr(exc, "orig", None) or exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+class FaultEpisodes:
+    """Logs the start and the end of each run of failures of one kind, for one folder.
+
+    The same fault back within ``quiet_s`` of its last warning (a budget that flaps
+    between full and not) is counted silently instead of starting a new episode.
+    """
+
+    def __init__(
+        self, where: str, logger: logging.Logger, what: str = "blocks are not written", quiet_s: float = 60.0
+    ) -> None:
+        """``where``: the folder, in the log lines; ``what``: what the fault stops."""
+        self.where = where
+        self.what = what
+        self.quiet_s = quiet_s
+        self._log = logger
+        self._lock = threading.Lock()
+        self._fault: str | None = None
+        self._announced = False
+        self._last_warning = -float("inf")
+        self._last_kind: str | None = None
+        self._dropped = 0
+
+    @property
+    def fault(self) -> str | None:
+        return self._fault
+
+    def failed(self, fault: str, exc: BaseException | str) -> None:
+        """One write failed for ``fault``; the first of an episode is logged, with ``exc``."""
+        now = time.monotonic()
+        with self._lock:
+            starts = self._fault != fault
+            announce = starts and (now - self._last_warning >= self.quiet_s or fault != self._last_kind)
+            self._fault = fault
+            self._dropped += 1
+            if announce:
+                self._announced, self._last_warning, self._last_kind = True, now, fault
+        if announce:
+            self._log.warning(
+                "%s: %s (%s); %s %s",
+                self.where, _WHAT[fault], exc if isinstance(exc, str) else _first_line(exc), self.what,
+                _UNTIL[fault],
+            )
+
+    def succeeded(self) -> None:
+        with self._lock:
+            fault, dropped, announced = self._fault, self._dropped, self._announced
+            self._fault, self._dropped, self._announced = None, 0, False
+        if fault is not None and announced:
+            self._log.warning(
+                "%s: written again (%d writes dropped %s)", self.where, dropped, _WHILE[fault]
+            )
+
+
+def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno in errno.errorcode:
+        return f"{errno.errorcode[exc.errno]}: {exc.strerror}"
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

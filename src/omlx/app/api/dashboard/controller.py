@@ -1,0 +1,133 @@
+"""``GET /dashboard`` (the page), its static files, ``GET /v1/dashboard/state`` and the actions.
+
+Every route here needs the API key like the rest of the API. A browser cannot add a
+header to a page it opens, so the page's 401 asks for Basic credentials (any user name,
+the key as password), which the browser then sends with the page's own requests too.
+Actions answer only ``Content-Type: application/json`` POSTs: a cross-site form cannot
+send one, and a browser that holds Basic credentials would otherwise let it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import anyio
+import msgspec
+from litestar import Controller, Request, Response, get, post
+from litestar.middleware import ASGIMiddleware
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from omlx.app.api.dashboard.actions import clear_model_cache, unload_model, vacuum_cache
+from omlx.app.api.dashboard.series import RequestSeries
+from omlx.app.api.dashboard.state import dashboard_state, ssd_usage
+from omlx.app.api.errors import handle_app_error
+from omlx.app.container import Container
+from omlx.app.errors import InvalidRequest, Unauthorized
+from omlx.app.request_log import RequestLog, current_api
+
+# The page's files, served from the package (no build step, nothing from the network).
+_STATIC = {
+    "dashboard.js": "text/javascript",
+    "dashboard.css": "text/css",
+}
+_PAGE_HEADERS = {
+    # The page and its files come from here alone; this also keeps them off other sites' frames.
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass(slots=True)
+class Dashboard:
+    """The dashboard's own state: the request log and the series sampled from it."""
+
+    log: RequestLog
+    series: RequestSeries
+
+
+class VacuumRequest(msgspec.Struct, forbid_unknown_fields=True):
+    max_size: str  # e.g. "50GB": evict LRU blocks until the SSD tier holds at most this
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("omlx.app.api.dashboard").joinpath("static", name).read_bytes()
+
+
+def _ask_for_the_key(request: Request, exc: Unauthorized) -> Response:
+    """The page's 401, with the challenge that makes a browser prompt for the key."""
+    response = handle_app_error(request, exc)
+    response.headers["WWW-Authenticate"] = 'Basic realm="omlx", charset="UTF-8"'
+    return response
+
+
+class DashboardPageController(Controller):
+    path = "/dashboard"
+    tags = ("dashboard",)
+    include_in_schema = False  # a page and its files, not an API
+    exception_handlers = {Unauthorized: _ask_for_the_key}  # noqa: RUF012 - Litestar's own class attribute
+
+    @get(operation_id="dashboard", media_type="text/html")
+    async def page(self) -> Response[bytes]:
+        return Response(_asset("dashboard.html"), media_type="text/html", headers=_PAGE_HEADERS)
+
+    @get("/static/{name:str}", operation_id="dashboardAsset")
+    async def asset(self, name: str) -> Response[bytes]:
+        media_type = _STATIC.get(name)
+        if media_type is None:
+            from omlx.app.errors import NotFound
+
+            raise NotFound(f"no dashboard file {name!r}")
+        return Response(_asset(name), media_type=media_type, headers=_PAGE_HEADERS)
+
+
+class DashboardController(Controller):
+    path = "/v1/dashboard"
+    tags = ("dashboard",)
+
+    @get(
+        "/state",
+        operation_id="dashboardState",
+        summary="Models, cache tiers, queue, recent requests and sampled series, as the dashboard shows them",
+    )
+    async def state(self, container: Container, dashboard: Dashboard) -> dict[str, Any]:
+        ssd = await anyio.to_thread.run_sync(ssd_usage, container)
+        return dashboard_state(container, dashboard.log, dashboard.series, ssd)
+
+    # The actions change the server's state: kept out of the OpenAPI schema, so schema-driven
+    # fuzzers (tests/e2e/test_schemathesis.py) do not unload or clear what other tests use.
+    @post("/models/{model_id:str}/unload", operation_id="dashboardUnload", include_in_schema=False, status_code=200)
+    async def unload(self, request: Request, container: Container, model_id: str) -> dict[str, Any]:
+        _require_json(request)
+        return unload_model(container, model_id)
+
+    @post("/models/{model_id:str}/clear-cache", operation_id="dashboardClearCache", include_in_schema=False, status_code=200)
+    async def clear_cache(self, request: Request, container: Container, model_id: str) -> dict[str, Any]:
+        _require_json(request)
+        return await anyio.to_thread.run_sync(clear_model_cache, container, model_id)
+
+    @post("/vacuum", operation_id="dashboardVacuum", include_in_schema=False, status_code=200)
+    async def vacuum(self, request: Request, container: Container, data: VacuumRequest) -> dict[str, Any]:
+        _require_json(request)
+        return await anyio.to_thread.run_sync(vacuum_cache, container, data.max_size)
+
+
+def _require_json(request: Request) -> None:
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise InvalidRequest(
+            "dashboard actions take Content-Type: application/json", param="content-type", code="json_required"
+        )
+
+
+class ApiFamily(ASGIMiddleware):
+    """Names each HTTP request's API family and route for the request log (``current_api``)."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
+        handler = scope.get("route_handler")
+        if scope["type"] == "http" and handler is not None:
+            tags = handler.resolve_tags()
+            family = sorted(tags)[0] if tags else ""
+            current_api.set((family, scope.get("path_template") or scope.get("path", "")))
+        await next_app(scope, receive, send)

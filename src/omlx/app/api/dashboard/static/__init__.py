@@ -1,0 +1,1 @@
+"""The dashboard page's files, shipped as package data (pyproject.toml)."""

@@ -1,0 +1,103 @@
+"""The last finished requests, in a bounded ring: what the dashboard lists and charts.
+
+Each generation that ends with ``Finished`` is recorded where the generation service
+sees it end (``GenerationService.finished_hook``); the API family it came through is
+read from ``current_api``, which the dashboard's middleware sets per HTTP request.
+Requests whose client left before the end are not recorded (there is no ``Finished``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from omlx.domain.generation import Finished
+
+DEFAULT_CAPACITY = 200
+
+# The API family and route of the HTTP request being served ("openai", "/v1/chat/completions");
+# empty off HTTP.
+current_api: ContextVar[tuple[str, str]] = ContextVar("omlx_current_api", default=("", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One finished generation, as the dashboard shows it."""
+
+    seq: int  # 1, 2, ... in finishing order: a reader asks for what came after its last
+    at: float  # wall time it finished (time.time())
+    model: str
+    api: str  # the API family: openai, anthropic, ...
+    route: str  # the route it came through: /v1/chat/completions, /v1/messages, ...
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    tier: str  # hot, ssd, none
+    reason: str  # stop, length
+    ttft_s: float | None  # None: no token came
+    tokens_per_s: float | None  # decode rate after the first token; None: too few tokens
+
+    @property
+    def cached_share(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class RequestLog:
+    """A thread-safe ring of the last ``capacity`` finished requests."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, clock: Callable[[], float] = time.time) -> None:
+        if capacity < 1:
+            raise ValueError("a request log holds at least one request")
+        self._ring: deque[RequestRecord] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._clock = clock
+
+    def record(self, model: str, event: Finished, ttft_s: float | None, decode_s: float) -> RequestRecord:
+        """Keep one finished generation; ``decode_s``: first token to the end."""
+        decoded = event.completion_tokens - 1  # the first token's time is the TTFT's
+        rate = decoded / decode_s if decoded > 0 and decode_s > 0 else None
+        api, route = current_api.get()
+        with self._lock:
+            self._seq += 1
+            record = RequestRecord(
+                seq=self._seq,
+                at=self._clock(),
+                model=model,
+                api=api or "internal",
+                route=route,
+                prompt_tokens=event.prompt_tokens,
+                cached_tokens=event.cached_tokens,
+                completion_tokens=event.completion_tokens,
+                tier=event.tier,
+                reason=event.reason,
+                ttft_s=ttft_s,
+                tokens_per_s=rate,
+            )
+            self._ring.append(record)
+        return record
+
+    def recent(self, limit: int | None = None) -> list[RequestRecord]:
+        """The newest ``limit`` records (all held when None), newest first."""
+        with self._lock:
+            records = list(self._ring)
+        records.reverse()
+        return records if limit is None else records[:limit]
+
+    def after(self, seq: int) -> list[RequestRecord]:
+        """Records newer than ``seq``, oldest first (a sampler's new work since its last look)."""
+        with self._lock:
+            return [r for r in self._ring if r.seq > seq]
+
+    @property
+    def last_seq(self) -> int:
+        with self._lock:
+            return self._seq
+
+    @property
+    def capacity(self) -> int:
+        return self._ring.maxlen or 0

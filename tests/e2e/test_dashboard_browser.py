@@ -1,0 +1,186 @@
+"""The dashboard in a real headless browser (Debian's chromium driven by Selenium) against a
+real server behind an API key: the model, a hit, a chart's points, a cache clear, and not
+one request outside the server.
+
+Skips, saying why, where chromium, chromedriver or selenium is missing (scripts/setup.sh
+installs them). ``OMLX_TEST_DASHBOARD_SCREENSHOT=PATH`` saves the page as it ends (the
+README's docs/img/dashboard.png is made so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+
+from tests.server_process import ServerProcess
+
+KEY = "dash-key-42"
+SYSTEM = "You are a careful agent working in a repository of Python code. " * 12
+NONE = "\N{EN DASH}"  # what the page shows for a value it does not have
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
+if CHROMIUM is None or CHROMEDRIVER is None:
+    pytest.skip(
+        "chromium and chromedriver are not installed (apt-get install chromium chromium-driver; "
+        "scripts/setup.sh does it where it may)",
+        allow_module_level=True,
+    )
+
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
+    work = tmp_path_factory.mktemp("dashboard-server")
+    process = ServerProcess(
+        "--model", str(tiny_model_dir), "--block-size", "16", "--api-key", KEY,
+        cache_dir=work / "cache", log_path=work / "server.log",
+        env={"OMLX_DASHBOARD_SAMPLE_SECONDS": "0.5"},
+    )
+    with process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1400",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if value := check():
+                return value
+        except Exception:  # the page redraws its tables every poll: an element may go stale
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def ask(server: ServerProcess) -> Any:
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files."}]
+    return client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=4, temperature=0)
+
+
+def request_urls(driver: Any) -> list[str]:
+    urls = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            urls.append(message["params"]["request"]["url"])
+    return urls
+
+
+def cell_texts(driver: Any, selector: str) -> list[str]:
+    return [c.text for c in driver.find_elements(By.CSS_SELECTOR, selector)]
+
+
+def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
+    driver = browser
+    origin = server.base_url
+    # The page's 401 asks for Basic credentials: any user name, the key as password.
+    driver.get(origin.replace("http://", f"http://omlx:{KEY}@") + "/dashboard")
+    model = wait_for("the served model", lambda: driver.find_element(By.CSS_SELECTOR, 'tr[data-model="tiny-llama"]'))
+    assert "loaded" in model.text
+
+    ask(server)
+    second = ask(server)
+    assert second.usage.prompt_tokens_details.cached_tokens > 0
+    # The repeated request is listed with its cached tokens, newest first.
+    cached = wait_for("the hit in the request list", lambda: [
+        int(t.replace(",", "")) for t in cell_texts(driver, "#requests tbody td.cached")
+        if t not in ("", NONE)
+    ] if len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 2 else None)
+    assert cached[0] == second.usage.prompt_tokens_details.cached_tokens
+    assert cached[1] == 0
+    tiers = cell_texts(driver, "#requests tbody td.tier")
+    assert tiers[:2] == ["hot", "none"]
+    # The series sampled both: the hit-rate chart has points.
+    wait_for("a chart's points", lambda: driver.find_elements(By.CSS_SELECTOR, '[data-chart="Hit rate"] circle.point'))
+    hot_before = wait_for("hot blocks", lambda: (t := model_cell(driver, "hot")) and t.startswith(("1", "2", "3", "4", "5", "6", "7", "8", "9")) and t)
+
+    # Clear its cache, by keyboard: Tab from Unload to Clear cache; the focus stays there
+    # while the page redraws its tables; Enter, then confirm in the dialog.
+    driver.execute_script("arguments[0].focus()", driver.find_element(By.CSS_SELECTOR, "button.unload"))
+    driver.switch_to.active_element.send_keys(Keys.TAB)
+    drawn = driver.find_element(By.TAG_NAME, "body").get_attribute("data-updated")
+    wait_for("a redraw", lambda: driver.find_element(By.TAG_NAME, "body").get_attribute("data-updated") != drawn)
+    assert driver.switch_to.active_element.get_attribute("data-key") == "clear:tiny-llama"
+    driver.switch_to.active_element.send_keys(Keys.ENTER)
+    dialog = wait_for("the confirmation", lambda: (d := driver.find_element(By.ID, "confirm")).is_displayed() and d)
+    assert "tiny-llama" in dialog.text
+    driver.find_element(By.ID, "confirm-ok").click()
+    status = wait_for("the clear's report", lambda: "cleared" in (t := driver.find_element(By.ID, "status").text) and t)
+    assert "tiny-llama" in status
+    wait_for("an empty hot tier", lambda: model_cell(driver, "hot").startswith("0 blocks"))
+    wait_for("an empty SSD tier", lambda: model_cell(driver, "ssd").startswith("0 blocks"))
+    assert hot_before != model_cell(driver, "hot")
+    # A clear is a real miss: the same prompt is computed again.
+    assert ask(server).usage.prompt_tokens_details.cached_tokens == 0
+
+    if path := os.environ.get("OMLX_TEST_DASHBOARD_SCREENSHOT"):
+        for _ in range(3):  # a few more points on the charts
+            time.sleep(0.6)
+            ask(server)
+        wait_for("the last request", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 6)
+        time.sleep(1.5)
+        driver.save_screenshot(path)
+
+    # Vacuum the SSD tier to nothing from the form, by keyboard alone.
+    # Once every block the last miss computed is on disk (written behind the request).
+    wait_for("the miss's blocks on disk", lambda: blocks_in(driver, "ssd") == blocks_in(driver, "hot") > 0
+             and "0 blocks queued for disk" in driver.find_element(By.ID, "tier-ssd").text)
+    size = driver.find_element(By.ID, "vacuum-size")
+    size.send_keys(Keys.CONTROL, "a")
+    size.send_keys("0", Keys.ENTER)
+    wait_for("the vacuum's confirmation", lambda: driver.find_element(By.ID, "confirm").is_displayed())
+    driver.switch_to.active_element.send_keys(Keys.TAB)  # Cancel has the focus; Confirm is next
+    driver.switch_to.active_element.send_keys(Keys.ENTER)
+    status = wait_for("the vacuum's report", lambda: "vacuumed" in (t := driver.find_element(By.ID, "status").text) and t)
+    assert "evicted" in status
+    wait_for("an SSD tier vacuumed to nothing", lambda: model_cell(driver, "ssd").startswith("0 blocks"))
+    assert "0 B of" in driver.find_element(By.ID, "tier-ssd").text
+
+    # Unload the model; it is listed as available (the next request loads it again).
+    driver.find_element(By.CSS_SELECTOR, 'tr[data-model="tiny-llama"] button.unload').click()
+    wait_for("the unload's confirmation", lambda: driver.find_element(By.ID, "confirm").is_displayed())
+    driver.find_element(By.ID, "confirm-ok").click()
+    wait_for("an unloaded model", lambda: "available" in driver.find_element(By.CSS_SELECTOR, 'tr[data-model="tiny-llama"]').text)
+
+    urls = request_urls(driver)
+    assert any(u.endswith("/v1/dashboard/state") for u in urls)
+    here = urlsplit(origin).netloc
+    outside = [u for u in urls if not u.startswith("data:") and urlsplit(u).netloc.rpartition("@")[2] != here]
+    assert not outside, f"the page asked for something outside the server: {outside}"
+
+
+def blocks_in(driver: Any, column: str) -> int:
+    """The block count a model's tier cell shows ("41 blocks, 329.2 KB")."""
+    return int(model_cell(driver, column).split(" blocks")[0].replace(",", ""))
+
+
+def model_cell(driver: Any, column: str) -> str:
+    return driver.find_element(By.CSS_SELECTOR, f'tr[data-model="tiny-llama"] td.{column}').text

@@ -1,0 +1,53 @@
+"""Disk faults named from their errors, logged once per episode (issue 22 row 7)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import sqlite3
+
+from sqlalchemy.exc import OperationalError
+
+from omlx.adapters.disk_faults import DAMAGED, IO_ERROR, NO_SPACE, READ_ONLY, FaultEpisodes, fault_of
+
+
+def test_faults_are_named_from_oserrors_and_sqlite_messages():
+    assert fault_of(OSError(errno.ENOSPC, "No space left on device")) == NO_SPACE
+    assert fault_of(OSError(errno.EROFS, "Read-only file system")) == READ_ONLY
+    assert fault_of(PermissionError(errno.EACCES, "Permission denied")) == READ_ONLY
+    wrapped = OperationalError("INSERT", {}, sqlite3.OperationalError("attempt to write a readonly database"))
+    assert fault_of(wrapped) == READ_ONLY
+    try:
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as inner:
+            raise RuntimeError("while writing") from inner
+    except RuntimeError as outer:
+        assert fault_of(outer) == NO_SPACE
+    assert fault_of(ValueError("bad block")) is None
+    assert fault_of(OSError(errno.EIO, "I/O error")) == IO_ERROR
+    assert fault_of(OperationalError("COMMIT", {}, sqlite3.OperationalError("disk I/O error"))) == IO_ERROR
+    assert fault_of(OSError(errno.ENOENT, "No such file")) is None
+    malformed = sqlite3.DatabaseError("database disk image is malformed")
+    assert fault_of(OperationalError("SELECT", {}, malformed)) == DAMAGED
+
+
+def test_one_warning_per_episode_one_recovery_line_and_no_flapping(caplog):
+    log = logging.getLogger("omlx.test.faults")
+    episodes = FaultEpisodes("cache folder /x", log, quiet_s=3600)
+    with caplog.at_level(logging.WARNING, logger="omlx.test.faults"):
+        for _ in range(50):
+            episodes.failed(NO_SPACE, OSError(errno.ENOSPC, "No space left on device"))
+        episodes.succeeded()
+        episodes.succeeded()
+        for _ in range(3):  # back within the quiet time: the same trouble, said already
+            episodes.failed(NO_SPACE, "no room")
+            episodes.succeeded()
+        episodes.failed(READ_ONLY, OSError(errno.EROFS, "Read-only file system"))  # a new kind: said
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "cache folder /x: out of space (ENOSPC: No space left on device); blocks are not written until there is room",
+        "cache folder /x: written again (50 writes dropped while out of space)",
+        "cache folder /x: read-only or not writable (EROFS: Read-only file system); blocks are not written "
+        "until it is writable again",
+    ]
