@@ -342,11 +342,16 @@ class FakeColdSource:
         self.gets: list[str] = []
         self.batches: list[list[str]] = []  # the chains asked of get_many
         self.touched: list[str] = []
+        self.read_recorded: list[str] = []  # reads that count in recency (not a no-store's)
         self.children_calls: list[str] = []
         self.present_calls: list[list[str]] = []
 
-    def get(self, key: str, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
+    def get(
+        self, key: str, parent_key: str, *, touch: bool = True
+    ) -> tuple[tuple[int, ...], Any] | None:
         self.gets.append(key)
+        if touch:
+            self.read_recorded.append(key)
         entry = self.blocks.get(key)
         if entry is None:
             return None
@@ -361,12 +366,12 @@ class FakeColdSource:
         return decoded.tokens, decoded.payload
 
     def get_many(
-        self, chain: Sequence[tuple[str, str]]
+        self, chain: Sequence[tuple[str, str]], *, touch: bool = True
     ) -> Generator[tuple[tuple[int, ...], Any], None, None]:
         """Lazily, one ``get`` per block as the caller asks for it (no read-ahead)."""
         self.batches.append([key for key, _ in chain])
         for key, parent_key in chain:
-            found = self.get(key, parent_key)
+            found = self.get(key, parent_key, touch=touch)
             if found is None:
                 return
             yield found

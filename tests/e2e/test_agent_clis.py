@@ -74,7 +74,8 @@ class ClaudeCode:
 def prompt_and_cached(result: dict) -> tuple[int, int]:
     usage = result["usage"]
     cached = usage["cache_read_input_tokens"]
-    return usage["input_tokens"] + cached, cached
+    written = usage.get("cache_creation_input_tokens") or 0  # up to its last breakpoint
+    return usage["input_tokens"] + written + cached, cached
 
 
 def test_claude_code_sessions_reuse_their_prefix(agent_clis, agent_server, tmp_path):

@@ -49,7 +49,9 @@ def session(server: ServerProcess, cch: str, question: str) -> anthropic.types.M
 
 
 def prompt_tokens(message: anthropic.types.Message) -> int:
-    return message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
+    usage = message.usage
+    written = usage.cache_creation_input_tokens or 0  # before the last cache_control breakpoint
+    return usage.input_tokens + written + (usage.cache_read_input_tokens or 0)
 
 
 def test_a_new_session_reuses_system_prompt_and_tools_despite_its_new_billing_header(agent_server):

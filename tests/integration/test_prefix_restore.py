@@ -27,8 +27,8 @@ class RecordingPrefixCache(PrefixCache):
         super().__init__(**kwargs)
         self.stored: list[list[int]] = []
 
-    def begin(self, prompt: Sequence[int]) -> Any:
-        session = super().begin(prompt)
+    def begin(self, prompt: Sequence[int], **options: Any) -> Any:
+        session = super().begin(prompt, **options)
         finished = session.finished
 
         def recording(tokens: Sequence[int] | None, cache: Any) -> None:

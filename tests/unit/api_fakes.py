@@ -52,6 +52,9 @@ class FakeTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(text.encode())
 
+    def decode(self, tokens: list[int]) -> str:
+        return bytes(tokens).decode(errors="replace")
+
     def apply_chat_template(
         self,
         messages: list[dict],
@@ -145,4 +148,6 @@ def fake_container(engine: FakeEngine | None = None, **settings: Any) -> Contain
         model=FakeModel(),
         engine=engine or FakeEngine(),
         grammars=FakeGrammarCompiler(),
+        # An engine that runs a real prefix cache (the cache-control tests) shares it.
+        prefix_cache=getattr(engine, "prefix_cache", None),
     )

@@ -200,6 +200,15 @@ def test_openapi_documents_each_route_and_its_bodies():
         "rerank",
         "metrics",
         "dashboardState",
+        "explainCache",
+        "createCachePin",
+        "listCachePins",
+        "deleteCachePin",
+        "deleteCachePinById",
+        "cacheTenantStats",
+        "exportCache",
+        "importCache",
+        "recentCacheReports",
     }
     responses = ops[("post", "/v1/responses")]
     assert set(responses["responses"]["200"]["content"]) == {

@@ -66,9 +66,11 @@ COMMON: dict[str, tuple[dict[str, Any], Check]] = {
     "user": ({"user": "u"}, None),
     "model": ({}, None),
 }
+NO_STORE = ({"omlx_cache_control": "no-store"}, lambda r: r.cache_store is False)
 SAMPLES: dict[str, dict[str, tuple[dict[str, Any], Check]]] = {
     "/v1/chat/completions": {
         **COMMON,
+        "omlx_cache_control": NO_STORE,
         "messages": ({}, None),
         "max_tokens": ({"max_tokens": 3}, lambda r: r.max_tokens == 3),
         "max_completion_tokens": ({"max_completion_tokens": 3}, lambda r: r.max_tokens == 3),
@@ -109,12 +111,14 @@ SAMPLES: dict[str, dict[str, tuple[dict[str, Any], Check]]] = {
         "service_tier": ({"service_tier": "auto"}, None),
         "prompt_cache_key": ({"prompt_cache_key": "k"}, None),
         "prompt_cache_retention": ({"prompt_cache_retention": "24h"}, None),
+        "prompt_cache_retention: 7d": ({"prompt_cache_retention": "7d"}, None),
         "prompt_cache_options": ({"prompt_cache_options": {}}, None),
         "safety_identifier": ({"safety_identifier": "s"}, None),
         "prediction": ({"prediction": {"type": "content", "content": "hi"}}, None),
     },
     "/v1/completions": {
         **COMMON,
+        "omlx_cache_control": NO_STORE,
         "prompt": ({"prompt": [104, 105]}, lambda r: r.prompt_tokens == (104, 105)),
         "max_tokens": ({"max_tokens": 3}, lambda r: r.max_tokens == 3),
         "stop": ({"stop": "x"}, lambda r: r.stop == ("x",)),
@@ -125,6 +129,7 @@ SAMPLES: dict[str, dict[str, tuple[dict[str, Any], Check]]] = {
         "suffix": ({"suffix": "end"}, None),
     },
     "/v1/responses": {
+        "omlx_cache_control": NO_STORE,
         "model": ({}, None),
         "input": ({}, None),
         "instructions": ({"instructions": "be brief"}, None),
@@ -160,6 +165,7 @@ SAMPLES: dict[str, dict[str, tuple[dict[str, Any], Check]]] = {
         "metadata": ({"metadata": {"k": "v"}}, None),
         "prompt_cache_key": ({"prompt_cache_key": "k"}, None),
         "prompt_cache_retention": ({"prompt_cache_retention": "24h"}, None),
+        "prompt_cache_retention: 7d": ({"prompt_cache_retention": "7d"}, None),
         "prompt_cache_options": ({"prompt_cache_options": {}}, None),
         "client_metadata": ({"client_metadata": {"k": "v"}}, None),
         "user": ({"user": "u"}, None),
@@ -178,6 +184,8 @@ SAMPLES: dict[str, dict[str, tuple[dict[str, Any], Check]]] = {
         "moderation": ({"moderation": {"mode": "block"}}, None),
     },
     "/v1/messages": {
+        "cache_control": ({"cache_control": {"type": "ephemeral"}}, None),
+        "omlx_cache_control": NO_STORE,
         "model": ({}, None),
         "messages": ({}, None),
         "max_tokens": ({"max_tokens": 3}, lambda r: r.max_tokens == 3),

@@ -455,3 +455,14 @@ def _ago(at: float | None) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f} {unit} ago"
     return f"{seconds:.0f} s ago"
+
+
+def _add_live_commands() -> None:
+    """The commands that ask a running server (``admin_live``) join the cache group."""
+    from omlx.app.admin_live import COMMANDS
+
+    for command in COMMANDS:
+        cache_group.add_command(command)
+
+
+_add_live_commands()

@@ -26,6 +26,7 @@ from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
 if TYPE_CHECKING:  # imported where they are opened: a test's bootstrap opens neither
     from omlx.adapters.cold_folder import ColdFolder
     from omlx.adapters.sqlindex import SqlBlockIndex
+    from omlx.domain.cache.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ def bootstrap(
     model: ChatModel | None = None,
     engine: GenerationEngine | None = None,
     grammars: GrammarCompiler | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> Container:
     """Find the models, open the shared cache tiers, load the models asked for at start.
 
@@ -67,7 +69,11 @@ def bootstrap(
         )
         if model is not None and engine is not None:
             pool = ModelPool(specs, names)
-            pool.add(serve_chat(settings, specs[0], model, engine, grammars=grammars))
+            pool.add(
+                serve_chat(
+                    settings, specs[0], model, engine, grammars=grammars, prefix_cache=prefix_cache
+                )
+            )
             return _container(settings, pool, None, None, closers, [], blas="")
         from omlx.adapters.mlx.memory import return_freed_memory, total_ram_bytes
 

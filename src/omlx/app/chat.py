@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
+from omlx.app.cache_report import CacheReport, report, tools_span_of
 from omlx.app.constraints import ResponseFormat, forced_format, output_grammar
 from omlx.app.diagnostics import Divergence, Fingerprint, FingerprintStore, compare, fingerprint
 from omlx.app.errors import GenerationFailed, InvalidRequest
@@ -55,6 +56,9 @@ __all__ = [
     "ToolChoice",
 ]
 
+if TYPE_CHECKING:
+    from omlx.domain.cache.prefix_cache import PrefixCache
+
 log = logging.getLogger(__name__)
 
 
@@ -87,6 +91,7 @@ class ChatRequest:
     several_forced_calls: bool = False
     response_format: ResponseFormat | None = None  # the answer as JSON (structured output)
     reasoning_budget: int | None = None  # most reasoning tokens before the end marker is forced
+    cache_tenant: str | None = None  # the API key's tenant: its own cache namespace
 
 
 @dataclass(slots=True)
@@ -103,6 +108,7 @@ class ChatTurn:
     previous_named: bool = False  # the client named the previous turn (vs found by prefix)
     cached_tokens: int | None = None  # known once the engine started it
     tool_calls: int = 0
+    cache: CacheReport | None = None  # what the cache held of its prompt on arrival
 
 
 # What a running turn reports, in order: Started, then Output..., then Done or Error.
@@ -161,6 +167,7 @@ class ChatPipeline:
         self.native_format = OutputFormat.of(service.tokenizer)
         self.fingerprints = fingerprints or FingerprintStore()
         self.observer: CacheMissObserver | None = None  # the API's metrics
+        self.prefix_cache: PrefixCache | None = None  # the model's, for cache reports
 
     async def count_tokens(self, chat: ChatRequest) -> int:
         def count() -> int:
@@ -208,6 +215,7 @@ class ChatPipeline:
             request,
             render_seconds=time.monotonic() - started - grammar_seconds,
             grammar_seconds=grammar_seconds,
+            cache_tenant=chat.cache_tenant,
         )
         splitter = OutputSplitter(
             fmt,
@@ -218,6 +226,8 @@ class ChatPipeline:
         turn = ChatTurn(prompt, request, splitter, chat.parallel_tool_calls, fp)
         self._diagnose(turn, previous_id, last_label=chat.labels[-1] if chat.labels else "")
         self.fingerprints.record(response_id, fp)
+        changed = turn.divergence.part if turn.divergence is not None else None
+        turn.cache = await anyio.to_thread.run_sync(self._report, chat, prompt.tokens, changed)
         return turn
 
     def format_for(self, tools: list[dict[str, Any]] | None) -> OutputFormat:
@@ -226,6 +236,50 @@ class ChatPipeline:
         if tools and not self.renderer.renders_tools():
             return self.native_format.with_calls(HERMES)
         return self.native_format
+
+    async def explain(self, chat: ChatRequest) -> tuple[list[int], CacheReport | None]:
+        """What the cache holds of ``chat``'s prompt and where it leaves it; nothing is run
+        or remembered (``POST /v1/cache/explain``)."""
+        prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
+        previous = self.fingerprints.closest(fp)
+        divergence = compare(previous, fp) if previous is not None else None
+        changed = divergence.part if divergence is not None else None
+        cache = await anyio.to_thread.run_sync(self._report, chat, prompt.tokens, changed)
+        return prompt.tokens, cache
+
+    def prefix_renderer(
+        self, chat: ChatRequest, *, tools: bool = True
+    ) -> Callable[[int], list[int]]:
+        """The tokens of ``chat``'s first ``k`` messages rendered (where message ``k`` starts)."""
+
+        def prefix_tokens(k: int) -> list[int]:
+            listed = chat.tools if tools else None
+            text = self.renderer.render(chat.messages[:k], listed, chat.template_kwargs)
+            return self.service.encode_text(text)
+
+        return prefix_tokens
+
+    def _report(
+        self, chat: ChatRequest, tokens: list[int], changed_part: str | None
+    ) -> CacheReport | None:
+        """The turn's ``x-omlx-cache`` report (``cache_report``), off the event loop."""
+
+        prefix_tokens = self.prefix_renderer(chat)
+
+        def tools_span() -> tuple[int, int]:
+            return tools_span_of(prefix_tokens(1), self.prefix_renderer(chat, tools=False)(1))
+
+        return report(
+            self.prefix_cache,
+            tokens,
+            lambda tokens: self.service.tokenizer.decode(list(tokens)),
+            tenant=chat.cache_tenant,
+            messages=chat.messages,
+            labels=chat.labels,
+            prefix_tokens=prefix_tokens,
+            changed_part=changed_part,
+            tools_span=tools_span if chat.tools else None,
+        )
 
     def _budget(self, tokens: int, opened: bool, fmt: OutputFormat) -> ReasoningBudget:
         start, end = fmt.think

@@ -67,6 +67,7 @@ def _serve_options(fn):
         click.option("--prefill-step-size", type=int, default=None, help="Tokens prefilled per engine step (default 256)."),
         click.option("--kv-memory-limit", default=None, help='RAM for KV (running requests + hot tier): a size, "auto" (half of RAM) or "off".'),
         click.option("--api-key", default=None, envvar="OMLX_API_KEY", help="Require this key (Bearer or x-api-key)."),
+        click.option("--api-keys-file", default=None, help="Tenants: a file of 'TENANT KEY' lines; each tenant its own cache namespace."),
         click.option("--model-alias", "model_aliases", multiple=True, help="NAME=ID: answer NAME (a glob like 'claude-*' allowed) with served model ID; repeatable."),
         click.option("--any-model", "answer_any_model", is_flag=True, default=None, help="With one served model, answer every model name with it."),
         click.option("--no-prompt-normalization", is_flag=True, default=False, help="Keep volatile prompt text (e.g. Claude Code's billing header) as sent."),

@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # adapters are imported where they are built, on the loading 
     from omlx.adapters.cold_folder import ColdFolder
     from omlx.adapters.mlx.loader import LoadedModel
     from omlx.domain.cache.cold_tier import RecencyBuffer
+    from omlx.domain.cache.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,7 @@ class ModelLoader:
             sampling_defaults=model.generation_config,
         )
         served.prefix_cache, served.cold_tier = prefix_cache, cold_tier
+        served.chat.prefix_cache = prefix_cache  # the turns' cache reports read it
         served.closers.extend(closers)
         jobs = [lambda proceed: grammars.start_building().wait()]
         if (write := model.extra.pop("write_prepared_copy", None)) is not None:
@@ -245,6 +247,7 @@ def serve_chat(
     encode: Callable[[str], list[int]] | None = None,
     grammars: GrammarCompiler | None = None,
     sampling_defaults: Mapping[str, Any] | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> Served:
     """A chat model's services over its started engine, wired once for the loader and for
     ``bootstrap(engine=...)`` (tests): the generation service and the chat pipeline.
@@ -256,7 +259,11 @@ def serve_chat(
         sampling_defaults=sampling_defaults,
     )
     chat = ChatPipeline(generation, ChatRenderer(model.tokenizer, model.model_id))
-    return Served(spec, model, engine, weights=weights, generation=generation, chat=chat)
+    chat.prefix_cache = prefix_cache
+    return Served(
+        spec, model, engine, weights=weights, generation=generation, chat=chat,
+        prefix_cache=prefix_cache,
+    )
 
 
 def _run_when_quiet(served: Served, jobs: list[Callable[[Callable[[], bool]], Any]]) -> None:

@@ -79,6 +79,11 @@ class GenerationRequest:
     # engine thread; the engine masks each step's logits with it. None: unconstrained.
     constraint: Any = field(default=None, compare=False)
     reasoning_budget: ReasoningBudget | None = None
+    # False: a no-store request (``x-omlx-cache-control: no-store``): the prefix cache
+    # restores what it holds but keeps nothing of this request.
+    cache_store: bool = True
+    # The API key's tenant (``--api-keys-file``): its blocks are keyed from its own root.
+    cache_tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

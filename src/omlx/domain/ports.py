@@ -358,16 +358,19 @@ class EvictionPolicy(Protocol):
 class ColdSource(Protocol):
     """The cold tier as the prefix cache sees it; called on the engine thread, never blocks on a write."""
 
-    def get(self, key: str, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
+    def get(
+        self, key: str, parent_key: str, *, touch: bool = True
+    ) -> tuple[tuple[int, ...], Any] | None:
         """The block's tokens and payload once they rehash to ``key`` from ``parent_key``.
 
-        A served block counts as a hit in the cold tier's recency. ``None`` for a missing,
+        A served block counts as a hit in the cold tier's recency unless ``touch`` is
+        False (a no-store request leaves the index as it was). ``None`` for a missing,
         unreadable or corrupt block (which the tier drops): never raises.
         """
         ...
 
     def get_many(
-        self, chain: Sequence[tuple[str, str]]
+        self, chain: Sequence[tuple[str, str]], *, touch: bool = True
     ) -> Generator[tuple[tuple[int, ...], Any], None, None]:
         """``get`` of each ``(key, parent_key)`` of ``chain`` in order, up to the first ``None``.
 

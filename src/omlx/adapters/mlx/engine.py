@@ -286,7 +286,10 @@ class MLXEngine:
         """Its prompt looked up, its prefix pinned (the prefix cache's session for it)."""
         assert self.prefix_cache is not None
         job.times.setdefault("considered", time.monotonic())
-        return self.prefix_cache.begin(job.request.prompt_tokens)
+        request = job.request
+        return self.prefix_cache.begin(
+            request.prompt_tokens, store=request.cache_store, tenant=request.cache_tenant
+        )
 
     def _admit(self, job: Job) -> None:
         tokens = list(job.request.prompt_tokens)

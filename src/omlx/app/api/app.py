@@ -13,6 +13,8 @@ from omlx import __version__
 from omlx.app.api.anthropic.controller import AnthropicController
 from omlx.app.api.auth import api_key_guard
 from omlx.app.api.body import CheckedRequest, release_large_bodies
+from omlx.app.api.cache_controller import CacheController
+from omlx.app.api.cache_edge import add_cache_header
 from omlx.app.api.dashboard import (
     ApiFamily,
     Dashboard,
@@ -28,11 +30,13 @@ from omlx.app.api.openai.controller import OpenAIController
 from omlx.app.api.responses.controller import ResponsesController
 from omlx.app.container import Container
 from omlx.app.request_log import RequestLog
+from omlx.app.tenants import load_keys
 
 
 def create_app(container: Container) -> Litestar:
-    metrics = Metrics(container)
     settings = container.settings
+    tenants = load_keys(settings.api_keys_file) if settings.api_keys_file else None
+    metrics = Metrics(container)
     request_log = RequestLog()
     dashboard = Dashboard(request_log, RequestSeries(request_log, settings.dashboard_sample_seconds))
 
@@ -81,15 +85,16 @@ def create_app(container: Container) -> Litestar:
             MetricsController,
             DashboardPageController,
             DashboardController,
+            CacheController,
         ],
         dependencies={
             "container": Provide(provide_container, sync_to_thread=False),
             "metrics": Provide(provide_metrics, sync_to_thread=False),
             "dashboard": Provide(provide_dashboard, sync_to_thread=False),
         },
-        guards=[api_key_guard(settings.api_key)] if settings.api_key else [],
+        guards=[api_key_guard(settings.api_key, tenants)] if settings.api_key or tenants else [],
         middleware=[release_large_bodies, RequestMetrics(metrics), ApiFamily()],
-        before_send=[count_unmatched(metrics)],
+        before_send=[count_unmatched(metrics), add_cache_header],
         exception_handlers=EXCEPTION_HANDLERS,
         request_class=CheckedRequest,  # nesting bounded, types strict (api.body)
         request_max_body_size=settings.max_request_body_bytes,

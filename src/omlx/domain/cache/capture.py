@@ -37,12 +37,13 @@ class RequestCapture:
         hit: PrefixHit | None = None,
         *,
         interior: bool = True,
+        root: str | None = None,
     ) -> None:
         self._keeper = keeper
         self._codec = codec
         self._layout = layout
         self._bs = keeper.block_size
-        self._ns = keeper.namespace.digest
+        self._ns = root or keeper.namespace.digest  # a tenant's chain root, or the namespace
         self._chunk: list[NewObject] = []  # new in RAM since the last hand-over, for disk
         self.tokens = list(prompt)
         restored = hit.cached_tokens if hit is not None else 0

@@ -162,7 +162,9 @@ class ColdTier:
         self.stats = ColdTierStats()
         self._lock = threading.Lock()  # the counters
 
-    def get(self, key: str, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
+    def get(
+        self, key: str, parent_key: str, *, touch: bool = True
+    ) -> tuple[tuple[int, ...], Any] | None:
         rows = self._lookup([key])
         row = None if rows is None else rows.get(key)
         if row is None or row.namespace != self.namespace.digest:
@@ -170,10 +172,10 @@ class ColdTier:
             return None
         with closing(self._store.read_many([row])) as reads:
             read = next(reads, None)
-        return None if read is None else self._serve(read, parent_key)
+        return None if read is None else self._serve(read, parent_key, touch)
 
     def get_many(
-        self, chain: Sequence[tuple[str, str]]
+        self, chain: Sequence[tuple[str, str]], *, touch: bool = True
     ) -> Generator[tuple[tuple[int, ...], Any], None, None]:
         if not chain:
             return
@@ -193,12 +195,33 @@ class ColdTier:
         # Closing this generator closes the store's: files not yet read are not read.
         with closing(self._store.read_many([row for row, _ in found])) as reads:
             for (_, parent_key), read in zip(found, reads, strict=False):
-                served = self._serve(read, parent_key)
+                served = self._serve(read, parent_key, touch)
                 if served is None:
                     return
                 yield served
         if len(found) < len(chain):
             self._count("misses")
+
+    def files(self, keys: Sequence[str]) -> list[tuple[StoredBlock, bytes]]:
+        """The index rows and file bytes of ``keys`` (in order, to the first one missing).
+
+        Bytes only where the store found the file matching its row's size and checksum
+        (an export's source); nothing is decoded, touched or dropped here.
+        """
+        rows = self._lookup(list(keys))
+        found: list[StoredBlock] = []
+        for key in keys:
+            row = (rows or {}).get(key)
+            if row is None or row.namespace != self.namespace.digest:
+                break
+            found.append(row)
+        out: list[tuple[StoredBlock, bytes]] = []
+        with closing(self._store.read_many(found)) as reads:
+            for read in reads:
+                if read.data is None:
+                    break
+                out.append((read.block, read.data))
+        return out
 
     def close(self) -> None:
         """Stop the store's background reads (shutdown); a later batch read starts them again."""
@@ -291,7 +314,9 @@ class ColdTier:
             log.exception("index lookup of %d keys failed; treated as a miss", len(keys))
         return None
 
-    def _serve(self, read: BlockRead, parent_key: str) -> tuple[tuple[int, ...], Any] | None:
+    def _serve(
+        self, read: BlockRead, parent_key: str, touch: bool = True
+    ) -> tuple[tuple[int, ...], Any] | None:
         """Decode a verified read and serve it, or count and handle why it cannot be."""
         row = read.block
         if read.failure is ReadFailure.MISSING:
@@ -312,7 +337,8 @@ class ColdTier:
         if decoded is None:
             self._drop(row, problem, "corrupt_blocks")
             return None
-        self.recency.record((row.key,))
+        if touch:  # a no-store request's reads leave the index as it was
+            self.recency.record((row.key,))
         self._count("hits")
         return decoded.tokens, decoded.payload
 

@@ -47,6 +47,17 @@ def namespace_digest(identity: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def tenant_root(namespace: str, tenant: str) -> str:
+    """The chain root of ``tenant``'s blocks in ``namespace`` (``key_{-1}``, salted per tenant).
+
+    Another tenant's prompt hashes to other keys on every tier, so it is never a hit (nor
+    a timing signal) for this one. The default tenant's root is the namespace itself.
+    """
+    h = hashlib.sha256(bytes.fromhex(namespace))
+    h.update(b"\0tenant\0" + tenant.encode("utf-8"))
+    return h.hexdigest()
+
+
 def block_key(parent: str, tokens: Sequence[int]) -> str:
     """``SHA-256(parent || token ids as uint32 LE)``, hex; ``parent`` is a hex digest."""
     h = hashlib.sha256(bytes.fromhex(parent))

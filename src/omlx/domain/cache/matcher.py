@@ -70,12 +70,17 @@ class PrefixMatcher:
         with self._lock:
             return len(self._leases)
 
-    def lookup(self, tokens: Sequence[int]) -> PrefixHit:
+    def lookup(
+        self, tokens: Sequence[int], *, store: bool = True, root: str | None = None
+    ) -> PrefixHit:
         """The longest cached prefix of ``tokens``, to the token, pinned for this request.
 
         Whole blocks first (by key, RAM then disk), then the best child of the last
         matched key. Never the whole prompt: at least one token is left to prefill, so
-        the engine always has logits to sample from.
+        the engine always has logits to sample from. ``store=False`` (a no-store request):
+        blocks read from disk are not put in RAM (nothing is evicted for them) and no
+        recency is recorded on disk (the index is left as it was). ``root``: a tenant's
+        chain root (``keys.tenant_root``) instead of the namespace's.
         """
         bs = self.block_size
         max_blocks = max((len(tokens) - 1) // bs, 0)
@@ -84,7 +89,7 @@ class PrefixMatcher:
         hot_keys: list[str] = []
         cold_hits = 0
         partial = 0
-        parent = self.namespace.digest
+        parent = root or self.namespace.digest
         try:
             # RAM, block by block (keys chained lazily, as ``chain_keys``) to its first miss.
             for i in range(max_blocks):
@@ -96,10 +101,12 @@ class PrefixMatcher:
                 hot_keys.append(key)
                 parent = key
             if len(keys) < max_blocks and self._cold is not None:
-                cold_hits = self._walk_cold(tokens, max_blocks, parent, keys, payloads, hot_keys)
+                cold_hits = self._walk_cold(
+                    tokens, max_blocks, parent, keys, payloads, hot_keys, store
+                )
                 parent = keys[-1] if keys else parent
             n_hot = len(hot_keys)
-            match = self._best_child(tokens, len(keys) * bs, parent)
+            match = self._best_child(tokens, len(keys) * bs, parent, store)
             if match is not None:
                 partial = match.shared
                 payloads.append(self._codec.truncate(match.payload, partial))
@@ -117,7 +124,7 @@ class PrefixMatcher:
         except BaseException:
             self._hot.unpin(keys)  # no lease was handed out: do not leak the pins
             raise
-        if self._cold is not None and hot_keys:
+        if self._cold is not None and hot_keys and store:
             self._cold.touch(hot_keys)  # served from RAM: keep them young on disk too
         matched = n_full * self.block_size + (match.shared if match is not None else 0)
         return self._record_hit(len(tokens), keys, payloads, n_hot, cold_hits, partial, point, matched)
@@ -129,7 +136,9 @@ class PrefixMatcher:
         if keys:
             self._hot.unpin(keys)
 
-    def _best_child(self, tokens: Sequence[int], start: int, parent: str) -> PartialMatch | None:
+    def _best_child(
+        self, tokens: Sequence[int], start: int, parent: str, store: bool = True
+    ) -> PartialMatch | None:
         """The child of ``parent`` continuing ``tokens[start:]`` the furthest (promoted to RAM).
 
         Capped so one token is left to prefill; disk is asked only when RAM could be beaten.
@@ -142,10 +151,12 @@ class PrefixMatcher:
             want,
             self._hot.children(parent),
             (lambda: cold.children(parent, want)) if cold is not None else None,
-            lambda meta: self._read_cold(meta.key, parent),
+            lambda meta: self._read_cold(meta.key, parent, touch=store),
         )
         if match is None:
             return None
+        if not store:
+            return match
         if match.from_hot:
             self._hot.touch(match.meta.key)
         else:  # promoted whole: the next lookup finds it in RAM
@@ -170,6 +181,7 @@ class PrefixMatcher:
         keys: list[str],
         payloads: list[Any],
         hot_keys: list[str],
+        store: bool = True,
     ) -> int:
         """Extend the match past RAM's first miss; returns how many blocks came from disk.
 
@@ -184,12 +196,13 @@ class PrefixMatcher:
         parents = [parent, *rest[:-1]]
         wanted = [(k, p) for k, p in zip(rest, parents, strict=True) if k not in self._hot]
         cold_hits = planned = 0
-        with closing(self._cold.get_many(wanted)) as batch:
+        with closing(self._cold.get_many(wanted, touch=store)) as batch:
             for j, (key, parent_key) in enumerate(zip(rest, parents, strict=True)):
                 block_tokens = tuple(tokens[(start + j) * bs : (start + j + 1) * bs])
                 if planned < len(wanted) and wanted[planned][0] == key:
                     planned += 1
-                    payload = self._promote(key, parent_key, block_tokens, self._next(batch, key))
+                    found = self._next(batch, key)
+                    payload = self._promote(key, parent_key, block_tokens, found, store)
                 else:
                     block = self._hot.get(key)
                     if block is not None:
@@ -197,8 +210,8 @@ class PrefixMatcher:
                         hot_keys.append(key)
                         continue
                     # Left RAM since the batch was planned (a promotion evicted it).
-                    found = self._read_cold(key, parent_key)
-                    payload = self._promote(key, parent_key, block_tokens, found)
+                    found = self._read_cold(key, parent_key, touch=store)
+                    payload = self._promote(key, parent_key, block_tokens, found, store)
                 if payload is None:
                     break
                 self._take(key, payload, keys, payloads)
@@ -218,11 +231,13 @@ class PrefixMatcher:
             return None
         return None if found is None else (tuple(found[0]), found[1])
 
-    def _read_cold(self, key: str, parent: str) -> tuple[tuple[int, ...], Any] | None:
+    def _read_cold(
+        self, key: str, parent: str, *, touch: bool = True
+    ) -> tuple[tuple[int, ...], Any] | None:
         """A verified read from the cold source (checksum, rehash to ``key``); None on a miss."""
         assert self._cold is not None
         try:
-            found = self._cold.get(key, parent)
+            found = self._cold.get(key, parent, touch=touch)
         except OSError:
             # The port promises not to raise; a disk error must still never fail a request.
             log.exception("cold tier read of %s failed; treated as a miss", key)
@@ -237,8 +252,12 @@ class PrefixMatcher:
         parent: str,
         block_tokens: tuple[int, ...],
         found: tuple[tuple[int, ...], Any] | None,
+        store: bool = True,
     ) -> Any | None:
-        """Put a block read from the cold source into RAM; its payload, or None on a miss."""
+        """Put a block read from the cold source into RAM; its payload, or None on a miss.
+
+        Not for a no-store request (``store=False``): it only uses the payload.
+        """
         if found is None:
             return None
         stored_tokens, payload = found
@@ -247,6 +266,8 @@ class PrefixMatcher:
                 "cold block %s holds other tokens than its key says; treated as a miss", key
             )
             return None
+        if not store:
+            return payload
         meta = BlockMeta(
             key=key,
             parent_key=parent,

@@ -4,7 +4,8 @@ A small facade over its parts: ``PrefixMatcher`` (lookup, leases), ``BlockKeeper
 (write-through), ``RequestCapture`` (cutting a running request's blocks) and the kept
 finished caches (``KeptCaches``). The engine starts one ``CacheSession`` per request
 with ``begin`` and otherwise only asks for memory back; every call runs on the engine
-thread except ``stats``, ``held_bytes`` and ``is_pinned``, which others read.
+thread except ``stats``, ``held_bytes``, ``is_pinned``, ``probe`` (what a prompt would
+restore, for diagnostics) and ``pins`` (pinned prefixes), which others use.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from omlx.domain.cache.blocks import NamespaceInfo
 from omlx.domain.cache.capture import RequestCapture
 from omlx.domain.cache.hot_tier import HotTier, HotTierStats
 from omlx.domain.cache.keeper import BlockKeeper, KnownKeys
+from omlx.domain.cache.keys import tenant_root
 from omlx.domain.cache.layout import CacheLayout
 from omlx.domain.cache.matcher import PrefixMatcher
+from omlx.domain.cache.pins import DEFAULT_PIN_SHARE, PinBook
+from omlx.domain.cache.probe import CachedPrefix, probe
 from omlx.domain.cache.session import CacheSession
-from omlx.domain.cache.tally import Tally
+from omlx.domain.cache.tally import Tally, TenantTally
 from omlx.domain.ports import Clock, ColdSource, KeptCaches, KVCodec, SystemClock
 
 
@@ -73,12 +77,18 @@ class PrefixCache:
         known_keys_limit: int = 1 << 16,
         layout: CacheLayout | None = None,
         kept: KeptCaches | None = None,
+        pin_share: float = DEFAULT_PIN_SHARE,
     ) -> None:
         self.namespace = namespace
         self.block_size = namespace.block_size
         self.layout = layout if layout is not None else CacheLayout()
-        self._codec, self._hot, self._kept = codec, hot, kept
+        self._codec, self._hot, self._kept, self._cold = codec, hot, kept, cold
         self._tally = Tally()
+        clock = clock if clock is not None else SystemClock()
+        self.tenants = TenantTally()
+        self.pins = PinBook(
+            hot, clock, namespace=namespace.digest, block_size=self.block_size, share=pin_share
+        )
         known = self._known = KnownKeys(known_keys_limit)
         self._matcher = PrefixMatcher(
             namespace=namespace,
@@ -88,15 +98,22 @@ class PrefixCache:
             layout=self.layout,
             known=known,
             tally=self._tally,
-            clock=clock if clock is not None else SystemClock(),
+            clock=clock,
         )
         self._keeper = BlockKeeper(
             namespace=namespace, codec=codec, hot=hot, cold=cold, known=known, tally=self._tally
         )
 
-    def begin(self, prompt: Sequence[int]) -> CacheSession:
-        """One request's session: its prompt looked up now (the prefix pinned), never raising."""
-        return CacheSession(
+    def begin(
+        self, prompt: Sequence[int], *, store: bool = True, tenant: str | None = None
+    ) -> CacheSession:
+        """One request's session: its prompt looked up now (the prefix pinned), never raising.
+
+        ``store=False``: a no-store request, which restores and keeps nothing. ``tenant``:
+        the API key's tenant, whose blocks are keyed from its own root (``tenant_root``).
+        """
+        self.pins.expire()
+        session = CacheSession(
             prompt,
             matcher=self._matcher,
             keeper=self._keeper,
@@ -104,7 +121,41 @@ class PrefixCache:
             layout=self.layout,
             kept=self._kept,
             tally=self._tally,
+            store=store,
+            root=self.root_of(tenant),
         )
+        self.tenants.looked_up(tenant or "", len(prompt), session.cached_tokens)
+        return session
+
+    def root_of(self, tenant: str | None) -> str | None:
+        """The chain root of ``tenant``'s blocks; None (the namespace's) for the default one."""
+        return tenant_root(self.namespace.digest, tenant) if tenant else None
+
+    def probe(self, tokens: Sequence[int], tenant: str | None = None) -> CachedPrefix:
+        """How much of ``tokens`` the tiers hold now, changing nothing (any thread)."""
+        return probe(
+            tokens,
+            namespace=self.root_of(tenant) or self.namespace.digest,
+            block_size=self.block_size,
+            hot=self._hot,
+            cold=self._cold,
+        )
+
+    @property
+    def cold(self) -> ColdSource | None:
+        """The cold source (export and import read and queue blocks through it)."""
+        return self._cold
+
+    def held_blocks(self, keys: Sequence[str]) -> int:
+        """How many of ``keys``, from the first, RAM or disk holds now (a pin's state; any thread)."""
+        n = 0
+        while n < len(keys) and keys[n] in self._hot:
+            n += 1
+        if n < len(keys) and self._cold is not None:
+            on_disk = self._cold.present(list(keys[n:]))
+            while n < len(keys) and keys[n] in on_disk:
+                n += 1
+        return n
 
     def make_room(self, room: int) -> int:
         """Give RAM back until this cache holds at most ``room`` bytes; the bytes it still holds.

@@ -5,7 +5,8 @@ calls, on its own thread: ``restore()`` for the cache to start from, ``prefilled
 each prefill chunk, ``wants_decoded``/``decoded`` during decode (sliding layers),
 ``finished`` with the request's final cache, and ``close()`` when it leaves without one.
 No call raises into the engine: a failed lookup or restore is a miss, a failed cut stops
-capturing (what was kept stays). ``seconds`` holds its lookup, restore and store time.
+capturing (what was kept stays). A no-store session (``store=False``) restores what it
+finds and keeps nothing: no block cut, no write, no eviction, no recency on disk. ``seconds`` holds its lookup, restore and store time.
 """
 
 from __future__ import annotations
@@ -42,21 +43,36 @@ class CacheSession:
         layout: CacheLayout,
         kept: KeptCaches | None,
         tally: Tally,
+        store: bool = True,
+        root: str | None = None,
     ) -> None:
         self._prompt = list(prompt)
         self._matcher, self._keeper, self._codec = matcher, keeper, codec
-        self._layout, self._kept, self._tally = layout, kept, tally
+        self._layout, self._tally = layout, tally
+        # A no-store request restores but keeps nothing, and leaves the kept caches be.
+        self._root = root
+        if root is not None and not layout.plain:
+            # Restore points are anchored on the namespace's chain: a tenant of a hybrid
+            # model neither reads nor writes the cache rather than share another's.
+            store = False
+        self.store = store
+        self._kept = kept if store else None
         self.seconds = {"lookup": 0.0, "restore": 0.0, "store": 0.0}
         self.continued = False  # restored from a kept finished cache, not from blocks
         started = time.perf_counter()
         try:
-            self._hit = matcher.lookup(self._prompt)
+            if root is not None and not layout.plain:
+                self._hit = MISS
+            else:
+                self._hit = matcher.lookup(self._prompt, store=store, root=root)
         except Exception:  # the lookup unpinned what it took: serve the request as a miss
             log.exception("prefix lookup of a %d-token prompt failed; a miss", len(self._prompt))
             self._hit = MISS
         self.seconds["lookup"] = time.perf_counter() - started
         self._capture: RequestCapture | None = self._new_capture(self._prompt, self._hit)
         self._plan = self._capture.plan
+        if not store:
+            self._capture = None  # nothing is cut; the plan still says where chunks end
 
     @property
     def hit(self) -> PrefixHit:
@@ -98,8 +114,9 @@ class CacheSession:
             log.exception("restoring a %d-token prefix failed; recomputed", self._hit.cached_tokens)
             self._matcher.release(self._hit)
             self._hit = MISS
-            self._capture = self._new_capture(self._prompt, MISS)
-            self._plan = self._capture.plan
+            capture = self._new_capture(self._prompt, MISS)
+            self._plan = capture.plan
+            self._capture = capture if self.store else None
             cache = None
         self.seconds["restore"] += time.perf_counter() - started
         return cache
@@ -123,7 +140,7 @@ class CacheSession:
         layout's cache is kept whole for the next turn to continue.
         """
         self.close()
-        if cache is None or not tokens:
+        if cache is None or not tokens or not self.store:
             return
         started = time.perf_counter()
         try:
@@ -169,7 +186,7 @@ class CacheSession:
         return self._codec.assemble(payloads, windows=list(self._hit.windows), state=self._hit.state)
 
     def _new_capture(self, prompt: Sequence[int], hit: PrefixHit | None) -> RequestCapture:
-        return RequestCapture(self._keeper, self._codec, self._layout, prompt, hit)
+        return RequestCapture(self._keeper, self._codec, self._layout, prompt, hit, root=self._root)
 
     def _timed(self, phase: str, started: float) -> None:
         seconds = time.perf_counter() - started

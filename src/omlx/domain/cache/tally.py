@@ -32,3 +32,23 @@ class Tally:
         """A consistent copy of every counter set so far."""
         with self._lock:
             return dict(self._values)
+
+
+class TenantTally:
+    """Lookups, prompt tokens and restored tokens per tenant (``""``: the default one)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+
+    def looked_up(self, tenant: str, prompt_tokens: int, cached_tokens: int) -> None:
+        with self._lock:
+            counts = self._counts.setdefault(tenant, [0, 0, 0])
+            counts[0] += 1
+            counts[1] += prompt_tokens
+            counts[2] += cached_tokens
+
+    def read(self, tenant: str) -> dict[str, int]:
+        with self._lock:
+            lookups, prompt, cached = self._counts.get(tenant, (0, 0, 0))
+        return {"lookups": lookups, "prompt_tokens": prompt, "cached_tokens": cached}

@@ -20,10 +20,13 @@ from omlx.app.api.anthropic.schemas import (
 )
 from omlx.app.api.anthropic.stream import MessageStream, stop_reason, tool_id, tool_input, usage
 from omlx.app.api.anthropic.translate import Translator
+from omlx.app.api.auth import tenant_of
+from omlx.app.api.cache_edge import note, with_controls
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openapi import error_responses, streaming_operation
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
 from omlx.app.api.translators import translator
+from omlx.app.cache_hints import anthropic_breakpoints, honour_breakpoints
 from omlx.app.chat import ChatTurn
 from omlx.app.container import Container
 from omlx.app.output import Piece, Reasoning, ToolCallPiece
@@ -94,13 +97,21 @@ class AnthropicController(Controller):
     ) -> Message:
         served = await container.pool.acquire(data.model)
         chat = translator(Translator, container, served).chat_request(data, served.id)
+        breakpoints = anthropic_breakpoints(data, chat.labels)
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         previous = data.diagnostics.previous_message_id if data.diagnostics is not None else None
+        chat.cache_tenant = tenant_of(request)
         turn = await served.chat.prepare(chat, mid, previous)
+        turn.request = with_controls(request, data.omlx_cache_control, turn.request)
+        note(request, turn.cache, stored=turn.request.cache_store, model=served.id)
+        written = 0
+        if turn.request.cache_store:  # a no-store request pins nothing
+            written = await honour_breakpoints(served, chat, turn.prompt.tokens, breakpoints)
         extra = diagnostics(turn) if wants_diagnostics(request, data) else None
         show_thinking = data.thinking is None or data.thinking.display != "omitted"
         if data.stream:
             stream = MessageStream(mid, data.model, container.seal, show_thinking, extra)
+            stream.written_upto = written
             return EventStream(stream.run(served.chat.stream(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
         result = await unless_disconnected(request.receive, served.chat.complete(turn))
         f = result.finished
@@ -110,7 +121,7 @@ class AnthropicController(Controller):
             content=blocks_of(result.pieces, container.seal, show_thinking),
             stop_reason=stop_reason(f.reason, f.stop_sequence, result.tool_calls),  # type: ignore[arg-type]
             stop_sequence=f.stop_sequence,
-            usage=usage(f.prompt_tokens, f.completion_tokens, f.cached_tokens),
+            usage=usage(f.prompt_tokens, f.completion_tokens, f.cached_tokens, written),
         )
         if extra is not None:
             message.diagnostics = extra

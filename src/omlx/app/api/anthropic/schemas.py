@@ -1,7 +1,7 @@
 """Anthropic Messages API bodies as msgspec Structs (the HTTP edge only).
 
 Requests accept unknown fields and every block type's fields in one Struct
-(``cache_control`` included, accepted and ignored: our cache is automatic).
+(``cache_control`` included: breakpoints pin their prefix, ``cache_hints``).
 """
 
 from __future__ import annotations
@@ -103,6 +103,8 @@ class MessagesRequest(Struct, kw_only=True):
     mcp_servers: list[dict[str, Any]] | None = None
     container: Any = None
     service_tier: str | None = None
+    cache_control: dict[str, Any] | None = None  # automatic caching: a breakpoint at the end
+    omlx_cache_control: str | None = None  # "no-store": restore, keep nothing (cache_edge)
 
 
 class CountTokensRequest(Struct, kw_only=True):

@@ -33,9 +33,19 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-def usage(prompt: int, completion: int, cached: int) -> MessageUsage:
+def usage(prompt: int, completion: int, cached: int, written_upto: int = 0) -> MessageUsage:
+    """Anthropic's token accounting: ``input + cache_creation + cache_read == prompt``.
+
+    ``written_upto``: the prompt offset of the request's last ``cache_control`` breakpoint;
+    the new tokens before it count as written to the cache, as Anthropic counts them (omlx
+    keeps the rest too, automatically, reported as ``input_tokens``).
+    """
+    written = max(min(written_upto, prompt) - cached, 0)
     return MessageUsage(
-        input_tokens=prompt - cached, output_tokens=completion, cache_read_input_tokens=cached
+        input_tokens=prompt - cached - written,
+        output_tokens=completion,
+        cache_read_input_tokens=cached,
+        cache_creation_input_tokens=written,
     )
 
 
@@ -77,6 +87,7 @@ class MessageStream:
         self.thinking: list[str] = []  # the open thinking block's text, sealed at its end
         self.started = False
         self.calls = 0
+        self.written_upto = 0  # the last cache_control breakpoint's offset (``usage``)
 
     def start(self, prompt: int, cached: int) -> list[ServerSentEventMessage]:
         self.started = True
@@ -88,7 +99,7 @@ class MessageStream:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": msgspec.to_builtins(usage(prompt, 0, cached)),
+            "usage": msgspec.to_builtins(usage(prompt, 0, cached, self.written_upto)),
         }
         if self.diagnostics is not None:
             message["diagnostics"] = self.diagnostics
@@ -180,7 +191,12 @@ class MessageStream:
             "type": "message_delta",
             "delta": delta,
             "usage": msgspec.to_builtins(
-                usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens)
+                usage(
+                    event.prompt_tokens,
+                    event.completion_tokens,
+                    event.cached_tokens,
+                    self.written_upto,
+                )
             ),
         }
         return [

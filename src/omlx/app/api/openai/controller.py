@@ -9,6 +9,8 @@ import anyio
 import msgspec
 from litestar import Controller, Request, get, post
 
+from omlx.app.api.auth import tenant_of
+from omlx.app.api.cache_edge import note, note_tokens, with_controls
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openai.logprobs import chat_logprobs, completion_logprobs
 from omlx.app.api.openai.params import completion_sampling
@@ -37,6 +39,12 @@ from omlx.app.api.openai.stream import (
 from omlx.app.api.openai.translate import chat_request
 from omlx.app.api.openapi import error_responses, streaming_operation
 from omlx.app.api.sse import EventStream
+from omlx.app.cache_hints import (
+    honour_retention,
+    openai_retention,
+    remember_session,
+    session_turn,
+)
 from omlx.app.container import Container
 from omlx.app.errors import InvalidRequest
 from omlx.app.output import collect
@@ -99,8 +107,16 @@ class OpenAIController(Controller):
             container.normalizer,
             effort_kwarg=served.chat.renderer.accepts_reasoning_effort,
         )
+        retention = openai_retention(data.prompt_cache_retention)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        turn = await served.chat.prepare(chat, rid)
+        group = data.prompt_cache_key
+        chat.cache_tenant = tenant_of(request)
+        turn = await served.chat.prepare(chat, rid, session_turn(served, group))
+        remember_session(served, group, turn)
+        turn.request = with_controls(request, data.omlx_cache_control, turn.request)
+        note(request, turn.cache, stored=turn.request.cache_store, model=served.id)
+        if turn.request.cache_store:
+            await honour_retention(served, turn.prompt.tokens, retention, group, chat.cache_tenant)
         token_text = served.generation.token_text if chat.sampling.logprobs is not None else None
         if data.stream:
             events = served.chat.stream(turn, KEEPALIVE_SECONDS)
@@ -152,10 +168,13 @@ class OpenAIController(Controller):
         self, data: CompletionRequest, container: Container, request: Request
     ) -> TextCompletion:
         check_n(data.n)
-        service = (await container.pool.acquire(data.model)).generation
+        served = await container.pool.acquire(data.model)
+        service = served.generation
         prompt = _one_prompt(data.prompt)
         tokens = await anyio.to_thread.run_sync(service.encode_text, prompt, "prompt") if isinstance(prompt, str) else prompt
         gen = service.build_request(tokens, completion_sampling(data))
+        gen = with_controls(request, data.omlx_cache_control, gen)
+        await note_tokens(request, served, tokens, stored=gen.cache_store)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         prefix = prompt if (data.echo and isinstance(prompt, str)) else ""
         token_text = service.token_text if gen.logprobs is not None else None

@@ -98,6 +98,7 @@ class ChatCompletionRequest(Struct, kw_only=True):
     function_call: Any = None
     web_search_options: Any = None
     moderation: Any = None
+    omlx_cache_control: str | None = None  # "no-store": restore, keep nothing (cache_edge)
 
 
 class CompletionRequest(Struct, kw_only=True):
@@ -124,6 +125,7 @@ class CompletionRequest(Struct, kw_only=True):
     # Refused with a 400 where set: omlx does not honour them.
     best_of: int | None = None
     suffix: str | None = None
+    omlx_cache_control: str | None = None  # "no-store": restore, keep nothing (cache_edge)
 
 
 class PromptTokensDetails(Struct):

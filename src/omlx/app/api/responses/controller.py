@@ -12,6 +12,8 @@ import msgspec
 from litestar import Controller, Request, delete, get, post
 from litestar.params import Parameter
 
+from omlx.app.api.auth import tenant_of
+from omlx.app.api.cache_edge import note, with_controls
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openai.schemas import OpenAIErrorResponse
 from omlx.app.api.openapi import error_responses, streaming_operation
@@ -27,6 +29,12 @@ from omlx.app.api.responses.stream import ResponseRun
 from omlx.app.api.responses.translate import Translator
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
 from omlx.app.api.translators import translator
+from omlx.app.cache_hints import (
+    honour_retention,
+    openai_retention,
+    remember_session,
+    session_turn,
+)
 from omlx.app.container import Container
 from omlx.app.errors import InvalidRequest, NotFound, StoreUnavailable
 from omlx.domain.ports import IndexUnavailable
@@ -112,8 +120,18 @@ class ResponsesController(Controller):
         served = await container.pool.acquire(data.model)
         past = await history(container, data.previous_response_id)
         translated = translator(Translator, container, served).translate(data, served.id, past)
+        retention = openai_retention(data.prompt_cache_retention)
         rid = new_id("resp")
-        turn = await served.chat.prepare(translated.chat, rid, data.previous_response_id)
+        group = data.prompt_cache_key
+        previous = data.previous_response_id or session_turn(served, group)
+        translated.chat.cache_tenant = tenant_of(request)
+        turn = await served.chat.prepare(translated.chat, rid, previous)
+        remember_session(served, group, turn)
+        turn.request = with_controls(request, data.omlx_cache_control, turn.request)
+        note(request, turn.cache, stored=turn.request.cache_store, model=served.id)
+        if turn.request.cache_store:
+            tenant = translated.chat.cache_tenant
+            await honour_retention(served, turn.prompt.tokens, retention, group, tenant)
         service = served.generation
         run = ResponseRun(
             base=base_response(rid, int(time.time()), data),

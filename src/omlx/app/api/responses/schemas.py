@@ -104,6 +104,7 @@ class ResponsesRequest(Struct, kw_only=True):
     top_logprobs: int | None = None
     context_management: list[dict[str, Any]] | None = None
     moderation: dict[str, Any] | None = None
+    omlx_cache_control: str | None = None  # "no-store": restore, keep nothing (cache_edge)
 
 
 class InputTokensDetails(Struct):

@@ -1,0 +1,110 @@
+"""The cache controls at the HTTP edge: the ``x-omlx-cache`` header and no-store requests.
+
+A handler notes its prompt's ``CacheReport`` on the request's ASGI state; a
+``before_send`` hook adds the header to the response's start, so JSON answers and SSE
+streams carry it alike (a stream's headers go out before its first event). No-store is
+asked by the ``x-omlx-cache-control: no-store`` header or the body's
+``omlx_cache_control: "no-store"``; any other value is refused by name, never ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import replace
+from typing import Any
+
+import anyio
+from litestar import Request
+from litestar.types import Message, Scope
+
+from omlx.app.api.auth import tenant_of
+from omlx.app.cache_report import HEADER, CacheReport, report
+from omlx.app.errors import InvalidRequest
+from omlx.domain.generation import GenerationRequest
+
+CONTROL_HEADER = "x-omlx-cache-control"
+CONTROL_FIELD = "omlx_cache_control"
+NO_STORE = "no-store"
+_STATE_KEY = "omlx_cache_report"
+RECENT_KEY = "omlx_cache_recent"  # the app state's last reports, for a dashboard
+RECENT_LIMIT = 100
+
+
+def no_store(request: Request, field: str | None) -> bool:
+    """Whether the request asks not to be stored: its header or its body field says ``no-store``."""
+    header = request.headers.get(CONTROL_HEADER)
+    for value, name in ((header, CONTROL_HEADER), (field, CONTROL_FIELD)):
+        if value is None:
+            continue
+        directives = {v.strip().lower() for v in value.split(",") if v.strip()}
+        unknown = directives - {NO_STORE, "default"}
+        if unknown:
+            raise InvalidRequest(
+                f"{name} accepts 'no-store' or 'default', not {', '.join(sorted(unknown))!r}",
+                param=name,
+            )
+        if NO_STORE in directives:
+            return True
+    return False
+
+
+def with_controls(request: Request, field: str | None, gen: GenerationRequest) -> GenerationRequest:
+    """``gen`` with its key's tenant, and marked no-store when the request asks it."""
+    return replace(gen, cache_store=not no_store(request, field), cache_tenant=tenant_of(request))
+
+
+def note(
+    request: Request, cache: CacheReport | None, *, stored: bool = True, model: str = ""
+) -> None:
+    """Remember the prompt's report for the response header, and among the recent ones."""
+    if cache is None:
+        return
+    cache = replace(cache, no_store=not stored)
+    state = request.scope.setdefault("state", {})  # type: ignore[typeddict-item]
+    state[_STATE_KEY] = cache
+    recent: deque[dict[str, Any]] | None = request.app.state.get(RECENT_KEY)
+    if recent is None:
+        recent = request.app.state[RECENT_KEY] = deque(maxlen=RECENT_LIMIT)
+    recent.append(
+        {
+            "at": time.time(),
+            "route": request.url.path,
+            "model": model,
+            "tenant": tenant_of(request) or "",
+            **cache.as_json(),
+        }
+    )
+
+
+def recent_reports(request: Request, tenant: str) -> list[dict[str, Any]]:
+    """The last reports of ``tenant``'s requests, newest first (``GET /v1/cache/recent``)."""
+    recent = request.app.state.get(RECENT_KEY) or ()
+    return [r for r in reversed(recent) if r["tenant"] == tenant]
+
+
+async def note_tokens(request: Request, served: Any, tokens: list[int], *, stored: bool) -> None:
+    """The report of a raw prompt (``/v1/completions``): no messages to name."""
+    tokenizer = served.generation.tokenizer
+    cache = await anyio.to_thread.run_sync(
+        lambda: report(
+            served.prefix_cache,
+            tokens,
+            lambda t: tokenizer.decode(list(t)),
+            tenant=tenant_of(request),
+        )
+    )
+    note(request, cache, stored=stored, model=served.id)
+
+
+async def add_cache_header(message: Message, scope: Scope) -> None:
+    """A ``before_send`` hook: the noted report as ``x-omlx-cache`` on the response's start."""
+    if message["type"] != "http.response.start":
+        return
+    cache = scope.get("state", {}).get(_STATE_KEY)  # type: ignore[union-attr]
+    if cache is None:
+        return
+    value = cache.header() + ("; store=no" if cache.no_store else "")
+    headers = list(message.get("headers", []))
+    headers.append((HEADER.encode(), value.encode("latin-1", errors="replace")))
+    message["headers"] = headers  # type: ignore[typeddict-unknown-key]

@@ -1,0 +1,170 @@
+"""What the cache holds of a request's prompt, and where the prompt left it (``x-omlx-cache``).
+
+The prefix cache's ``probe`` says how many prompt tokens it holds and in which tier,
+changing nothing; this module turns the token where that prefix ends into the message
+it falls in (index and role, from the rendered template's message boundaries), with a
+short excerpt of the prompt and of what the cache holds there. Every chat response
+carries it as a header, ``POST /v1/cache/explain`` returns it whole, and the debug
+line logs it, so a user can see why a turn was slow.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from omlx.domain.cache.partial_match import common_prefix
+
+log = logging.getLogger(__name__)
+
+HEADER = "x-omlx-cache"
+EXCERPT_TOKENS = 24
+
+
+@dataclass(frozen=True, slots=True)
+class CacheReport:
+    """One prompt against the cache as it stood when the request arrived."""
+
+    prompt_tokens: int
+    cached: int
+    tier: str  # hot | ssd | none
+    full_hit: bool
+    message: int | None = None  # the rendered conversation's message the prefix ends in
+    role: str | None = None
+    part: str | None = None  # the request's part: "system", "tools", "messages[k]"
+    before: str = ""  # the prompt just before the divergence
+    prompt_next: str = ""  # the prompt from the divergence on
+    cached_next: str = ""  # what a stored block holds there instead ("" : the cache ends)
+    no_store: bool = False
+
+    @property
+    def diverged_at(self) -> int | None:
+        return None if self.full_hit else self.cached
+
+    def header(self) -> str:
+        """``cached=N; tier=T; diverged_at=D; message=K; role=R`` (the last three absent on a full hit)."""
+        fields = [f"cached={self.cached}", f"tier={self.tier}"]
+        if not self.full_hit:
+            fields.append(f"diverged_at={self.cached}")
+            if self.message is not None:
+                fields += [f"message={self.message}", f"role={self.role}"]
+        return "; ".join(fields)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached,
+            "tier": self.tier,
+            "full_hit": self.full_hit,
+            "diverged_at": self.diverged_at,
+            "message": self.message,
+            "role": self.role,
+            "part": self.part,
+            "excerpt": {
+                "before": self.before,
+                "prompt": self.prompt_next,
+                "cached": self.cached_next,
+            },
+            "header": self.header(),
+        }
+
+
+def message_at(
+    offset: int,
+    n_messages: int,
+    prompt: Sequence[int],
+    prefix_tokens: Callable[[int], Sequence[int]],
+) -> int:
+    """The index of the message the prompt's token ``offset`` falls in.
+
+    ``prefix_tokens(k)`` is the rendered prompt of the first ``k`` messages: where it stops
+    agreeing with ``prompt`` is where message ``k`` starts. Halving over ``k`` renders
+    about log2(messages) prefixes, not one per message.
+    """
+    lo, hi = 0, n_messages - 1  # the answer: the last k whose start is <= offset
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if common_prefix(prefix_tokens(mid), prompt) <= offset:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def tools_span_of(with_tools: Sequence[int], without: Sequence[int]) -> tuple[int, int]:
+    """The tokens a tool list adds to a rendering: where the two part and where they meet again."""
+    start = common_prefix(with_tools, without)
+    tail = common_prefix(with_tools[::-1], without[::-1])
+    return start, max(len(with_tools) - tail, start)
+
+
+def _within(at: int, span: Callable[[], tuple[int, int]] | None) -> bool:
+    if span is None:
+        return False
+    try:
+        start, end = span()
+    except Exception:  # a template that rejects the probe rendering: say less, never fail
+        return False
+    return start <= at < end
+
+
+def report(
+    prefix_cache: Any,
+    prompt: Sequence[int],
+    decode: Callable[[Sequence[int]], str],
+    *,
+    tenant: str | None = None,
+    messages: Sequence[dict[str, Any]] = (),
+    labels: Sequence[str] = (),
+    prefix_tokens: Callable[[int], Sequence[int]] | None = None,
+    changed_part: str | None = None,
+    tools_span: Callable[[], tuple[int, int]] | None = None,
+) -> CacheReport | None:
+    """The report for ``prompt``; None when the model has no prefix cache.
+
+    ``changed_part``: the request part the conversation's previous turn says changed
+    (``diagnostics.compare``); ``tools_span``: the prompt tokens the tool list renders
+    as. Either names a tool-list change, which falls inside a message's rendering.
+    """
+    if prefix_cache is None:
+        return None
+    found = prefix_cache.probe(prompt, tenant)
+    if found.full_hit:
+        return CacheReport(len(prompt), found.tokens, found.tier, True)
+    at = found.tokens
+    message = role = part = None
+    if messages:
+        index = 0
+        if at > 0 and prefix_tokens is not None and len(messages) > 1:
+            try:
+                index = message_at(at, len(messages), prompt, prefix_tokens)
+            except Exception:  # a template that rejects a prefix: say less, never fail
+                log.debug("could not locate token %d among the messages", at, exc_info=True)
+                index = None  # type: ignore[assignment]
+        if index is not None:
+            message, role = index, str(messages[index].get("role", ""))
+            part = labels[index] if index < len(labels) else None
+            if index == 0 and (changed_part == "tools" or _within(at, tools_span)):
+                part = "tools"  # the tools render with the first message
+    result = CacheReport(
+        len(prompt),
+        at,
+        found.tier,
+        False,
+        message,
+        role,
+        part,
+        before=decode(prompt[max(at - EXCERPT_TOKENS, 0) : at]),
+        prompt_next=decode(prompt[at : at + EXCERPT_TOKENS]),
+        cached_next=decode(found.stored_next[:EXCERPT_TOKENS]),
+    )
+    log.debug(
+        "cache: %s (part %s); the prompt goes on %r where the cache holds %r",
+        result.header(),
+        part or "-",
+        result.prompt_next,
+        result.cached_next,
+    )
+    return result

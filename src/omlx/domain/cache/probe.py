@@ -1,0 +1,112 @@
+"""How much of a prompt the cache holds now, found without touching it (diagnostics, explain).
+
+Unlike ``PrefixMatcher.lookup`` nothing is pinned, promoted, read from disk or marked
+recently used: whole blocks are asked of RAM and then of the cold tier's index (one
+query), and where they stop the RAM blocks hanging from the last match lend the tokens
+they share with the prompt, as do disk blocks the prompt covers whole (known by their
+key). So a ``/v1/cache/explain`` or a response header never changes what it describes.
+A disk block the prompt leaves part-way is not read (its tokens live in its file): the
+probe may then report up to ``block_size - 1`` tokens fewer than a request restores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from omlx.domain.cache.hot_tier import HotBlock, HotTier
+from omlx.domain.cache.keys import chain_keys
+from omlx.domain.cache.partial_match import common_prefix, upper_bound
+from omlx.domain.ports import ColdSource
+
+HOT, SSD, NONE = "hot", "ssd", "none"
+
+
+@dataclass(frozen=True, slots=True)
+class CachedPrefix:
+    """The longest prefix of a prompt the cache holds, and what it holds past it."""
+
+    tokens: int  # prompt positions a request would restore (one is always left to prefill)
+    prompt_tokens: int
+    hot_tokens: int = 0  # of ``tokens``, held in RAM
+    ssd_tokens: int = 0  # of ``tokens``, held only on disk
+    # Where a stored block goes on past the divergence: its next tokens (RAM blocks only).
+    stored_next: tuple[int, ...] = ()
+
+    @property
+    def tier(self) -> str:
+        """``ssd`` when any restored token must be read from disk, else ``hot``; ``none``: a miss."""
+        if not self.tokens:
+            return NONE
+        return SSD if self.ssd_tokens else HOT
+
+    @property
+    def full_hit(self) -> bool:
+        """Everything but the one token always prefilled is cached."""
+        return self.prompt_tokens > 0 and self.tokens >= self.prompt_tokens - 1
+
+
+def _stored_after(hot: HotTier, block: HotBlock, start: int, want: int = 32) -> tuple[int, ...]:
+    """Up to ``want`` tokens the cache holds from ``block``'s position ``start`` on, down its chain."""
+    tokens = list(block.tokens[start:])
+    while len(tokens) < want:
+        children = hot.children(block.key)
+        if not children:
+            break
+        block = children[0]
+        tokens.extend(block.tokens)
+    return tuple(tokens[:want])
+
+
+def probe(
+    tokens: Sequence[int],
+    *,
+    namespace: str,
+    block_size: int,
+    hot: HotTier,
+    cold: ColdSource | None,
+) -> CachedPrefix:
+    """What of ``tokens`` the tiers hold now (see the module docstring); never raises on a miss."""
+    limit = max(len(tokens) - 1, 0)
+    keys = chain_keys(namespace, tokens[: (limit // block_size) * block_size], block_size)
+    n_hot = 0
+    while n_hot < len(keys) and keys[n_hot] in hot:
+        n_hot += 1
+    n_ssd = 0
+    if n_hot < len(keys) and cold is not None:
+        rest = keys[n_hot:]
+        on_disk = cold.present(rest)
+        while n_ssd < len(rest) and rest[n_ssd] in on_disk:
+            n_ssd += 1
+    matched = (n_hot + n_ssd) * block_size
+    parent = keys[n_hot + n_ssd - 1] if n_hot + n_ssd else namespace
+    want = tuple(tokens[matched:limit])
+    shared, stored_next = 0, ()
+    best = None
+    for child in hot.children(parent):
+        n = common_prefix(child.tokens, want)
+        if best is None or n > shared:
+            best, shared = child, n
+    if best is not None:
+        stored_next = _stored_after(hot, best, shared)
+    disk_shared = 0
+    if cold is not None and shared < len(want):
+        # A disk child wholly shared is known by its key alone (``upper_bound``): no read.
+        for meta in cold.children(parent):
+            n = meta.token_count
+            if shared < n <= len(want) and upper_bound(meta, want) == n:
+                disk_shared = max(disk_shared, n)
+    if disk_shared > shared:
+        return CachedPrefix(
+            tokens=matched + disk_shared,
+            prompt_tokens=len(tokens),
+            hot_tokens=n_hot * block_size,
+            ssd_tokens=n_ssd * block_size + disk_shared,
+        )
+    return CachedPrefix(
+        tokens=matched + shared,
+        prompt_tokens=len(tokens),
+        hot_tokens=n_hot * block_size + shared,
+        ssd_tokens=n_ssd * block_size,
+        stored_next=tuple(stored_next),
+    )
