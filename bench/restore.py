@@ -1,6 +1,6 @@
 """Restore rate of a long prefix from omlx's block files against the disk's sequential read rate.
 
-    .venv/bin/python bench/restore.py [--tokens 2048] [--block-size 64] [--rounds 3] [--dir DIR]
+    .venv/bin/python bench/restore.py [--tokens 2048] [--block-size 64] [--kv-bits off|8|4] [--rounds 3] [--dir DIR]
                                       [--json OUT]
 
 Prefills the default model once on a prompt of real source text (the recompute cost),
@@ -59,16 +59,18 @@ from omlx.adapters.sqlindex import open_index  # noqa: E402
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo  # noqa: E402
 from omlx.domain.cache.cold_tier import ColdTier  # noqa: E402
 from omlx.domain.cache.hot_tier import HotTier  # noqa: E402
-from omlx.domain.cache.keys import chain_keys, namespace_digest  # noqa: E402
+from omlx.domain.cache.keys import chain_keys  # noqa: E402
+from omlx.domain.cache.kv_quant import kv_quant_of  # noqa: E402
 from omlx.domain.cache.prefix_cache import PrefixCache  # noqa: E402
 
 MB = 1e6
 _LAYOUT: list[Any] = []  # the loaded model's cache layout, set once in main()
+_KV_QUANT: list[Any] = [None]  # --kv-bits: blocks stored quantized (KVQuant), set in main()
 
 
 def codec_of_model() -> MLXKVCodec:
     """A codec over the model's layout (a fresh codec cannot assemble before it has cut)."""
-    return MLXKVCodec(_LAYOUT[0])
+    return MLXKVCodec(_LAYOUT[0], _KV_QUANT[0])
 
 
 def prompt_tokens(model: Any, n: int) -> list[int]:
@@ -196,6 +198,13 @@ def breakdown(tier_store: FileBlockStore, index, metas: list[BlockMeta]) -> dict
 
 
 def same_cache(a: list[Any], b: list[Any], n: int) -> bool:
+    """Bit for bit; with --kv-bits, within the quantization's error (store-only mode)."""
+    if _KV_QUANT[0] is not None:
+        tolerance = 0.5 if _KV_QUANT[0].bits == 4 else 0.1
+        return all(
+            float(mx.abs(x.keys[..., :n, :] - y.keys[..., :n, :]).max()) < tolerance * float(mx.abs(y.keys[..., :n, :]).max())
+            for x, y in zip(a, b, strict=True)
+        )
     return all(
         bool(mx.array_equal(x.keys[..., :n, :], y.keys[..., :n, :]))
         and bool(mx.array_equal(x.values[..., :n, :], y.values[..., :n, :]))
@@ -209,6 +218,7 @@ def main() -> None:
         "--tokens", type=int, default=2048, help="prefix length (a multiple of the block size)"
     )
     parser.add_argument("--block-size", type=int, default=64)
+    parser.add_argument("--kv-bits", default="off", choices=["off", "8", "4"], help="store blocks quantized")
     parser.add_argument(
         "--prefill-step", type=int, default=256, help="tokens per prefill step (omlx's default)"
     )
@@ -234,14 +244,9 @@ def main() -> None:
     _LAYOUT.append(model.layout)
     tokens = prompt_tokens(model, args.tokens)
     n = len(tokens) - len(tokens) % args.block_size
-    ns = NamespaceInfo(
-        digest=namespace_digest(model.identity(args.block_size)),
-        model_name=model.model_id,
-        model_path=str(model.path),
-        block_size=args.block_size,
-        kv_dtype=model.kv_dtype,
-        layer_count=model.layer_count,
-    )
+    _KV_QUANT[0] = kv_quant_of(args.kv_bits)
+    result["kv_bits"] = args.kv_bits
+    ns = model.namespace(args.block_size, _KV_QUANT[0])
     print(
         f"model {model.model_id}: {model.layer_count} layers, KV {model.kv_dtype}; prefix {n} tokens",
         flush=True,

@@ -65,6 +65,9 @@ def test_stats_and_json(tmp_path: Path) -> None:
     report = json.loads(_run("cache", "stats", "--json", "--cache-dir", str(tmp_path)).stdout)
     by_name = {n["model_name"]: n for n in report["namespaces"]}
     assert by_name["alpha"]["blocks"] == 3 and by_name["beta"]["nbytes"] == sum(x.nbytes for x in b)
+    alpha = by_name["alpha"]  # bytes per token per namespace: what its kv_dtype costs
+    assert alpha["bytes_per_token"] == round(sum(x.nbytes for x in a) / alpha["tokens"], 1)
+    assert "/token" in result.output and alpha["kv_dtype"] in result.output
     assert report["total"]["blocks"] == 5 and report["total"]["nbytes"] == sum(
         x.nbytes for x in a + b
     )

@@ -97,6 +97,7 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
         click.echo(
             f"  {ns['model_name']} [{ns['namespace'][:12]}]: {_count(ns['blocks'], 'block')}, "
             f"{_count(ns['tokens'], 'token')}, {format_bytes(ns['nbytes'])}, "
+            f"{ns['kv_dtype']} {_per_token(ns['bytes_per_token'])}, "
             f"last used {_ago(ns['newest_access'] or ns['last_used_at'])}"
         )
     total, disk = report["total"], report["disk"]
@@ -117,6 +118,10 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
         )
 
 
+def _per_token(nbytes: float | None) -> str:
+    return "-" if nbytes is None else f"{format_bytes(int(nbytes))}/token"
+
+
 def _stats(target: Target, index: SqlBlockIndex | None) -> dict[str, Any]:
     cache_dir = target.cache_dir
     namespaces: list[dict[str, Any]] = []
@@ -134,6 +139,8 @@ def _stats(target: Target, index: SqlBlockIndex | None) -> dict[str, Any]:
                     "blocks": u.blocks if u else 0,
                     "tokens": u.tokens if u else 0,
                     "nbytes": u.nbytes if u else 0,
+                    # What a token costs on disk here: kv_dtype says how blocks are stored.
+                    "bytes_per_token": round(u.nbytes / u.tokens, 1) if u and u.tokens else None,
                     "oldest_access": u.oldest_access if u else None,
                     "newest_access": u.newest_access if u else None,
                     "created_at": rec.created_at,

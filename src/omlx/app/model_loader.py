@@ -8,6 +8,7 @@ the shared parts, and the services its API endpoints call.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -22,6 +23,7 @@ from omlx.app.pool import Served
 from omlx.app.service import GenerationService
 from omlx.app.settings import Settings
 from omlx.app.templates import ChatRenderer
+from omlx.domain.cache.kv_quant import KVQuant, model_override
 from omlx.domain.memory import MemoryAccount
 from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
 
@@ -165,8 +167,9 @@ class ModelLoader:
         from omlx.domain.cache.reuse_eviction import ReuseLevelPolicy
 
         settings = self.settings
-        namespace = model.namespace(settings.block_size)
-        codec = MLXKVCodec(model.layout)
+        kv_quant = kv_quant_for(model.path, settings.kv_quant)
+        namespace = model.namespace(settings.block_size, kv_quant)
+        codec = MLXKVCodec(model.layout, kv_quant)
         # One-off blocks (side calls) leave RAM before a reused conversation's (issue 20).
         hot = HotTier(settings.hot_cache_bytes, ReuseLevelPolicy())
         cold_tier = None
@@ -186,11 +189,13 @@ class ModelLoader:
             namespace=namespace, codec=codec, hot=hot, cold=cold_tier, layout=layout, kept=kept
         )
         log.info(
-            "prefix cache of %s: hot tier %s, SSD tier %s, block size %d, namespace %s",
+            "prefix cache of %s: hot tier %s, SSD tier %s, block size %d, KV stored as %s, "
+            "namespace %s",
             model.model_id,
             settings.hot_cache_max_size,
             f"{settings.paged_ssd_cache_max_size} in {self.cold.ssd.dir}" if self.cold else "off",
             settings.block_size,
+            namespace.kv_dtype,
             namespace.digest[:12],
         )
         return prefix_cache, cold_tier
@@ -218,6 +223,18 @@ class ModelLoader:
         served.closers.append(runner.stop)
         log.info("%s model %s ready in %.1f s", spec.task, spec.id, time.monotonic() - started)
         return served
+
+
+def kv_quant_for(path: Path, default: KVQuant | None) -> KVQuant | None:
+    """The KV quantization of the model at ``path``: its folder's ``omlx.json`` over ``default``."""
+    declared_file = Path(path) / "omlx.json"
+    if not declared_file.is_file():
+        return default
+    try:
+        declared = json.loads(declared_file.read_text())
+        return model_override(declared if isinstance(declared, dict) else {}, default)
+    except ValueError as exc:  # bad JSON or a bad kv_bits: name the file
+        raise ValueError(f"{declared_file}: {exc}") from exc
 
 
 def serve_chat(

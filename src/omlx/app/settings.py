@@ -14,6 +14,7 @@ from typing import Any, get_origin
 import msgspec
 
 from omlx.app.config_errors import check_file_keys, describe_invalid, name_origin
+from omlx.domain.cache.kv_quant import KVQuant, kv_quant_of
 from omlx.domain.responses import Retention
 from omlx.domain.sizes import parse_size
 from omlx.domain.tier_defaults import COLD_TIER_DEFAULT, HOT_TIER_DEFAULT
@@ -32,6 +33,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     api_keys_file: str = ""
     cache_enabled: bool = True
     block_size: int = 64
+    kv_bits: str = "off"  # "off", "8" or "4": blocks stored quantized (domain/cache/kv_quant.py)
+    kv_group_size: int = 64
     hot_cache_max_size: str = HOT_TIER_DEFAULT
     paged_ssd_cache_dir: str = "~/.omlx/cache"
     paged_ssd_cache_max_size: str = COLD_TIER_DEFAULT
@@ -104,6 +107,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return parse_size(self.max_model_memory)
 
     @property
+    def kv_quant(self) -> KVQuant | None:
+        """The KV quantization blocks are stored with; None when ``kv_bits`` is off."""
+        return kv_quant_of(self.kv_bits, self.kv_group_size)
+
+    @property
     def cache_dir(self) -> Path:
         return Path(self.paged_ssd_cache_dir).expanduser()
 
@@ -120,6 +128,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError("max_concurrent_requests must be >= 1 and max_queued_requests >= 0")
         if self.prefill_step_size < 1:
             raise ValueError("prefill_step_size must be >= 1")
+        self.kv_quant  # noqa: B018 - raises naming kv_bits or kv_group_size
         for key in ("hot_cache_max_size", "paged_ssd_cache_max_size", "prepared_weights_max_size"):
             try:  # parse now so a bad size fails at start, naming its key
                 parse_size(getattr(self, key))
@@ -213,6 +222,8 @@ def load_settings(
         kept = [a for a in configured if str(a).partition("=")[0].strip() not in names]
         values["model_aliases"] = [*added_aliases, *kept]
         origins["model_aliases"] = "--model-alias"
+    if isinstance(values.get("kv_bits"), int) and not isinstance(values["kv_bits"], bool):
+        values["kv_bits"] = str(values["kv_bits"])  # kv_bits = 8 in TOML means "8"
     try:
         settings = msgspec.convert(values, Settings)
     except msgspec.ValidationError as exc:

@@ -5,6 +5,8 @@ Layout: 8-byte little-endian header length, a JSON header (``dtype``, ``shape``,
 8-byte boundary, then the tensors' bytes back to back. Any safetensors reader loads it.
 Block files put ``tokens`` first, then every ``k.<i>``, then every ``v.<i>``, so each
 side's layers are one span a reader can take whole (``joined``); readers accept any order.
+A quantized block (``kv_bits`` metadata) holds codes (U32) in ``k.<i>`` / ``v.<i>`` and,
+after them, ``k_scales.<i>``, ``k_biases.<i>``, ``v_scales.<i>``, ``v_biases.<i>``.
 External blocks (the library API's, ``pack_layers``) hold their caller's per-layer entries
 as ``e.<entry>.<n>`` tensors, the entries' shape in their ``layers`` metadata.
 """
@@ -43,6 +45,8 @@ DTYPE_SIZES: dict[str, int] = {
     "F64": 8,
 }
 
+# The extra tensors of a quantized KV block, per leaf, in file order after the codes.
+QUANT_PARTS = ("k_scales", "k_biases", "v_scales", "v_biases")
 METADATA_KEYS = ("format_version", "namespace", "key", "parent_key", "token_count", "layer_count")
 _MAX_HEADER = 100_000_000  # safetensors' own limit; a larger length means a broken file
 MAX_LAYER_DEPTH = 8  # nesting of an external block's entries (an mlx-lm CacheList's state: 3)
@@ -220,6 +224,8 @@ def pack_block(
     leaves: Sequence[int] | None = None,
     layer_count: int | None = None,
     positions: int | None = None,
+    quant: Mapping[str, str] | None = None,
+    quant_parts: Sequence[tuple[RawTensor, RawTensor, RawTensor, RawTensor]] = (),
 ) -> bytes:
     """A KV block file: ``tokens``, every leaf's ``k.<leaf>``, then every ``v.<leaf>``, its metadata.
 
@@ -227,6 +233,9 @@ def pack_block(
     the layer of each of ``layers`` (default ``0..n-1``), ``layer_count`` the model's
     cache leaves (default ``n``), ``positions`` those the KV holds (default its tokens).
     All keys come before all values: each side is one span a reader can take whole.
+    A quantized block: ``layers`` hold the codes, ``quant_parts`` each layer's
+    (k_scales, k_biases, v_scales, v_biases), ``quant`` its ``kv_bits``,
+    ``kv_group_size`` and ``kv_dtype`` metadata.
     """
     if len(tokens) != meta.token_count:
         raise ValueError(f"{len(tokens)} tokens for a block of {meta.token_count}")
@@ -236,11 +245,17 @@ def pack_block(
     tensors = {"tokens": tokens_tensor(tokens)}
     tensors.update((f"k.{leaf}", k) for leaf, (k, _) in zip(names, layers, strict=True))
     tensors.update((f"v.{leaf}", v) for leaf, (_, v) in zip(names, layers, strict=True))
+    if quant is not None:
+        if len(quant_parts) != len(layers) or set(quant) != set(QUANT_METADATA):
+            raise ValueError(f"a quantized block needs {QUANT_METADATA} and parts per layer")
+        for j, part in enumerate(QUANT_PARTS):
+            tensors.update((f"{part}.{leaf}", p[j]) for leaf, p in zip(names, quant_parts))
     metadata = block_metadata(
         meta,
         layer_count if layer_count is not None else len(layers),
         leaves=",".join(map(str, names)),
         positions=str(positions if positions is not None else meta.token_count),
+        **(quant or {}),
     )
     return encode_block(tensors, metadata)
 
@@ -294,13 +309,28 @@ def kv_layers(
         raise ValueError("a KV object needs its leaves") from None
     if any(not 0 <= leaf < layer_count for leaf in leaves) or len(set(leaves)) != len(leaves):
         raise ValueError(f"leaves {leaves} do not fit the layout's {layer_count}")
+    parts = ("k", "v", *QUANT_PARTS) if "kv_bits" in metadata else ("k", "v")
     try:
         layers = [(leaf, tensors[f"k.{leaf}"], tensors[f"v.{leaf}"]) for leaf in leaves]
+        for leaf in leaves:
+            for part in parts[2:]:
+                tensors[f"{part}.{leaf}"]  # noqa: B018 - raises naming a missing part
     except KeyError as exc:
         raise ValueError(f"block file lacks tensor {exc.args[0]}") from None
-    if len(tensors) != 2 * len(leaves):
+    if len(tensors) != len(parts) * len(leaves):
         raise ValueError("block file has tensors its leaves do not list")
     return layers
+
+
+QUANT_METADATA = ("kv_bits", "kv_group_size", "kv_dtype")
+
+
+def quant_parts(
+    tensors: Mapping[str, RawTensor], leaf: int
+) -> tuple[RawTensor, RawTensor, RawTensor, RawTensor]:
+    """A quantized leaf's (k_scales, k_biases, v_scales, v_biases); ``kv_layers`` checked them."""
+    k_s, k_b, v_s, v_b = (tensors[f"{part}.{leaf}"] for part in QUANT_PARTS)
+    return k_s, k_b, v_s, v_b
 
 
 def pack_layers(meta: BlockMeta, layers: Sequence[Any]) -> bytearray:

@@ -11,6 +11,9 @@ turns them into bytes so the writer thread never touches MLX. An object read fro
 stays in the file's bytes (``decode`` makes zero-copy numpy views), so a restore copies
 the KV once into MLX: ``assemble`` gathers each layer's blocks on the host (numpy;
 several times faster here than ``mx.concatenate``) and hands MLX one array.
+
+With a ``KVQuant`` setting, ``split`` quantizes each block as it cuts it
+(``kv_quantized``): the hot tier and the files keep the codes, ``assemble`` dequantizes.
 """
 
 from __future__ import annotations
@@ -31,17 +34,26 @@ from omlx.adapters.blockfiles.format import (
     joined,
     kv_layers,
     pack_block,
+    quant_parts,
     unpack_block,
 )
 from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.batch_rows import RowView
 from omlx.adapters.mlx.cache_layout import ModelLayout, flat_leaves, plain_layout
+from omlx.adapters.mlx.kv_quantized import (
+    QuantizedKVBlock,
+    dequantize_side,
+    quantizable,
+    quantized_block,
+)
 from omlx.domain.cache.blocks import BlockMeta, DecodedBlock
 from omlx.domain.cache.keys import KV, STATE, WINDOW
+from omlx.domain.cache.kv_quant import KVQuant
 
 # safetensors dtype names; bf16 travels as raw uint16 because numpy has no bfloat16.
-_TO_ST = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
+_TO_ST = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.uint32: "U32"}
 _FROM_ST = {
+    "U32": (np.uint32, mx.uint32),  # a quantized block's codes
     "F32": (np.float32, mx.float32),
     "F16": (np.float16, mx.float16),
     "BF16": (np.uint16, mx.bfloat16),
@@ -77,7 +89,7 @@ class KVBlock:
 class Blocks:
     """One stored block of leaves whose shapes differ: a ``KVBlock`` per shape group."""
 
-    groups: tuple[KVBlock, ...]
+    groups: tuple[KVBlock | QuantizedKVBlock, ...]
     positions: int
 
     @property
@@ -97,8 +109,9 @@ class StateSnapshot:
 class MLXKVCodec:
     """Implements the domain's ``KVCodec`` port for one model's layout."""
 
-    def __init__(self, layout: ModelLayout | None = None) -> None:
+    def __init__(self, layout: ModelLayout | None = None, kv_quant: KVQuant | None = None) -> None:
         self._layout = layout  # None: learned from the first cache (plain KV)
+        self.kv_quant = kv_quant  # None: blocks in the model's KV dtype
 
     # ---- cutting (engine thread) --------------------------------------------------
 
@@ -129,8 +142,13 @@ class MLXKVCodec:
             keys = mx.stack([slices[m][0] for m in members])
             values = mx.stack([slices[m][1] for m in members])
             groups.append((tuple(leaves[m] for m in members), keys, values))
-        mx.eval([(k, v) for _, k, v in groups])
-        blocks = tuple(KVBlock(k, v, k.nbytes + v.nbytes, k.dtype, lv) for lv, k, v in groups)
+        quant = self.kv_quant
+        if quant is not None and all(quantizable(k.shape[-1], quant) for _, k, _ in groups):
+            blocks: tuple[Any, ...] = tuple(quantized_block(k, v, quant, lv) for lv, k, v in groups)
+            mx.eval([(*b.keys, *b.values) for b in blocks])
+        else:  # off, or a head_dim the group size does not divide: the KV dtype as it is
+            mx.eval([(k, v) for _, k, v in groups])
+            blocks = tuple(KVBlock(k, v, k.nbytes + v.nbytes, k.dtype, lv) for lv, k, v in groups)
         return _one(blocks, stop - start)
 
     def layout(self, cache: Any = None) -> ModelLayout:
@@ -195,7 +213,9 @@ class MLXKVCodec:
         if n == total:
             return payload
         groups = tuple(
-            KVBlock(
+            g.first(n)
+            if isinstance(g, QuantizedKVBlock)
+            else KVBlock(
                 g.keys[..., :n, :], g.values[..., :n, :], g.nbytes * n // total, g.dtype, g.leaves
             )
             for g in _groups(payload)
@@ -223,10 +243,13 @@ class MLXKVCodec:
                         )
             extra = {"state_slots": json.dumps(slots)}
             return encode_block(tensors, block_metadata(meta, len(self.layout().leaves), **extra))
+        groups = _groups(payload)
+        if groups and isinstance(groups[0], QuantizedKVBlock):
+            return self._encode_quantized(payload, groups, tokens, meta)
         # Zero-copy views of the stacked arrays; encode_block copies each layer once.
         leaves: list[int] = []
         layers: list[tuple[RawTensor, RawTensor]] = []
-        for g in _groups(payload):
+        for g in groups:
             keys, values = _to_host(g.keys), _to_host(g.values)
             name = _st_name(g.dtype)
             for row, leaf in enumerate(g.leaves or range(g.layer_count)):
@@ -244,6 +267,38 @@ class MLXKVCodec:
             leaves=leaves,
             layer_count=len(self.layout().leaves),
             positions=payload.positions,
+        )
+
+    def _encode_quantized(
+        self, payload: Any, groups: tuple[Any, ...], tokens: Sequence[int], meta: BlockMeta
+    ) -> bytes:
+        """A quantized block through ``pack_block``: codes as the layers, scales and biases beside."""
+        leaves: list[int] = []
+        layers: list[tuple[RawTensor, RawTensor]] = []
+        parts: list[tuple[RawTensor, RawTensor, RawTensor, RawTensor]] = []
+        for g in groups:
+            k = [(_to_host(a), _st_name(_dtype_of(a))) for a in g.keys]
+            v = [(_to_host(a), _st_name(_dtype_of(a))) for a in g.values]
+            for row, leaf in enumerate(g.leaves or range(g.layer_count)):
+                leaves.append(leaf)
+                k_t, k_s, k_b = (RawTensor(n, h.shape[1:], memoryview(h[row])) for h, n in k)
+                v_t, v_s, v_b = (RawTensor(n, h.shape[1:], memoryview(h[row])) for h, n in v)
+                layers.append((k_t, v_t))
+                parts.append((k_s, k_b, v_s, v_b))
+        quant = groups[0].quant
+        return pack_block(
+            meta,
+            tokens,
+            layers,
+            leaves=leaves,
+            layer_count=len(self.layout().leaves),
+            positions=payload.positions,
+            quant={
+                "kv_bits": str(quant.bits),
+                "kv_group_size": str(quant.group_size),
+                "kv_dtype": _st_name(groups[0].dtype),
+            },
+            quant_parts=parts,
         )
 
     def decode(self, data: bytes) -> DecodedBlock:
@@ -266,7 +321,7 @@ def _one(groups: tuple[KVBlock, ...], positions: int) -> KVBlock | Blocks:
     return groups[0] if len(groups) == 1 else Blocks(groups, positions)
 
 
-def _groups(payload: Any) -> tuple[KVBlock, ...]:
+def _groups(payload: Any) -> tuple[Any, ...]:
     return payload.groups if isinstance(payload, Blocks) else (payload,)
 
 
@@ -283,6 +338,9 @@ def _joined(payloads: Sequence[Any]) -> list[tuple[int, mx.array, mx.array]]:
     first = _groups(payloads[0])
     out = []
     for g_index, group in enumerate(first):
+        if isinstance(group, QuantizedKVBlock):
+            out.extend(_joined_quantized([_groups(p)[g_index] for p in payloads]))
+            continue
         keys = [_host(_groups(p)[g_index].keys) for p in payloads]
         values = [_host(_groups(p)[g_index].values) for p in payloads]
         # One host buffer per side, reused by every leaf: the gather stays in the CPU's
@@ -295,6 +353,44 @@ def _joined(payloads: Sequence[Any]) -> list[tuple[int, mx.array, mx.array]]:
             )
             out.append((leaf, k, v))
     return out
+
+
+def _joined_quantized(blocks: list[QuantizedKVBlock]) -> list[tuple[int, mx.array, mx.array]]:
+    """One group's quantized blocks joined per leaf on the host, then dequantized by MLX."""
+    group = blocks[0]
+    sides = []
+    for side in ("keys", "values"):
+        components = []
+        for c in range(3):
+            hosts = [_host(getattr(b, side)[c]) for b in blocks]
+            components.append((hosts, _join_buffer(hosts), _dtype_of(getattr(group, side)[c])))
+        sides.append(components)
+    out = []
+    for row, leaf in enumerate(group.leaves or range(group.layer_count)):
+        restored = []
+        for components in sides:
+            arrays = [
+                _from_host(np.concatenate([h[row] for h in hosts], axis=2, out=buffer), dtype)
+                for hosts, buffer, dtype in components
+            ]
+            restored.append(dequantize_side(*arrays, group.quant, group.dtype))
+        out.append((leaf, restored[0], restored[1]))
+    return out
+
+
+# A quantized component read from a file: its numpy dtype names its MLX one (scales and
+# biases are never integers, so uint16 is bf16's bits).
+_MX_OF_NP = {
+    np.dtype(np.uint32): mx.uint32,
+    np.dtype(np.float32): mx.float32,
+    np.dtype(np.float16): mx.float16,
+    np.dtype(np.uint16): mx.bfloat16,
+}
+
+
+def _dtype_of(array: Any) -> mx.Dtype:
+    """The MLX dtype of a live component or of one read from a file (a numpy view)."""
+    return _MX_OF_NP[array.dtype] if isinstance(array, np.ndarray) else array.dtype
 
 
 def _rebuild(entry: Any, built: dict[int, Any]) -> Any:
@@ -355,6 +451,8 @@ def _blocks_of(
     positions = int(metadata["positions"])
     if not layers:  # a model without leaves of this kind: only the tokens are stored
         return Blocks((), positions)
+    if "kv_bits" in metadata:
+        return _quantized_of(data, tensors, metadata, layers, positions)
     groups: dict[tuple, list[int]] = {}
     for leaf, k, v in layers:
         groups.setdefault((k.shape, v.shape, k.dtype, v.dtype), []).append(leaf)
@@ -365,6 +463,42 @@ def _blocks_of(
         if v_dtype != dtype or keys.shape[:-1] != values.shape[:-1] or keys.shape[3] != positions:
             raise ValueError("keys and values do not match")
         blocks.append(KVBlock(keys, values, keys.nbytes + values.nbytes, dtype, tuple(members)))
+    return _one(tuple(blocks), positions)
+
+
+def _quantized_of(
+    data: bytes,
+    tensors: dict[str, RawTensor],
+    metadata: dict[str, str],
+    layers: list[tuple[int, RawTensor, RawTensor]],
+    positions: int,
+) -> KVBlock | Blocks:
+    """A quantized block's groups: codes, scales and biases per side as stacked host views."""
+    quant = KVQuant(int(metadata["kv_bits"]), int(metadata["kv_group_size"]))
+    dtype = _FROM_ST[metadata["kv_dtype"]][1]
+    groups: dict[tuple, list[int]] = {}
+    for leaf, k, v in layers:
+        parts = quant_parts(tensors, leaf)
+        shapes = (k.shape, v.shape, k.dtype, v.dtype, *((p.shape, p.dtype) for p in parts))
+        groups.setdefault(shapes, []).append(leaf)
+    blocks = []
+    for members in groups.values():
+        sides = []
+        for side in ("k", "v"):
+            names = (side, f"{side}_scales", f"{side}_biases")
+            stacked = [_stacked(data, [tensors[f"{n}.{leaf}"] for leaf in members]) for n in names]
+            (codes, c_dtype), (scales, _), (biases, _) = stacked
+            if (
+                c_dtype != mx.uint32
+                or codes.shape[3] != positions
+                or scales.shape != biases.shape
+                or scales.shape[:-1] != codes.shape[:-1]
+                or codes.shape[-1] * 32 != scales.shape[-1] * quant.group_size * quant.bits
+            ):
+                raise ValueError(f"quantized {side} of leaves {members} do not fit together")
+            sides.append((codes, scales, biases))
+        nbytes = sum(a.nbytes for side in sides for a in side)
+        blocks.append(QuantizedKVBlock(sides[0], sides[1], nbytes, dtype, quant, tuple(members)))
     return _one(tuple(blocks), positions)
 
 

@@ -26,6 +26,7 @@ from omlx.adapters.mlx.generation_config import BUNDLED_GENERATION_CONFIG, read_
 from omlx.adapters.mlx.prepared import PreparedWeights
 from omlx.domain.cache.blocks import NamespaceInfo
 from omlx.domain.cache.keys import namespace_digest
+from omlx.domain.cache.kv_quant import KVQuant
 from omlx.domain.memory import KVCost
 from omlx.domain.model_ids import model_id_for
 
@@ -69,18 +70,22 @@ class LoadedModel:
     # Sampling defaults for what a request leaves out (temperature, top_p, ...).
     generation_config: dict[str, Any] = field(default_factory=dict)
 
-    def namespace(self, block_size: int) -> NamespaceInfo:
-        """The cache namespace of this model at ``block_size`` (DESIGN §4)."""
+    def namespace(self, block_size: int, kv_quant: KVQuant | None = None) -> NamespaceInfo:
+        """The cache namespace of this model at ``block_size`` and ``kv_quant`` (DESIGN §4).
+
+        Its ``kv_dtype`` names what blocks are stored as: ``q8g64/float32`` when quantized.
+        """
+        dtype = self.kv_dtype if kv_quant is None else f"{kv_quant.label}/{self.kv_dtype}"
         return NamespaceInfo(
-            digest=namespace_digest(self.identity(block_size)),
+            digest=namespace_digest(self.identity(block_size, kv_quant)),
             model_name=self.model_id,
             model_path=str(self.path),
             block_size=block_size,
-            kv_dtype=self.kv_dtype,
+            kv_dtype=dtype,
             layer_count=self.layer_count,
         )
 
-    def identity(self, block_size: int) -> dict[str, Any]:
+    def identity(self, block_size: int, kv_quant: KVQuant | None = None) -> dict[str, Any]:
         """What makes this model's KV reusable (DESIGN §4), for ``namespace_digest``."""
         identity = {
             "config": self.config,
@@ -89,6 +94,8 @@ class LoadedModel:
             "kv_dtype": self.kv_dtype,
             "block_size": block_size,
         }
+        if kv_quant is not None:  # a separate field: off keeps the digests it always had
+            identity["kv_quantization"] = kv_quant.identity()
         if self.layout is not None:  # class and shapes per layer: objects fit only this layout
             identity["cache_layout"] = list(self.layout.signature)
         return identity
