@@ -82,9 +82,18 @@ def test_usage_counts_cache_reads_once(scripted_server):
     again = c.messages.create(
         model=MODEL_ID, max_tokens=64, system="usage test", messages=ask, tools=[WEATHER_TOOL]
     )
-    prompt = first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0)
+    def whole(usage) -> int:  # Anthropic: input + cache writes + cache reads = the prompt
+        return (
+            usage.input_tokens
+            + (usage.cache_creation_input_tokens or 0)
+            + (usage.cache_read_input_tokens or 0)
+        )
+
+    prompt = whole(first.usage)
+    # The tool's cache_control breakpoint: the first turn wrote the tools' tokens.
+    assert first.usage.cache_creation_input_tokens > 0
     assert again.usage.cache_read_input_tokens > 0
-    assert again.usage.input_tokens + again.usage.cache_read_input_tokens == prompt
+    assert whole(again.usage) == prompt
     counted = c.messages.count_tokens(
         model=MODEL_ID, system="usage test", messages=ask, tools=[WEATHER_TOOL]
     )
