@@ -191,8 +191,17 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
             time.sleep(0.6)
             ask(server)
         wait_for("the last request", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 6)
+        shown = pin_for_a_while(server)  # the pins panel with one in it
+        wait_for("the pin", lambda: driver.find_elements(By.CSS_SELECTOR, f'#pins tr[data-pin="{shown}"]'))
+        driver.set_window_size(1280, 1750)  # tall enough for the pins panel below the requests
         time.sleep(1.5)
         driver.save_screenshot(path)
+        driver.set_window_size(1280, 1400)
+        # Unpinned again: the vacuum below must be free to evict every block.
+        assert httpx.delete(f"{server.base_url}/v1/cache/pins/{shown}", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        # A pin acquires the model without submitting: the pool holds it "in use" for 5 s
+        # (pool.IN_USE_GRACE_S), which would refuse the unload below; a request clears that.
+        ask(server)
 
     # Vacuum the SSD tier to nothing from the form, by keyboard alone.
     # Once every block the last miss computed is on disk (written behind the request).
@@ -220,6 +229,13 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
     here = urlsplit(origin).netloc
     outside = [u for u in urls if not u.startswith("data:") and urlsplit(u).netloc.rpartition("@")[2] != here]
     assert not outside, f"the page asked for something outside the server: {outside}"
+
+
+def pin_for_a_while(server: ServerProcess) -> str:
+    made = httpx.post(server.base_url + "/v1/cache/pins", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"model": "tiny-llama", "messages": messages(), "ttl_seconds": 3600}, timeout=30)
+    assert made.status_code == 201, made.text
+    return made.json()["id"]
 
 
 def blocks_in(driver: Any, column: str) -> int:
