@@ -25,6 +25,7 @@ import pytest
 from tests.server_process import ServerProcess
 
 KEY = "dash-key-42"
+BEARER = {"Authorization": f"Bearer {KEY}"}
 SYSTEM = "You are a careful agent working in a repository of Python code. " * 12
 NONE = "\N{EN DASH}"  # what the page shows for a value it does not have
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -148,11 +149,8 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
     assert diverged.startswith(f"token {int(report['diverged_at']):,}, message {report['message']} (")
 
     # A pin made through the API shows with its TTL; unpinning it in the page removes it.
-    made = httpx.post(server.base_url + "/v1/cache/pins", headers={"Authorization": f"Bearer {KEY}"},
-                      json={"model": "tiny-llama", "messages": messages(), "ttl_seconds": 600}, timeout=30)
-    assert made.status_code == 201, made.text
-    pin = made.json()
-    row = wait_for("the pin", lambda: driver.find_element(By.CSS_SELECTOR, f'#pins tr[data-pin="{pin["id"]}"]'))
+    pin = pin_for_a_while(server, 600)
+    row = wait_for("the pin", lambda: driver.find_element(By.CSS_SELECTOR, f'#pins tr[data-pin="{pin}"]'))
     assert "tiny-llama" in row.text and "api" in row.text
     ttl = row.find_element(By.CSS_SELECTOR, "td.ttl").text  # "9 min 58 s"
     assert ttl.startswith(("9 min", "10 min")), ttl
@@ -162,8 +160,7 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
     driver.find_element(By.ID, "confirm-ok").click()
     wait_for("the unpin's report", lambda: "unpinned" in driver.find_element(By.ID, "status").text)
     wait_for("the pin gone from the page", lambda: not driver.find_elements(By.CSS_SELECTOR, "#pins tr[data-pin]"))
-    listed = httpx.get(server.base_url + "/v1/cache/pins", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
-    assert listed.json()["data"] == []
+    assert httpx.get(server.base_url + "/v1/cache/pins", headers=BEARER, timeout=30).json()["data"] == []
 
     hot_before = wait_for("hot blocks", lambda: (t := model_cell(driver, "hot")) and t.startswith(("1", "2", "3", "4", "5", "6", "7", "8", "9")) and t)
 
@@ -191,14 +188,14 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
             time.sleep(0.6)
             ask(server)
         wait_for("the last request", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 6)
-        shown = pin_for_a_while(server)  # the pins panel with one in it
+        shown = pin_for_a_while(server, 3600)  # the pins panel with one in it
         wait_for("the pin", lambda: driver.find_elements(By.CSS_SELECTOR, f'#pins tr[data-pin="{shown}"]'))
         driver.set_window_size(1280, 1750)  # tall enough for the pins panel below the requests
         time.sleep(1.5)
         driver.save_screenshot(path)
         driver.set_window_size(1280, 1400)
         # Unpinned again: the vacuum below must be free to evict every block.
-        assert httpx.delete(f"{server.base_url}/v1/cache/pins/{shown}", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        assert httpx.delete(f"{server.base_url}/v1/cache/pins/{shown}", headers=BEARER).status_code == 200
         # A pin acquires the model without submitting: the pool holds it "in use" for 5 s
         # (pool.IN_USE_GRACE_S), which would refuse the unload below; a request clears that.
         ask(server)
@@ -231,9 +228,10 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
     assert not outside, f"the page asked for something outside the server: {outside}"
 
 
-def pin_for_a_while(server: ServerProcess) -> str:
-    made = httpx.post(server.base_url + "/v1/cache/pins", headers={"Authorization": f"Bearer {KEY}"},
-                      json={"model": "tiny-llama", "messages": messages(), "ttl_seconds": 3600}, timeout=30)
+def pin_for_a_while(server: ServerProcess, ttl_seconds: int) -> str:
+    """Pin the system prompt's conversation through the API; the pin's id."""
+    body = {"model": "tiny-llama", "messages": messages(), "ttl_seconds": ttl_seconds}
+    made = httpx.post(server.base_url + "/v1/cache/pins", headers=BEARER, json=body, timeout=30)
     assert made.status_code == 201, made.text
     return made.json()["id"]
 

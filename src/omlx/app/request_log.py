@@ -46,7 +46,8 @@ class Divergence:
     def of(cls, report: CacheReport | None) -> Divergence | None:
         if report is None or report.full_hit:
             return None
-        return cls(report.cached, report.message, report.role, report.part, report.prompt_next, report.cached_next)
+        r = report
+        return cls(r.cached, r.message, r.role, r.part, r.prompt_next, r.cached_next)
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,9 +93,12 @@ class DashboardController(Controller):
         operation_id="dashboardState",
         summary="Models, cache tiers, queue, recent requests and sampled series, as the dashboard shows them",
     )
-    async def state(self, request: Request, container: Container, dashboard: Dashboard) -> dict[str, Any]:
+    async def state(
+        self, request: Request, container: Container, dashboard: Dashboard
+    ) -> dict[str, Any]:
         ssd = await anyio.to_thread.run_sync(ssd_usage, container)
-        return dashboard_state(container, dashboard.log, dashboard.series, ssd, tenant_of(request) or "")
+        tenant = tenant_of(request) or ""
+        return dashboard_state(container, dashboard.log, dashboard.series, ssd, tenant)
 
     # The actions change the server's state: kept out of the OpenAPI schema, so schema-driven
     # fuzzers (tests/e2e/test_schemathesis.py) do not unload or clear what other tests use.
@@ -109,10 +112,16 @@ class DashboardController(Controller):
         _require_json(request)
         return await anyio.to_thread.run_sync(clear_model_cache, container, model_id)
 
-    @post("/pins/{pin_id:str}/unpin", operation_id="dashboardUnpin", include_in_schema=False, status_code=200)
+    @post(
+        "/pins/{pin_id:str}/unpin",
+        operation_id="dashboardUnpin",
+        include_in_schema=False,
+        status_code=200,
+    )
     async def unpin(self, request: Request, container: Container, pin_id: str) -> dict[str, Any]:
         _require_json(request)
-        return unpin(container, pin_id, tenant_of(request) or "")  # DELETE /v1/cache/pins/{id}'s own code
+        # DELETE /v1/cache/pins/{id}'s own code: a tenant unpins only its own pins.
+        return unpin(container, pin_id, tenant_of(request) or "")
 
     @post("/vacuum", operation_id="dashboardVacuum", include_in_schema=False, status_code=200)
     async def vacuum(self, request: Request, container: Container, data: VacuumRequest) -> dict[str, Any]:

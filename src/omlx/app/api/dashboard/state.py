@@ -78,7 +78,10 @@ def pins(container: Container, tenant: str) -> dict[str, list[dict[str, Any]]]:
     for served, cache in pins_of(container):
         book = cache.pins
         out[served.id] = [
-            {**pin_json(served.id, pin, cache.held_blocks(pin.keys)), "ttl_left_s": round(book.ttl_left(pin), 1)}
+            {
+                **pin_json(served.id, pin, cache.held_blocks(pin.keys)),
+                "ttl_left_s": round(book.ttl_left(pin), 1),
+            }
             for pin in book.pins(tenant)
         ]
     return out
