@@ -1,6 +1,7 @@
 """The dashboard in a real headless browser (Debian's chromium driven by Selenium) against a
-real server behind an API key: the model, a hit, a chart's points, a cache clear, and not
-one request outside the server.
+real server behind an API key: the model, a hit, a chart's points, a missed request's
+divergence point, a pin with its TTL and its unpin, a cache clear, and not one request
+outside the server.
 
 Skips, saying why, where chromium, chromedriver or selenium is missing (scripts/setup.sh
 installs them). ``OMLX_TEST_DASHBOARD_SCREENSHOT=PATH`` saves the page as it ends (the
@@ -17,12 +18,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import openai
 import pytest
 
 from tests.server_process import ServerProcess
 
 KEY = "dash-key-42"
+BEARER = {"Authorization": f"Bearer {KEY}"}
 SYSTEM = "You are a careful agent working in a repository of Python code. " * 12
 NONE = "\N{EN DASH}"  # what the page shows for a value it does not have
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -79,10 +82,22 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def ask(server: ServerProcess) -> Any:
+def messages(question: str = "List the files.") -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+
+def ask(server: ServerProcess, question: str = "List the files.") -> Any:
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0)
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files."}]
-    return client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=4, temperature=0)
+    return client.chat.completions.create(model="tiny-llama", messages=messages(question), max_tokens=4, temperature=0)
+
+
+def cache_header(server: ServerProcess, question: str) -> dict[str, str]:
+    """The ``x-omlx-cache`` fields of a chat request asking ``question``."""
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny-llama", messages=messages(question), max_tokens=4, temperature=0
+    )
+    return dict(part.split("=", 1) for part in raw.headers["x-omlx-cache"].split("; "))
 
 
 def request_urls(driver: Any) -> list[str]:
@@ -120,6 +135,33 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
     assert tiers[:2] == ["hot", "none"]
     # The series sampled both: the hit-rate chart has points.
     wait_for("a chart's points", lambda: driver.find_elements(By.CSS_SELECTOR, '[data-chart="Hit rate"] circle.point'))
+    # The first request found nothing: it diverged at token 0, in the system message.
+    rows = driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")
+    assert rows[-1].find_element(By.CSS_SELECTOR, "td.diverged").text == "token 0, message 0 (system)"
+    assert rows[0].find_element(By.CSS_SELECTOR, "td.diverged").text == NONE  # the repeat: a full hit
+
+    # A new question on the same system prompt diverges in the user's message, where its
+    # cache report (the x-omlx-cache header) says.
+    report = cache_header(server, "Which tests are slow?")
+    assert int(report["diverged_at"]) > 0 and report["role"] == "user"
+    diverged = wait_for("the divergence point", lambda: (t := cell_texts(driver, "#requests tbody td.diverged")[0]) != NONE
+                        and len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 3 and t)
+    assert diverged.startswith(f"token {int(report['diverged_at']):,}, message {report['message']} (")
+
+    # A pin made through the API shows with its TTL; unpinning it in the page removes it.
+    pin = pin_for_a_while(server, 600)
+    row = wait_for("the pin", lambda: driver.find_element(By.CSS_SELECTOR, f'#pins tr[data-pin="{pin}"]'))
+    assert "tiny-llama" in row.text and "api" in row.text
+    ttl = row.find_element(By.CSS_SELECTOR, "td.ttl").text  # "9 min 58 s"
+    assert ttl.startswith(("9 min", "10 min")), ttl
+    row.find_element(By.CSS_SELECTOR, "button.unpin").click()
+    dialog = wait_for("the unpin's confirmation", lambda: (d := driver.find_element(By.ID, "confirm")).is_displayed() and d)
+    assert "Unpin" in dialog.text and "tiny-llama" in dialog.text
+    driver.find_element(By.ID, "confirm-ok").click()
+    wait_for("the unpin's report", lambda: "unpinned" in driver.find_element(By.ID, "status").text)
+    wait_for("the pin gone from the page", lambda: not driver.find_elements(By.CSS_SELECTOR, "#pins tr[data-pin]"))
+    assert httpx.get(server.base_url + "/v1/cache/pins", headers=BEARER, timeout=30).json()["data"] == []
+
     hot_before = wait_for("hot blocks", lambda: (t := model_cell(driver, "hot")) and t.startswith(("1", "2", "3", "4", "5", "6", "7", "8", "9")) and t)
 
     # Clear its cache, by keyboard: Tab from Unload to Clear cache; the focus stays there
@@ -146,8 +188,17 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
             time.sleep(0.6)
             ask(server)
         wait_for("the last request", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 6)
+        shown = pin_for_a_while(server, 3600)  # the pins panel with one in it
+        wait_for("the pin", lambda: driver.find_elements(By.CSS_SELECTOR, f'#pins tr[data-pin="{shown}"]'))
+        driver.set_window_size(1280, 1750)  # tall enough for the pins panel below the requests
         time.sleep(1.5)
         driver.save_screenshot(path)
+        driver.set_window_size(1280, 1400)
+        # Unpinned again: the vacuum below must be free to evict every block.
+        assert httpx.delete(f"{server.base_url}/v1/cache/pins/{shown}", headers=BEARER).status_code == 200
+        # A pin acquires the model without submitting: the pool holds it "in use" for 5 s
+        # (pool.IN_USE_GRACE_S), which would refuse the unload below; a request clears that.
+        ask(server)
 
     # Vacuum the SSD tier to nothing from the form, by keyboard alone.
     # Once every block the last miss computed is on disk (written behind the request).
@@ -175,6 +226,14 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
     here = urlsplit(origin).netloc
     outside = [u for u in urls if not u.startswith("data:") and urlsplit(u).netloc.rpartition("@")[2] != here]
     assert not outside, f"the page asked for something outside the server: {outside}"
+
+
+def pin_for_a_while(server: ServerProcess, ttl_seconds: int) -> str:
+    """Pin the system prompt's conversation through the API; the pin's id."""
+    body = {"model": "tiny-llama", "messages": messages(), "ttl_seconds": ttl_seconds}
+    made = httpx.post(server.base_url + "/v1/cache/pins", headers=BEARER, json=body, timeout=30)
+    assert made.status_code == 201, made.text
+    return made.json()["id"]
 
 
 def blocks_in(driver: Any, column: str) -> int:

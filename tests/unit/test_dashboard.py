@@ -12,6 +12,7 @@ from omlx.app.api.dashboard import RequestSeries
 from omlx.app.request_log import RequestLog, current_api
 from omlx.domain.generation import Finished
 from tests.fakes import FakeColdSource
+from tests.unit.test_cache_header import FIRST, TURN2, CachingEngine
 from tests.unit.api_fakes import MODEL, FakeEngine, fake_container, reply
 from tests.unit.test_prefix_cache import make, seq, serve
 
@@ -130,7 +131,8 @@ def test_the_state_lists_finished_requests_by_api_and_the_served_model():
     assert older["ttft_s"] is not None and older["ttft_s"] >= 0
     assert state["tiers"]["ssd"] == {"enabled": False}
     assert state["queue"] == {"active": 0, "queued": 0, "max_concurrent": 8, "max_queued": 4}
-    assert len(state["not_yet"]) == 2  # the divergence point and pins, with #24
+    assert older["divergence"] is None  # this fake model has no prefix cache: no report
+    assert state["pins"] == {}  # nor pins
     # The state is documented; the page and the actions are not API operations.
     assert "/v1/dashboard/state" in spec["paths"]
     assert not [p for p in spec["paths"] if p.startswith("/dashboard") or "unload" in p or "vacuum" in p]
@@ -198,3 +200,61 @@ def test_an_index_that_does_not_answer_leaves_the_rest_of_the_page():
     ssd = r.json()["tiers"]["ssd"]
     assert ssd["enabled"] and "the shared database is away" in ssd["unavailable"]
     assert r.json()["models"][0]["id"] == MODEL
+
+
+# ---- the cache controls on the page: divergence points, pins, unpin ------------------
+
+
+def test_a_request_that_missed_lists_where_it_diverged_from_its_cache_report():
+    engine = CachingEngine()
+    changed = [{"role": "system", "content": "You are a terse assistant."}, *TURN2[1:]]
+    with TestClient(create_app(fake_container(engine))) as c:
+        first = c.post("/v1/chat/completions", json={"model": MODEL, "messages": FIRST})
+        turn2 = c.post("/v1/chat/completions", json={"model": MODEL, "messages": TURN2})
+        again = c.post("/v1/chat/completions", json={"model": MODEL, "messages": TURN2})
+        edited = c.post("/v1/messages", json={"model": MODEL, "messages": changed[1:], "system": changed[0]["content"], "max_tokens": 4})
+        requests = c.get("/v1/dashboard/state").json()["requests"]
+        recent = c.get("/v1/cache/recent").json()["data"]
+    assert all(r.status_code == 200 for r in (first, turn2, again, edited))
+    by_seq = {r["seq"]: r for r in requests}
+    # The first turn found nothing: it diverged at token 0, in the system message.
+    assert by_seq[1]["divergence"]["at"] == 0
+    assert (by_seq[1]["divergence"]["message"], by_seq[1]["divergence"]["role"]) == (0, "system")
+    # The second turn found the first and went on past it, in a later message.
+    d2 = by_seq[2]["divergence"]
+    assert d2["at"] > 0 and d2["message"] >= 1 and d2["role"] in ("assistant", "user")
+    assert d2["at"] == recent[2]["diverged_at"] and d2["message"] == recent[2]["message"]
+    assert d2["prompt"] == recent[2]["excerpt"]["prompt"]
+    # A repeat is a full hit: no divergence point.
+    assert by_seq[3]["divergence"] is None
+    # The edited system prompt diverges in message 0, where the cache held the old words.
+    d4 = by_seq[4]["divergence"]
+    assert (d4["message"], d4["role"]) == (0, "system") and d4["at"] == recent[0]["diverged_at"]
+    assert "careful" in d4["cached"] and "terse" in d4["prompt"]
+    assert by_seq[4]["api"] == "anthropic"
+
+
+def test_the_state_lists_pins_with_their_ttl_and_the_page_unpins_them():
+    engine = CachingEngine()
+    with TestClient(create_app(fake_container(engine, api_key="k1"))) as c:
+        assert c.post("/v1/chat/completions", json={"model": MODEL, "messages": FIRST}, headers=BEARER).status_code == 200
+        made = c.post("/v1/cache/pins", json={"model": MODEL, "messages": FIRST, "ttl_seconds": 600}, headers=BEARER)
+        assert made.status_code == 201, made.text
+        pin = made.json()
+        (shown,) = c.get("/v1/dashboard/state", headers=basic("k1")).json()["pins"][MODEL]
+        refused = c.post(f"/v1/dashboard/pins/{pin['id']}/unpin", json={})
+        form = c.post(f"/v1/dashboard/pins/{pin['id']}/unpin", content=b"{}", headers={**BEARER, "content-type": "text/plain"})
+        unpinned = c.post(f"/v1/dashboard/pins/{pin['id']}/unpin", json={}, headers=basic("k1"))
+        gone = c.post(f"/v1/dashboard/pins/{pin['id']}/unpin", json={}, headers=BEARER)
+        after = c.get("/v1/dashboard/state", headers=BEARER).json()["pins"][MODEL]
+        listed = c.get("/v1/cache/pins", headers=BEARER).json()["data"]
+    assert shown["id"] == pin["id"] and shown["tokens"] == pin["tokens"] > 0
+    assert shown["blocks"] == pin["blocks"] and shown["held_blocks"] == pin["held_blocks"] > 0
+    assert shown["source"] == "api" and shown["expires_at"] == pin["expires_at"]
+    assert 590 < shown["ttl_left_s"] <= 600
+    assert refused.status_code == 401
+    assert form.status_code == 400 and form.json()["error"]["param"] == "content-type"
+    assert unpinned.status_code == 200 and unpinned.json() == {"id": pin["id"], "model": MODEL, "deleted": True}
+    assert gone.status_code == 404
+    assert after == [] and listed == []
+    assert not engine.prefix_cache.pins.pins()

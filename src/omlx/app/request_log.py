@@ -2,7 +2,9 @@
 
 Each generation that ends with ``Finished`` is recorded where the generation service
 sees it end (``GenerationService.finished_hook``); the API family it came through is
-read from ``current_api``, which the dashboard's middleware sets per HTTP request.
+read from ``current_api``, which the dashboard's middleware sets per HTTP request, and
+where a missed prompt left the cache from the slot ``current_report`` that the same
+middleware opens and ``cache_edge.note`` fills with the request's cache report.
 Requests whose client left before the end are not recorded (there is no ``Finished``).
 """
 
@@ -14,7 +16,9 @@ from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
+from omlx.app.cache_report import CacheReport
 from omlx.domain.generation import Finished
 
 DEFAULT_CAPACITY = 200
@@ -22,6 +26,28 @@ DEFAULT_CAPACITY = 200
 # The API family and route of the HTTP request being served ("openai", "/v1/chat/completions");
 # empty off HTTP.
 current_api: ContextVar[tuple[str, str]] = ContextVar("omlx_current_api", default=("", ""))
+# A per-request slot ({"report": CacheReport}) the middleware opens: a mutable holder, so a
+# report noted in the handler is seen where the generation ends, whichever task that is.
+current_report: ContextVar[dict[str, Any] | None] = ContextVar("omlx_current_report", default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """Where a missed prompt left the cache, from its ``CacheReport``."""
+
+    at: int  # the prompt token where the cached prefix ends
+    message: int | None  # the rendered conversation's message it falls in (None: a raw prompt)
+    role: str | None
+    part: str | None  # "system", "tools", "messages[k]"
+    prompt: str  # the prompt from there on (an excerpt)
+    cached: str  # what the cache holds there instead ("": the cache ends)
+
+    @classmethod
+    def of(cls, report: CacheReport | None) -> Divergence | None:
+        if report is None or report.full_hit:
+            return None
+        r = report
+        return cls(r.cached, r.message, r.role, r.part, r.prompt_next, r.cached_next)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +66,7 @@ class RequestRecord:
     reason: str  # stop, length
     ttft_s: float | None  # None: no token came
     tokens_per_s: float | None  # decode rate after the first token; None: too few tokens
+    divergence: Divergence | None = None  # None: a full hit, or no cache report (no prefix cache)
 
     @property
     def cached_share(self) -> float:
@@ -62,6 +89,7 @@ class RequestLog:
         decoded = event.completion_tokens - 1  # the first token's time is the TTFT's
         rate = decoded / decode_s if decoded > 0 and decode_s > 0 else None
         api, route = current_api.get()
+        divergence = Divergence.of((current_report.get() or {}).get("report"))
         with self._lock:
             self._seq += 1
             record = RequestRecord(
@@ -77,6 +105,7 @@ class RequestLog:
                 reason=event.reason,
                 ttft_s=ttft_s,
                 tokens_per_s=rate,
+                divergence=divergence,
             )
             self._ring.append(record)
         return record

@@ -190,7 +190,7 @@ class CacheController(Controller):
     async def delete_pin(
         self, pin_id: str, container: Container, request: Request
     ) -> dict[str, Any]:
-        return _unpin(container, pin_id, tenant_of(request) or "")
+        return unpin(container, pin_id, tenant_of(request) or "")
 
     @delete(
         "/pins",
@@ -202,7 +202,7 @@ class CacheController(Controller):
     async def delete_pin_by_query(
         self, container: Container, request: Request, pin_id: str = Parameter(query="id")
     ) -> dict[str, Any]:
-        return _unpin(container, pin_id, tenant_of(request) or "")
+        return unpin(container, pin_id, tenant_of(request) or "")
 
     @post(
         "/export",
@@ -281,7 +281,7 @@ async def export_of(data: dict[str, Any], container: Container, tenant: str | No
     return Response(archive, media_type="application/x-tar", headers=headers)
 
 
-def _unpin(container: Container, pin_id: str, tenant: str) -> dict[str, Any]:
+def unpin(container: Container, pin_id: str, tenant: str) -> dict[str, Any]:
     """A tenant unpins only its own pins (another's id is as unknown as a wrong one)."""
     for served, cache in pins_of(container):
         if cache.pins.unpin(pin_id, tenant):

@@ -21,6 +21,7 @@ from litestar.types import Message, Scope
 from omlx.app.api.auth import tenant_of
 from omlx.app.cache_report import HEADER, CacheReport, report
 from omlx.app.errors import InvalidRequest
+from omlx.app.request_log import current_report
 from omlx.domain.generation import GenerationRequest
 
 CONTROL_HEADER = "x-omlx-cache-control"
@@ -63,6 +64,9 @@ def note(
     cache = replace(cache, no_store=not stored)
     state = request.scope.setdefault("state", {})  # type: ignore[typeddict-item]
     state[_STATE_KEY] = cache
+    slot = current_report.get()
+    if slot is not None:  # the request log's record of this request shows where it diverged
+        slot["report"] = cache
     recent: deque[dict[str, Any]] | None = request.app.state.get(RECENT_KEY)
     if recent is None:
         recent = request.app.state[RECENT_KEY] = deque(maxlen=RECENT_LIMIT)

@@ -117,6 +117,10 @@ class PinBook:
             live = [p for p in self._pins.values() if tenant is None or p.tenant == tenant]
         return sorted(live, key=lambda p: p.expires_at)
 
+    def ttl_left(self, pin: Pin) -> float:
+        """Seconds until ``pin`` expires, on this book's clock (0: due)."""
+        return max(pin.expires_at - self._clock.now(), 0.0)
+
     def expire(self) -> int:
         """Drop the pins past their deadline; how many."""
         with self._lock:

@@ -19,13 +19,15 @@ from litestar import Controller, Request, Response, get, post
 from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
+from omlx.app.api.auth import tenant_of
+from omlx.app.api.cache_controller import unpin
 from omlx.app.api.dashboard.actions import clear_model_cache, unload_model, vacuum_cache
 from omlx.app.api.dashboard.series import RequestSeries
 from omlx.app.api.dashboard.state import dashboard_state, ssd_usage
 from omlx.app.api.errors import handle_app_error
 from omlx.app.container import Container
 from omlx.app.errors import InvalidRequest, Unauthorized
-from omlx.app.request_log import RequestLog, current_api
+from omlx.app.request_log import RequestLog, current_api, current_report
 
 # The page's files, served from the package (no build step, nothing from the network).
 _STATIC = {
@@ -91,9 +93,12 @@ class DashboardController(Controller):
         operation_id="dashboardState",
         summary="Models, cache tiers, queue, recent requests and sampled series, as the dashboard shows them",
     )
-    async def state(self, container: Container, dashboard: Dashboard) -> dict[str, Any]:
+    async def state(
+        self, request: Request, container: Container, dashboard: Dashboard
+    ) -> dict[str, Any]:
         ssd = await anyio.to_thread.run_sync(ssd_usage, container)
-        return dashboard_state(container, dashboard.log, dashboard.series, ssd)
+        tenant = tenant_of(request) or ""
+        return dashboard_state(container, dashboard.log, dashboard.series, ssd, tenant)
 
     # The actions change the server's state: kept out of the OpenAPI schema, so schema-driven
     # fuzzers (tests/e2e/test_schemathesis.py) do not unload or clear what other tests use.
@@ -106,6 +111,17 @@ class DashboardController(Controller):
     async def clear_cache(self, request: Request, container: Container, model_id: str) -> dict[str, Any]:
         _require_json(request)
         return await anyio.to_thread.run_sync(clear_model_cache, container, model_id)
+
+    @post(
+        "/pins/{pin_id:str}/unpin",
+        operation_id="dashboardUnpin",
+        include_in_schema=False,
+        status_code=200,
+    )
+    async def unpin(self, request: Request, container: Container, pin_id: str) -> dict[str, Any]:
+        _require_json(request)
+        # DELETE /v1/cache/pins/{id}'s own code: a tenant unpins only its own pins.
+        return unpin(container, pin_id, tenant_of(request) or "")
 
     @post("/vacuum", operation_id="dashboardVacuum", include_in_schema=False, status_code=200)
     async def vacuum(self, request: Request, container: Container, data: VacuumRequest) -> dict[str, Any]:
@@ -122,7 +138,8 @@ def _require_json(request: Request) -> None:
 
 
 class ApiFamily(ASGIMiddleware):
-    """Names each HTTP request's API family and route for the request log (``current_api``)."""
+    """Names each HTTP request's API family and route for the request log (``current_api``),
+    and opens the slot its cache report is noted in (``current_report``)."""
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
         handler = scope.get("route_handler")
@@ -130,4 +147,5 @@ class ApiFamily(ASGIMiddleware):
             tags = handler.resolve_tags()
             family = sorted(tags)[0] if tags else ""
             current_api.set((family, scope.get("path_template") or scope.get("path", "")))
+            current_report.set({})
         await next_app(scope, receive, send)

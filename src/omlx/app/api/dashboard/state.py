@@ -1,7 +1,8 @@
 """What ``GET /v1/dashboard/state`` answers: models, tiers, queue, recent requests, series.
 
-Read from the pool, each model's cache stats, the cold tier's index (on a worker thread:
-it is a query) and the dashboard's request log and series. Plain JSON values only.
+Read from the pool, each model's cache stats and pins (the caller's tenant's, as
+``GET /v1/cache/pins`` lists them), the cold tier's index (on a worker thread: it is a
+query) and the dashboard's request log and series. Plain JSON values only.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from omlx import __version__
+from omlx.app.api.cache_controller import pin_json, pins_of
 from omlx.app.api.dashboard.series import RequestSeries
 from omlx.app.container import Container
 from omlx.app.pool import Served
@@ -20,15 +22,14 @@ from omlx.app.request_log import RequestLog
 log = logging.getLogger(__name__)
 
 RECENT_REQUESTS = 50
-# Shown by the page as not there yet: each comes with the cache-controls issue (#24).
-NOT_YET = (
-    "the point where a missed prompt diverged from the cached one (#24)",
-    "pins and their TTLs (#24)",
-)
 
 
 def dashboard_state(
-    container: Container, log: RequestLog, series: RequestSeries, ssd: dict[str, Any]
+    container: Container,
+    log: RequestLog,
+    series: RequestSeries,
+    ssd: dict[str, Any],
+    tenant: str = "",
 ) -> dict[str, Any]:
     """The whole page's data; ``ssd`` is ``ssd_usage``'s answer (read off the event loop)."""
     pool, settings = container.pool, container.settings
@@ -67,8 +68,23 @@ def dashboard_state(
         },
         "requests": [asdict(r) for r in log.recent(RECENT_REQUESTS)],
         "series": {m: [asdict(p) for p in pts] for m, pts in series.points().items()},
-        "not_yet": list(NOT_YET),
+        "pins": pins(container, tenant),
     }
+
+
+def pins(container: Container, tenant: str) -> dict[str, list[dict[str, Any]]]:
+    """Each loaded model's live pins of ``tenant``, soonest to expire first, with the TTL left."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for served, cache in pins_of(container):
+        book = cache.pins
+        out[served.id] = [
+            {
+                **pin_json(served.id, pin, cache.held_blocks(pin.keys)),
+                "ttl_left_s": round(book.ttl_left(pin), 1),
+            }
+            for pin in book.pins(tenant)
+        ]
+    return out
 
 
 def _ssd_of(model: dict[str, Any], namespaces: list[dict[str, Any]]) -> dict[str, Any] | None:

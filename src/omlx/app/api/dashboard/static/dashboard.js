@@ -237,8 +237,37 @@ function renderRequests(state) {
     el("td", { class: "num" }, int(r.prompt_tokens)), el("td", { class: "num cached" }, int(r.cached_tokens)),
     el("td", { class: `tier tier-${r.tier}` }, r.tier), el("td", { class: "num" }, ms(r.ttft_s)),
     el("td", { class: "num" }, r.tokens_per_s === null ? "–" : r.tokens_per_s.toFixed(1)),
-    el("td", {}, r.reason))));
-  document.getElementById("not-yet").textContent = "Not shown yet: " + state.not_yet.join("; ") + ".";
+    el("td", {}, r.reason), divergenceCell(r.divergence))));
+}
+
+// Where a missed prompt left the cache: its token offset and the message it falls in.
+function divergenceCell(d) {
+  if (!d) return el("td", { class: "diverged" }, "–");
+  const where = d.message === null ? "" : `, message ${d.message} (${d.part || d.role})`;
+  const tip = `the prompt goes on ${JSON.stringify(d.prompt)}` +
+    (d.cached ? `; the cache holds ${JSON.stringify(d.cached)}` : "; the cache ends there");
+  return el("td", { class: "diverged", title: tip }, `token ${int(d.at)}${where}`);
+}
+
+function duration(s) {
+  if (s >= 3600) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+  if (s >= 60) return `${Math.floor(s / 60)} min ${Math.floor(s % 60)} s`;
+  return `${Math.floor(s)} s`;
+}
+
+function renderPins(state) {
+  const rows = Object.entries(state.pins).flatMap(([model, pins]) => pins.map((p) => el("tr", { "data-pin": p.id },
+    el("td", {}, model), el("td", { title: p.id }, el("code", {}, p.id.slice(0, 12))),
+    el("td", { class: "num" }, int(p.tokens)), el("td", { class: "num" }, `${int(p.blocks)} (${int(p.held_blocks)})`),
+    el("td", { class: "num ttl", title: `until ${new Date(p.expires_at * 1000).toLocaleString()}` }, duration(p.ttl_left_s)),
+    el("td", {}, p.source, p.group ? el("div", { class: "muted" }, p.group) : null),
+    el("td", {}, el("button", {
+      type: "button", class: "danger unpin", "data-key": `unpin:${p.id}`, "aria-label": `Unpin ${p.id.slice(0, 12)} of ${model}`,
+      onclick: () => act(`Unpin ${int(p.tokens)} tokens of ${model}? They become plain LRU blocks again.`, "POST",
+        `/v1/dashboard/pins/${encodeURIComponent(p.id)}/unpin`, {}, () => `unpinned ${p.id.slice(0, 12)} of ${model}`),
+    }, "Unpin")))));
+  const empty = el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No pins."));
+  document.querySelector("#pins tbody").replaceChildren(...(rows.length ? rows : [empty]));
 }
 
 async function refresh() {
@@ -253,6 +282,7 @@ async function refresh() {
     renderTiers(state);
     renderCharts(state);
     renderRequests(state);
+    renderPins(state);
     if (focused) {
       const again = document.querySelector(`[data-key="${CSS.escape(focused)}"]`);
       if (again) again.focus();
