@@ -53,22 +53,7 @@ def value_end(text: str, start: int) -> int | None:
 def close_partial(text: str) -> Any:
     """The value a cut JSON text was on its way to: open strings and containers closed, a
     dangling key, colon or comma dropped. None when nothing of an object or array is there."""
-    stack: list[str] = []
-    in_string, escaped = False, False
-    for c in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
-            stack.append(c)
-        elif c in "}]" and stack:
-            stack.pop()
+    stack, in_string, escaped = _scan(text)
     candidate = text.rstrip()
     if in_string:
         candidate = candidate[:-1] if escaped or candidate.endswith("\\") else candidate
@@ -115,6 +100,12 @@ def _last_is_key(text: str) -> bool:
 
 
 def _open_containers(text: str) -> list[str]:
+    return _scan(text)[0]
+
+
+def _scan(text: str) -> tuple[list[str], bool, bool]:
+    """The containers ``text`` leaves open, and whether it ends inside a string (after a
+    backslash)."""
     stack: list[str] = []
     in_string, escaped = False, False
     for c in text:
@@ -131,4 +122,4 @@ def _open_containers(text: str) -> list[str]:
             stack.append(c)
         elif c in "}]" and stack:
             stack.pop()
-    return stack
+    return stack, in_string, escaped
