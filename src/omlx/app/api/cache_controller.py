@@ -157,7 +157,8 @@ class CacheController(Controller):
             raise InvalidRequest("ttl_seconds must be a number of seconds", param="ttl_seconds")
         tenant = tenant_of(request)
         served, tokens, _found = await prompt_of(data, container, tenant)
-        cache = served.engine.prefix_cache
+        cache = served.prefix_cache
+        assert cache is not None  # prompt_of refuses a model without a cache
         try:
             root = cache.root_of(tenant)
             pin = cache.pins.pin(tokens, float(ttl), "api", root=root, tenant=tenant or "")
@@ -272,7 +273,8 @@ class CacheController(Controller):
 
 async def export_of(data: dict[str, Any], container: Container, tenant: str | None) -> Response:
     served, tokens, _found = await prompt_of(data, container, tenant)
-    cache = served.engine.prefix_cache
+    cache = served.prefix_cache
+    assert cache is not None  # prompt_of refuses a model without a cache
     try:
         archive, covered = await anyio.to_thread.run_sync(export_archive, cache, tokens, tenant)
     except ImportRefused as exc:
