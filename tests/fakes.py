@@ -452,6 +452,12 @@ class FakeTokenConstraint:
         self.tokens.append(token)
         return True
 
+    def validate(self, tokens: list[int]) -> int:
+        return len(tokens)
+
+    def rollback(self, count: int) -> None:
+        del self.tokens[len(self.tokens) - count :]
+
     def failure(self) -> str | None:
         return None
 

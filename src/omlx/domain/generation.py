@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from omlx.domain.speculation import SpeculationSummary
+
 
 @dataclass(frozen=True, slots=True)
 class Penalties:
@@ -130,6 +132,7 @@ class Finished:
     # Where its time to first token went, in PHASES order (seconds; empty: no token came).
     phases: tuple[tuple[str, float], ...] = ()
     tier: str = "none"  # where the cached prefix came from: "hot" (RAM), "ssd" (some from disk), "none"
+    speculation: SpeculationSummary | None = None  # what speculative decoding did, where it ran
 
 
 @dataclass(frozen=True, slots=True)

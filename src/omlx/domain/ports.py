@@ -56,6 +56,14 @@ class TokenConstraint(Protocol):
         """Take the token chosen; False when the grammar did not allow it."""
         ...
 
+    def validate(self, tokens: list[int]) -> int:
+        """How many of ``tokens``, in order, the grammar would take from here (taking none)."""
+        ...
+
+    def rollback(self, count: int) -> None:
+        """Give back the last ``count`` tokens taken (speculative drafts the model refused)."""
+        ...
+
     def failure(self) -> str | None:
         """Why the grammar can go no further (a limit of the grammar engine), or None."""
         ...

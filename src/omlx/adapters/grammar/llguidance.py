@@ -61,6 +61,12 @@ class Constraint:
     def advance(self, token: int) -> bool:
         return bool(self._matcher.consume_token(token))
 
+    def validate(self, tokens: list[int]) -> int:
+        return int(self._matcher.validate_tokens(tokens))
+
+    def rollback(self, count: int) -> None:
+        self._matcher.rollback(count)
+
     def failure(self) -> str | None:
         return refusal_reason(self._matcher.get_error()) if self._matcher.is_error() else None
 

@@ -12,8 +12,9 @@ Two users read it:
 Every private name omlx uses of mlx-lm is here: ``BatchGenerator._prompt_batch``,
 ``._generation_batch`` and ``._currently_processing``; ``GenerationBatch._step`` and the
 fields it keeps (``_current_tokens``, ``_current_logprobs``, ``_next_tokens``,
-``_next_logprobs``, ``_token_context``); ``BatchKVCache._idx`` and
-``RotatingKVCache._temporal_order``; and ``BatchGenerator._next``, which
+``_next_logprobs``, ``_token_context``, ``_num_tokens``, ``_matchers``: the speculative
+steps of ``speculative.py`` keep them too); ``TokenBuffer._size``; ``BatchKVCache._idx``
+and ``RotatingKVCache._temporal_order``; and ``BatchGenerator._next``, which
 ``FusingBatchGenerator`` wraps (it calls it, it does not copy it).
 
 Written for mlx-lm 0.32 (``test_batch_rows_was_written_for_this_mlx_lm`` in
@@ -39,6 +40,7 @@ from mlx_lm.models.cache import (
     CacheList,
     KVCache,
     RotatingKVCache,
+    TokenBuffer,
 )
 
 log = logging.getLogger(__name__)
@@ -187,6 +189,16 @@ class InOrderGeneration(GenerationBatch):
             # lazy graph (and the weights it references) alive.
             mx.eval([c.state for cache in finished for c in cache])
         return responses
+
+
+def token_buffer_size(buffer: TokenBuffer) -> int:
+    """Tokens a row's processor context holds."""
+    return buffer._size
+
+
+def truncate_token_buffer(buffer: TokenBuffer, size: int) -> None:
+    """Forget the tokens of a row's processor context past ``size`` (refused drafts)."""
+    buffer._size = min(buffer._size, size)
 
 
 def _processed(batch: GenerationBatch, logits: mx.array, inputs: mx.array) -> mx.array:

@@ -33,7 +33,9 @@ from omlx.adapters.mlx.fused_prefill import FusingBatchGenerator
 from omlx.adapters.mlx.jobs import Emit, Job, log_finished, phases_of, tier_of
 from omlx.adapters.mlx.loader import LoadedModel
 from omlx.adapters.mlx.processors import grammar_finish_reason, request_processors, token_logprob
+from omlx.adapters.mlx.prompt_lookup import PromptLookup
 from omlx.adapters.mlx.sampling import Sampler, make_sampler
+from omlx.adapters.mlx.speculative import Proposer, Speculation
 from omlx.adapters.mlx.warm_up import warm_up
 from omlx.domain.generation import (
     Failed,
@@ -47,6 +49,7 @@ from omlx.domain.generation import (
 )
 from omlx.domain.memory import KVBudget, MemoryAccount, format_bytes
 from omlx.domain.scheduler import Scheduler, Verdict
+from omlx.domain.speculation import SpeculationConfig
 
 if TYPE_CHECKING:
     from omlx.domain.cache.prefix_cache import PrefixCache
@@ -72,6 +75,8 @@ class EngineConfig:
     # Idle this long, the engine hands MLX's freed buffers back to the system; sooner, an
     # agent's next turn reuses them instead of faulting fresh pages in.
     release_buffers_after_s: float = 60.0
+    # Speculative decoding (``speculative.py``); None: off. Plain attention layouts only.
+    speculation: SpeculationConfig | None = None
 
 
 class MLXEngine:
@@ -83,10 +88,12 @@ class MLXEngine:
         prefix_cache: PrefixCache | None,
         config: EngineConfig | None = None,
         account: MemoryAccount | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         self.model = model
         self.prefix_cache = prefix_cache
         self.config = config or EngineConfig()
+        self._speculation = self._speculation_for(proposer)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._ids = _REQUEST_IDS  # one numbering for the process: log lines stay unique
         self._running: dict[int, Job] = {}  # batcher uid -> job
@@ -194,6 +201,28 @@ class MLXEngine:
         how = "warm-up stopped for a request:" if interrupted else "warmed up"
         log.info("%s %s in %.2f s", how, self.model.model_id, time.monotonic() - started)
 
+    def _speculation_for(self, proposer: Proposer | None) -> Speculation | None:
+        """The engine's speculation, where its config asks for it and the model allows it."""
+        config = self.config.speculation
+        if config is None:
+            return None
+        if not self._plain_layout():
+            log.info(
+                "speculative decoding of %s: off: its cache has layers a refused draft cannot be "
+                "taken back from (recurrent state or a sliding window)", self.model.model_id,
+            )
+            return None
+        if not batch_rows.private_access_supported():
+            log.info("speculative decoding of %s: off: written for mlx-lm %sx", self.model.model_id, batch_rows.WRITTEN_FOR)
+            return None
+        if proposer is None:
+            proposer = PromptLookup(config.ngram_max, config.ngram_min)
+        return Speculation(config, proposer)
+
+    @property
+    def speculation(self) -> Speculation | None:
+        return self._speculation
+
     def _plain_layout(self) -> bool:
         layout = self.model.layout
         return layout is not None and not layout.unsupported and layout.domain.plain
@@ -204,6 +233,7 @@ class MLXEngine:
             fuse=self.config.fuse_last_token and self._plain_layout(),
             # On the CPU, mlx-lm's pipelined decode step hands tokens out a pass late.
             in_order=mx.default_device().type == mx.cpu,
+            speculation=self._speculation,
             completion_batch_size=self.config.max_concurrent,
             # Every admitted prompt joins the prefill batch at once: a short prompt
             # beside a long one is split off to decode after its own last chunk.
@@ -311,6 +341,8 @@ class MLXEngine:
             logits_processors=[request_processors(job.request, self._eos)],
             stop_sequences=[self._stop_tokens],
         )
+        if self._speculation is not None:
+            self._speculation.enable(job.uid)
         job.detok = self.model.tokenizer.detokenizer
         job.stops = StopStringMatcher(job.request.stop)
         job.times["inserted"] = time.monotonic()
@@ -388,6 +420,8 @@ class MLXEngine:
                 self._emit_text(job, "")
             removed = self._generator.remove([job.uid], return_prompt_caches=True)
             cache, tokens = removed.get(job.uid, (None, None))
+            # A speculative step may have fed tokens past this one: keep what was handed out.
+            cache, tokens = _cut(cache, tokens, len(job.request.prompt_tokens) + job.fed_tokens)
             self._finish(job, "stop", cache, tokens)
         elif r.finish_reason is not None:
             job.detok.finalize()
@@ -415,6 +449,7 @@ class MLXEngine:
             self._running.pop(job.uid, None)
         self.scheduler.ended(job.id)
         self._report_memory()
+        speculated = self._speculation.pop(job.uid) if self._speculation is not None else None
         job.emit(
             Finished(
                 reason,
@@ -422,10 +457,10 @@ class MLXEngine:
                 job.completion_tokens,
                 job.cached_tokens,
                 job.stops.matched if job.stops is not None else None,
-                phases_of(job), tier_of(job),
+                phases_of(job), tier_of(job), speculated,
             )
         )
-        log_finished(job, reason, self.model.model_id)
+        log_finished(job, reason, self.model.model_id, speculated)
         if job.session is not None:
             job.session.finished(tokens, cache)  # never raises
         self._jobs.pop(job.id, None)
@@ -464,7 +499,19 @@ class MLXEngine:
             job.emit(Failed(message))
         self._running.clear()
         self.scheduler.clear()
+        if self._speculation is not None:
+            self._speculation.clear()
         if self.prefix_cache is not None:
             self.prefix_cache.drop_kept()
         self._generator = self._new_generator()
         mx.clear_cache()
+
+
+def _cut(cache: Any, tokens: list[int] | None, length: int) -> tuple[Any, list[int] | None]:
+    """A removed row's cache and tokens cut to its first ``length`` positions."""
+    if cache is None or tokens is None or len(tokens) <= length:
+        return cache, tokens
+    extra = len(tokens) - length
+    for layer in cache:
+        layer.trim(extra)
+    return cache, tokens[:length]

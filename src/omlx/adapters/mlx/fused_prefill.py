@@ -43,6 +43,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
 
 from omlx.adapters.mlx import batch_rows
+from omlx.adapters.mlx.speculative import Speculation, SpeculativeGeneration, SpeculativeInOrder
 
 FUSE_MAX_TOKENS = 64
 
@@ -159,7 +160,15 @@ class _Replay:
 class FusingBatchGenerator(BatchGenerator):
     """``BatchGenerator`` that fuses a short final chunk with the prompt's last token."""
 
-    def __init__(self, model: Any, *, fuse: bool = True, in_order: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        fuse: bool = True,
+        in_order: bool = False,
+        speculation: Speculation | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(model, **kwargs)
         supported = batch_rows.private_access_supported()
         self.fuse = fuse and supported
@@ -170,7 +179,11 @@ class FusingBatchGenerator(BatchGenerator):
                 self.model, self.sampler, prefill_step_size=self.prefill_step_size
             )
             prompt.plan = self._plan
-        if in_order and supported:
+        if speculation is not None and supported:
+            kind = SpeculativeInOrder if in_order else SpeculativeGeneration
+            generation = kind.empty(self.model, self.sampler)
+            generation.speculation = speculation
+        elif in_order and supported:
             generation = batch_rows.InOrderGeneration.empty(self.model, self.sampler)
         batch_rows.install_batches(self, prompt, generation)
         self.fused_rows = 0  # rows whose last token ran with their final chunk (tests, stats)

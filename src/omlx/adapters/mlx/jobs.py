@@ -14,6 +14,7 @@ from omlx.domain.generation import (
     StopStringMatcher,
     TokenLogprob,
 )
+from omlx.domain.speculation import SpeculationSummary
 
 if TYPE_CHECKING:
     from omlx.domain.cache.session import CacheSession
@@ -53,9 +54,12 @@ class Job:
         return len(self.request.prompt_tokens) + self.request.max_tokens
 
 
-def log_finished(job: Job, reason: str, model_id: str) -> None:
-    """Its time to first token by phase (debug level), then its summary line, which names
-    the model: request numbers are process-wide, shared by every model's engine."""
+def log_finished(
+    job: Job, reason: str, model_id: str, speculated: SpeculationSummary | None = None
+) -> None:
+    """Its time to first token by phase and what speculation did (debug level), then its
+    summary line, which names the model: request numbers are process-wide, shared by every
+    model's engine."""
     if log.isEnabledFor(logging.DEBUG):
         phases = phases_of(job)
         if phases:
@@ -63,7 +67,19 @@ def log_finished(job: Job, reason: str, model_id: str) -> None:
                 "request %d (%s) time to first token: %s", job.id, model_id,
                 ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in phases),
             )
+        if speculated is not None:
+            log.debug("request %d (%s) speculation: %s", job.id, model_id, describe(speculated))
     _log_summary(job, reason, model_id)
+
+
+def describe(s: SpeculationSummary) -> str:
+    """``lookup: 12 verify steps, 61 of 80 drafted tokens accepted (76%)``."""
+    if not s.drafted:
+        return f"{s.method}: nothing drafted"
+    return (
+        f"{s.method}: {s.steps} verify steps, {s.accepted} of {s.drafted} drafted tokens "
+        f"accepted ({100 * s.accepted / s.drafted:.0f}%)"
+    )
 
 
 def _log_summary(job: Job, reason: str, model_id: str) -> None:

@@ -39,10 +39,12 @@ class GrammarMask:
         self._words = np.zeros((constraint.vocab_size + 31) // 32, dtype=np.int32)
         self._started = False
         self._failed = False
+        self._consumed = 0  # tokens the grammar took (speculative steps roll some back)
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._started and not self._failed:
             self._failed = not self._constraint.advance(int(tokens[-1].item()))
+            self._consumed += not self._failed
         self._started = True
         width = logits.shape[-1]
         if self._failed:
@@ -55,6 +57,25 @@ class GrammarMask:
             n = min(width, bits.size)
             allowed[:n] = bits[:n]
         return mx.where(mx.array(allowed), logits, -mx.inf)
+
+    # ---- speculative steps (``speculative.SpeculativeSteps``) ----------------------
+
+    def admissible(self, pending: int, drafts: list[int]) -> int:
+        """How many of ``drafts`` the grammar allows after ``pending`` (the token this row
+        feeds next, which its mask allowed): drafts past that would be refused."""
+        if not self._started or self._failed or not drafts:
+            return 0
+        return max(self._constraint.validate([pending, *drafts]) - 1, 0)
+
+    def mark(self) -> int:
+        return self._consumed
+
+    def rewind(self, mark: int, kept: list[int]) -> None:
+        """Undo what a speculative step consumed past ``kept`` (the tokens the row keeps)."""
+        extra = self._consumed - mark - len(kept)
+        if extra > 0 and not self._failed:
+            self._constraint.rollback(extra)
+            self._consumed -= extra
 
 
 class BudgetEnforcer:
@@ -81,6 +102,18 @@ class BudgetEnforcer:
         allowed = np.zeros(logits.shape[-1], dtype=np.bool_)
         allowed[self._budget.end[self._forced]] = True
         return mx.where(mx.array(allowed), logits, -mx.inf)
+
+    def mark(self) -> tuple[str, tuple[int, ...], int, int, bool]:
+        return self._state, tuple(self._recent), self._spent, self._forced, self._started
+
+    def rewind(self, mark: tuple[str, tuple[int, ...], int, int, bool], kept: list[int]) -> None:
+        """Back to ``mark``, then see the tokens a speculative step kept (the first of
+        them as a call would: only once started)."""
+        state, recent, self._spent, self._forced, started = mark
+        self._state, self._recent, self._started = state, list(recent), True
+        for i, token in enumerate(kept):
+            if (started or i > 0) and self._state != "after":
+                self._see(token)
 
     def _see(self, token: int) -> None:
         b = self._budget
