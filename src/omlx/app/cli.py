@@ -64,6 +64,8 @@ def _serve_options(fn):
         click.option("--server-id", default=None, help="This server's name among those sharing an index (default HOSTNAME-PORT)."),
         click.option("--max-concurrent-requests", type=int, default=None, help="Requests decoded together (default 8)."),
         click.option("--max-queued-requests", type=int, default=None, help="Waiting requests before 429 (default 64)."),
+        click.option("--no-speculation", is_flag=True, default=False, help="Turn speculative decoding off (on by default: drafts from the prompt, verified in one pass; same tokens)."),
+        click.option("--draft-model", default=None, help="Draft with this small model (mlx-lm folder or .gguf, same tokenizer) instead of prompt lookup."),
         click.option("--prefill-step-size", type=int, default=None, help="Tokens prefilled per engine step (default 256)."),
         click.option("--kv-memory-limit", default=None, help='RAM for KV (running requests + hot tier): a size, "auto" (half of RAM) or "off".'),
         click.option("--api-key", default=None, envvar="OMLX_API_KEY", help="Require this key (Bearer or x-api-key)."),
@@ -85,6 +87,8 @@ def _serve(**flags) -> None:
         flags["cache_enabled"] = False
     if flags.pop("no_ssd_cache"):
         flags["ssd_cache_enabled"] = False
+    if flags.pop("no_speculation"):
+        flags["speculation"] = False
     if flags.pop("no_prompt_normalization"):
         flags["prompt_normalizations"] = []
     added_aliases = list(flags.pop("model_aliases"))  # added to the settings' own (claude-*)

@@ -127,6 +127,7 @@ class ModelLoader:
             log.warning("prefix cache of %s: off: %s", spec.id, model.cache_unsupported_reason)
         else:
             prefix_cache, cold_tier = self._cache(model, closers)
+        speculation, proposer, draft_weights = self._speculation(spec, model)
         engine = MLXEngine(
             model,
             prefix_cache,
@@ -134,8 +135,10 @@ class ModelLoader:
                 max_concurrent=settings.max_concurrent_requests,
                 prefill_step_size=settings.prefill_step_size,
                 kv_memory_limit=self.kv_memory_limit,
+                speculation=speculation,
             ),
             account=self.account,
+            proposer=proposer,
         )
         if engine.budget is not None:
             log.info("memory guard of %s: %s", spec.id, _guard_line(engine.budget, model.context_length))
@@ -144,7 +147,7 @@ class ModelLoader:
         backend = fast_backend(model.tokenizer)
         grammars = _grammar_compiler(model)
         served = serve_chat(
-            settings, spec, model, engine, weights=weights_bytes(model.model),
+            settings, spec, model, engine, weights=weights_bytes(model.model) + draft_weights,
             encode=PrefixReusingEncoder(backend, max_tokens=model.context_length).encode if backend is not None else None,
             grammars=grammars,
             sampling_defaults=model.generation_config,
@@ -157,6 +160,40 @@ class ModelLoader:
             jobs.append(write)
         _run_when_quiet(served, jobs)
         return served
+
+    def _speculation(self, spec: ModelSpec, model: LoadedModel) -> tuple[Any, Any, int]:
+        """How the model speculates (None: not at all), its draft model if it has one, and
+        that model's weight bytes."""
+        from omlx.domain.speculation import DRAFT_MODEL, SpeculationConfig
+
+        enabled, draft_path = speculation_for(model.path, self.settings)
+        if not enabled:
+            log.info("speculative decoding of %s: off", spec.id)
+            return None, None, 0
+        settings = self.settings
+        layout = model.layout
+        if not draft_path or layout is None or layout.unsupported or not layout.domain.plain:
+            # (the engine says why a hybrid model does not speculate; no draft loaded for it)
+            config = SpeculationConfig(
+                max_draft=settings.speculation_max_draft, max_rows=settings.speculation_max_rows
+            )
+            return config, None, 0
+        from omlx.adapters.mlx.draft_model import DraftModel, check_same_tokenizer
+        from omlx.adapters.mlx.encoders import weights_bytes
+        from omlx.adapters.mlx.loader import load_model
+
+        draft = load_model(draft_path, digest_cache=self.digest_cache, prepared=self._prepared_weights())
+        check_same_tokenizer(draft.tokenizer, model.tokenizer, draft.model_id, spec.id)
+        draft_bytes, served_bytes = weights_bytes(draft.model), weights_bytes(model.model)
+        config = SpeculationConfig(
+            method=DRAFT_MODEL,
+            max_draft=settings.speculation_max_draft,
+            max_rows=settings.speculation_max_rows,
+            # A draft costs about a plain step of the served model times the weights' ratio.
+            draft_token_cost=draft_bytes / max(served_bytes, 1),
+        )
+        log.info("speculative decoding of %s: drafts from %s (%s)", spec.id, draft.model_id, draft_path)
+        return config, DraftModel(draft.model, draft.model_id), draft_bytes
 
     def _cache(self, model: Any, closers: list[Callable[[], None]]) -> tuple[Any, Any]:
         from omlx.adapters.mlx.finished_caches import FinishedCaches
@@ -235,6 +272,28 @@ def kv_quant_for(path: Path, default: KVQuant | None) -> KVQuant | None:
         return model_override(declared if isinstance(declared, dict) else {}, default)
     except ValueError as exc:  # bad JSON or a bad kv_bits: name the file
         raise ValueError(f"{declared_file}: {exc}") from exc
+
+
+def speculation_for(path: Path, settings: Settings) -> tuple[bool, str]:
+    """Whether the model at ``path`` speculates, and its draft model's path ("" for prompt
+    lookup): its folder's ``omlx.json`` (``speculation``, ``draft_model``) over the settings."""
+    enabled, draft = settings.speculation, settings.draft_model
+    declared_file = Path(path) / "omlx.json"
+    if not declared_file.is_file():
+        return enabled, draft
+    try:
+        declared = json.loads(declared_file.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{declared_file}: {exc}") from exc
+    if not isinstance(declared, dict):
+        return enabled, draft
+    enabled = declared.get("speculation", enabled)
+    draft = declared.get("draft_model", draft)
+    if not isinstance(enabled, bool) or not isinstance(draft, str):
+        raise ValueError(f'{declared_file}: "speculation" must be true or false, "draft_model" a path')
+    if draft and not Path(draft).is_absolute():
+        draft = str(Path(path) / draft)  # a path in omlx.json is relative to its folder
+    return enabled, draft
 
 
 def serve_chat(

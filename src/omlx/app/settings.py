@@ -46,6 +46,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     reconcile_grace_seconds: float = 60.0
     max_concurrent_requests: int = 8
     max_queued_requests: int = 64
+    speculation: bool = True
+    draft_model: str = ""
+    speculation_max_draft: int = 12
+    speculation_max_rows: int = 1
     prefill_step_size: int = 256
     kv_memory_limit: str = "auto"
     default_max_tokens: int = 1024
@@ -128,6 +132,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError("max_concurrent_requests must be >= 1 and max_queued_requests >= 0")
         if self.prefill_step_size < 1:
             raise ValueError("prefill_step_size must be >= 1")
+        if not 1 <= self.speculation_max_draft <= 64:
+            raise ValueError("speculation_max_draft must be between 1 and 64")
+        if self.speculation_max_rows < 1:
+            raise ValueError("speculation_max_rows must be >= 1")
         self.kv_quant  # noqa: B018 - raises naming kv_bits or kv_group_size
         for key in ("hot_cache_max_size", "paged_ssd_cache_max_size", "prepared_weights_max_size"):
             try:  # parse now so a bad size fails at start, naming its key
@@ -173,6 +181,7 @@ _FLAG_NAMES = {
     "model_aliases": "--model-alias",
     "answer_any_model": "--any-model",
     "cache_enabled": "--no-cache",
+    "speculation": "--no-speculation",
     "ssd_cache_enabled": "--no-ssd-cache",
     "prompt_normalizations": "--no-prompt-normalization",
 }

@@ -33,6 +33,7 @@ UNMATCHED = "unmatched"  # the route label of 404/405 answers, whatever the path
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 _PHASE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60)
+_ACCEPTANCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 class Metrics:
@@ -91,6 +92,28 @@ class Metrics:
             ["part"],
             registry=r,
         )
+        self.draft_tokens = Counter(
+            "omlx_speculative_draft_tokens",
+            "Drafted tokens a verify pass asked the model about, by method (lookup, draft_model)",
+            ["method"],
+            registry=r,
+        )
+        self.accepted_tokens = Counter(
+            "omlx_speculative_accepted_tokens",
+            "Drafted tokens the model agreed with: each one a forward pass saved",
+            ["method"],
+            registry=r,
+        )
+        self.verify_steps = Counter(
+            "omlx_speculative_steps", "Decode steps that verified drafts, by method", ["method"], registry=r
+        )
+        self.acceptance = Histogram(
+            "omlx_speculative_acceptance",
+            "Per request that drafted: the share of its drafted tokens accepted",
+            ["method"],
+            buckets=_ACCEPTANCE_BUCKETS,
+            registry=r,
+        )
         r.register(StateCollector(container))
 
     def first_token(self, seconds: float) -> None:
@@ -103,6 +126,12 @@ class Metrics:
         self.generations.labels(event.reason).inc()
         for phase, seconds in event.phases:
             self.phases.labels(phase).observe(seconds)
+        s = event.speculation
+        if s is not None and s.drafted:
+            self.draft_tokens.labels(s.method).inc(s.drafted)
+            self.accepted_tokens.labels(s.method).inc(s.accepted)
+            self.verify_steps.labels(s.method).inc(s.steps)
+            self.acceptance.labels(s.method).observe(s.accepted / s.drafted)
 
     def cache_miss(self, part: str) -> None:
         self.cache_misses.labels(part).inc()
