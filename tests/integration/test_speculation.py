@@ -157,6 +157,21 @@ def test_drafts_partly_wrong_never_change_the_greedy_tokens(tiny, plain, wrong_e
         assert got == pytest.approx(want, abs=1e-4)
 
 
+def test_the_pipelined_steps_give_the_plain_tokens(tiny, plain):
+    """mlx-lm's pipelined decode steps (Metal, CUDA) run here too when asked: lookup first
+    looks ahead from the tokens already out, and waits for the pending one only to draft."""
+    prompts = [prompt_of(tiny, t) for t in TOPICS]
+    expected = [tokens_of(generate(plain, _greedy(p, 40, logprobs=0))) for p in prompts]
+    engine = started(tiny, FORCED, in_order=False)
+    try:
+        runs = [generate(engine, _greedy(p, 40, logprobs=0)) for p in prompts]
+        assert engine._generator._generation_batch.in_order is False
+    finally:
+        engine.stop()
+    assert [tokens_of(r) for r in runs] == expected
+    assert sum(r.finished.speculation.accepted for r in runs) > 0
+
+
 def test_batched_rows_with_and_without_drafts(tiny, plain):
     """Three rows decode together; the oracle knows one row's text only (the steps stay
     plain: a row without drafts makes the step plain for all), then all three."""

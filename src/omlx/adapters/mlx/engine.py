@@ -77,6 +77,10 @@ class EngineConfig:
     release_buffers_after_s: float = 60.0
     # Speculative decoding (``speculative.py``); None: off. Plain attention layouts only.
     speculation: SpeculationConfig | None = None
+    # Evaluate each decode step before building the next (None: on the CPU only, where
+    # mlx-lm's pipelined steps hand tokens out a pass late). Tests set False to run the
+    # pipelined steps here.
+    in_order: bool | None = None
 
 
 class MLXEngine:
@@ -228,11 +232,14 @@ class MLXEngine:
         return layout is not None and not layout.unsupported and layout.domain.plain
 
     def _new_generator(self) -> BatchGenerator:
+        in_order = self.config.in_order
+        if in_order is None:
+            # On the CPU, mlx-lm's pipelined decode step hands tokens out a pass late.
+            in_order = mx.default_device().type == mx.cpu
         return FusingBatchGenerator(
             self.model.model,
             fuse=self.config.fuse_last_token and self._plain_layout(),
-            # On the CPU, mlx-lm's pipelined decode step hands tokens out a pass late.
-            in_order=mx.default_device().type == mx.cpu,
+            in_order=in_order,
             speculation=self._speculation,
             completion_batch_size=self.config.max_concurrent,
             # Every admitted prompt joins the prefill batch at once: a short prompt

@@ -29,8 +29,9 @@ class _RowTokens:
         self.buffer = np.zeros(1024, dtype=np.int32)
         self.size = 0
 
-    def sync(self, tokens: Sequence[int], pending: int) -> np.ndarray:
-        """The context ``tokens + [pending]`` (``tokens`` extends what was synced before)."""
+    def sync(self, tokens: Sequence[int], pending: int | None) -> np.ndarray:
+        """The context ``tokens + [pending]`` (``tokens`` extends what was synced before);
+        ``tokens`` alone when ``pending`` is None."""
         start = self.size
         end = len(tokens)
         if end < start:  # not this row's list any more: start over
@@ -42,6 +43,8 @@ class _RowTokens:
         if end > start:
             self.buffer[start:end] = tokens[start:end]
         self.size = end
+        if pending is None:
+            return self.buffer[:end]
         self.buffer[end] = pending
         return self.buffer[: end + 1]
 
@@ -75,10 +78,10 @@ class PromptLookup:
         self._rows: dict[int, _RowTokens] = {}
 
     def propose(
-        self, uid: int, tokens: Sequence[int], pending: int, limit: int, choose: Callable[[int], int]
+        self, uid: int, tokens: Sequence[int], pending: int | None, limit: int, choose: Callable[[int], int]
     ) -> list[int]:
-        """Drafts to follow ``pending``: ``choose`` is told how many are on offer (at most
-        ``limit``) and returns how many to take."""
+        """Drafts to follow ``pending`` (None: to follow ``tokens``): ``choose`` is told
+        how many are on offer (at most ``limit``) and returns how many to take."""
         row = self._rows.get(uid)
         if row is None:
             row = self._rows[uid] = _RowTokens()

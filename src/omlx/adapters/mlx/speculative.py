@@ -59,10 +59,11 @@ class Proposer(Protocol):
     free: bool
 
     def propose(
-        self, uid: int, tokens: Sequence[int], pending: int, limit: int, choose: Callable[[int], int]
+        self, uid: int, tokens: Sequence[int], pending: int | None, limit: int, choose: Callable[[int], int]
     ) -> list[int]:
         """Drafts to follow ``pending`` after ``tokens`` (the row's cached tokens): ``choose``
-        is told how many are on offer (at most ``limit``) and says how many to make."""
+        is told how many are on offer (at most ``limit``) and says how many to make. A
+        free proposer is also asked with ``pending`` None: drafts to follow ``tokens``."""
         ...
 
     def forget(self, uid: int) -> None: ...
@@ -71,9 +72,10 @@ class Proposer(Protocol):
 @dataclass(slots=True)
 class _Row:
     acceptance: Acceptance = field(default_factory=Acceptance)
-    # The first draft a free proposer offered at the last plain step, not verified: the
-    # token the model picked next says whether it would have been kept.
-    unverified: int | None = None
+    # A free proposer's guess at a plain step, not verified: (the index the token will
+    # have in the row's tokens, the token). The model's own token there, once it is out,
+    # says whether the draft would have been kept.
+    guess: tuple[int, int] | None = None
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -119,25 +121,49 @@ class Speculation:
 class _Plan:
     pending: list[int]  # each row's next token, not yet fed
     drafts: list[list[int]]
-    started: float
+    started: float  # when the drafts' making began (the step's cost counts from there)
 
 
 class SpeculativeSteps:
     """Mixed into a ``GenerationBatch`` class: ``next`` verifies drafts when it pays."""
 
     speculation: Speculation | None = None
+    # Whether this batch evaluates each step before the next (the CPU's in-order steps):
+    # then waiting for the pending token costs nothing. mlx-lm's pipelined steps (Metal,
+    # CUDA) build the next pass while the last one runs; there a free proposer first
+    # looks ahead from the tokens already out, and the step waits for the pending token
+    # only when drafting would pay.
+    in_order = False
+
+    # What steps cost, for the policy. A plain step: on the in-order path the evaluation
+    # of its pass (which ``_plan`` forces at the next step); on the pipelined path the
+    # time between two calls over the same rows. A speculative step: from the drafts'
+    # making to its tokens' evaluation. Neither counts the handing out of tokens, which
+    # costs the same per token either way.
+    _plain_before = False
+    _last_call: float | None = None
+    _last_rows: tuple[int, ...] = ()
 
     def next(self) -> list[Any]:
         spec = self.speculation
-        plan = self._plan() if spec is not None else None
+        if spec is None:
+            return super().next()  # type: ignore[misc]
+        if not self.in_order:
+            self._time_pipelined_step(spec)
+        plan = self._plan()
         self._plain_before = plan is None
         if plan is None:
             return super().next()  # type: ignore[misc]
         return self._speculate(plan)
 
-    # Whether the last step was a plain one: it built a one-token pass that has not run
-    # yet (the in-order step evaluates it at the next step), which ``_plan`` times.
-    _plain_before = False
+    def _time_pipelined_step(self, spec: Speculation) -> None:
+        batch: Any = self
+        now = time.perf_counter()
+        rows = tuple(batch.uids)
+        same = self._last_call is not None and rows == self._last_rows
+        if same and self._plain_before and 0 < len(rows) <= spec.config.max_rows:
+            spec.policy.costs.observe_plain(now - self._last_call)
+        self._last_call, self._last_rows = now, rows
 
     # ---- whether and what to draft ------------------------------------------------
 
@@ -157,20 +183,19 @@ class SpeculativeSteps:
             return None
         if not all(is_greedy(s) or isinstance(s, CategoricalSampler) for s in _samplers(batch)):
             return None
+        free = spec.proposer.free
+        if free and not self.in_order and not self._worth_waiting(spec, rows):
+            return None
         started = time.perf_counter()
         mx.eval(batch._next_tokens)
-        if self._plain_before:
+        if self.in_order and self._plain_before:
             spec.policy.costs.observe_plain(time.perf_counter() - started)
         pending = batch._next_tokens.tolist()
         started = time.perf_counter()
         drafts = []
-        free = spec.proposer.free
         for i, (uid, row) in enumerate(zip(batch.uids, rows, strict=True)):
-            if row.unverified is not None:
-                row.acceptance.record(1, int(row.unverified == pending[i]))
-                row.unverified = None
-            # The next token is handed out with the drafts: at most max_tokens in all.
-            limit = min(spec.config.max_draft, batch.max_tokens[i] - batch._num_tokens[i] - 1)
+            _settle(row, batch.tokens[i], pending[i])
+            limit = _limit(spec, batch, i)
             if limit < 1:
                 return None
             rate = row.acceptance.rate
@@ -179,16 +204,33 @@ class SpeculativeSteps:
             offered = offered[: _grammar_allows(batch.logits_processors[i], pending[i], offered)]
             draft = offered[: length(len(offered))] if free else offered
             if offered and not draft:
-                row.unverified = offered[0]
+                # The token after ``pending`` (its index in the row's tokens, a step from now).
+                row.guess = (len(batch.tokens[i]) + 1, offered[0])
             drafts.append(draft)
         if not all(drafts):
             # One row without drafts makes the step plain for all: the others' offers
             # are checked against what they pick instead.
-            for row, draft in zip(rows, drafts, strict=True):
+            for i, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
                 if draft and free:
-                    row.unverified = draft[0]
+                    row.guess = (len(batch.tokens[i]) + 1, draft[0])
             return None
         return _Plan(pending, drafts, started)
+
+    def _worth_waiting(self, spec: Speculation, rows: list[_Row]) -> bool:
+        """Whether every row would draft, judged from the tokens already out (the pending
+        token not awaited): the lookup's guess for the pending token is kept, to be
+        checked against it once it is out."""
+        batch: Any = self
+        worth = True
+        for i, (uid, row) in enumerate(zip(batch.uids, rows, strict=True)):
+            tokens = batch.tokens[i]
+            _settle(row, tokens, None)
+            ahead = spec.proposer.propose(uid, tokens, None, _limit(spec, batch, i) + 1, _all)
+            if len(ahead) < 2 or spec.policy.length(row.acceptance.rate, len(ahead) - 1) == 0:
+                if ahead and row.guess is None:
+                    row.guess = (len(tokens), ahead[0])
+                worth = False
+        return worth
 
     # ---- the verify step ----------------------------------------------------------
 
@@ -318,6 +360,8 @@ class SpeculativeSteps:
 class SpeculativeInOrder(SpeculativeSteps, batch_rows.InOrderGeneration):
     """In-order decode steps (the CPU's), speculative where it pays."""
 
+    in_order = True
+
 
 class SpeculativeGeneration(SpeculativeSteps, GenerationBatch):
     """mlx-lm's pipelined decode steps (Metal, CUDA), speculative where it pays."""
@@ -325,6 +369,27 @@ class SpeculativeGeneration(SpeculativeSteps, GenerationBatch):
 
 def _all(available: int) -> int:
     return available
+
+
+def _limit(spec: Speculation, batch: Any, i: int) -> int:
+    """The most drafts row ``i`` may verify: the pending token is handed out with them,
+    at most max_tokens in all."""
+    return min(spec.config.max_draft, batch.max_tokens[i] - batch._num_tokens[i] - 1)
+
+
+def _settle(row: _Row, tokens: Sequence[int], pending: int | None) -> None:
+    """Score the row's guess against the model's token at its index, if that is out."""
+    if row.guess is None:
+        return
+    index, token = row.guess
+    if index < len(tokens):
+        actual = tokens[index]
+    elif index == len(tokens) and pending is not None:
+        actual = pending
+    else:
+        return  # not out yet
+    row.acceptance.record(1, int(actual == token))
+    row.guess = None
 
 
 def _samplers(batch: Any) -> list[Any]:
