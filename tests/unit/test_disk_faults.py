@@ -51,3 +51,41 @@ def test_one_warning_per_episode_one_recovery_line_and_no_flapping(caplog):
         "cache folder /x: read-only or not writable (EROFS: Read-only file system); blocks are not written "
         "until it is writable again",
     ]
+
+
+def test_a_damaged_index_is_one_episode_whatever_sqlite_reports_next(caplog):
+    """SQLite reads some pages of a damaged file as I/O errors: still the damage, said once."""
+    log = logging.getLogger("omlx.test.faults")
+    episodes = FaultEpisodes("cache folder /x", log, quiet_s=0)
+    with caplog.at_level(logging.WARNING, logger="omlx.test.faults"):
+        for _ in range(5):
+            episodes.failed(DAMAGED, "database disk image is malformed")
+            episodes.failed(IO_ERROR, "disk I/O error")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "its index is damaged" in lines[0]
+    assert episodes.fault == DAMAGED
+
+
+def test_a_temp_file_a_failed_write_could_not_remove_goes_at_the_next_write(tmp_path, monkeypatch):
+    """The folder turned immutable between creating the temp file and cleaning it up."""
+    import os
+    from pathlib import Path
+
+    from omlx.adapters.blockfiles.store import FileBlockStore
+
+    store = FileBlockStore(tmp_path)
+    real_replace, real_unlink = os.replace, Path.unlink
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(PermissionError(errno.EPERM, "immutable")))
+    monkeypatch.setattr(Path, "unlink", lambda *a, **k: (_ for _ in ()).throw(PermissionError(errno.EPERM, "immutable")))
+    try:
+        store.write("m/ab/abc.safetensors", b"x" * 10)
+    except PermissionError:
+        pass
+    else:
+        raise AssertionError("the write should have failed")
+    assert [rel for rel, _ in store.iter_temp_files()]  # left behind: it could not be removed
+    monkeypatch.setattr(os, "replace", real_replace)
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+    store.write("m/ab/abd.safetensors", b"y" * 10)
+    assert not list(store.iter_temp_files())
+    store.close()

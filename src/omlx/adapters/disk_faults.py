@@ -100,6 +100,10 @@ class FaultEpisodes:
         """One write failed for ``fault``; the first of an episode is logged, with ``exc``."""
         now = time.monotonic()
         with self._lock:
+            if self._fault == DAMAGED:
+                # A damaged index stays damaged until a restart; SQLite reports some of
+                # its reads of the garbage as I/O errors: the same episode.
+                fault = DAMAGED
             starts = self._fault != fault
             announce = starts and (now - self._last_warning >= self.quiet_s or fault != self._last_kind)
             self._fault = fault

@@ -63,6 +63,10 @@ class FileBlockStore:
         self.root = Path(cache_dir).expanduser()
         self.writer_tag = writer_tag(writer_id or f"pid{os.getpid()}")
         self._reader = ReadAhead(self._verified_read, read_threads)
+        # Temporary files a failed write could not remove (its folder turned read-only or
+        # immutable between creating the file and cleaning up): removed at the next write
+        # that succeeds, and at close.
+        self._stranded: set[Path] = set()
 
     def relpath(self, namespace: NamespaceInfo, key: str, checksum: str) -> str:
         if len(key) < 3 or not key.isalnum():
@@ -101,10 +105,22 @@ class FileBlockStore:
             os.replace(tmp, target)
         except BaseException:
             # ENOSPC and friends: never leave a half-written temp file behind.
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                self._stranded.add(tmp)
             raise
         _fsync_dir(folder)
+        if self._stranded:
+            self._remove_stranded()
+
+    def _remove_stranded(self) -> None:
+        for tmp in list(self._stranded):
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                continue
+            self._stranded.discard(tmp)
 
     def read(self, relpath: str) -> bytes:
         return self.path(relpath).read_bytes()
@@ -113,6 +129,7 @@ class FileBlockStore:
         return self._reader.read_many(blocks)
 
     def close(self) -> None:
+        self._remove_stranded()
         self._reader.close()
 
     def _verified_read(self, block: StoredBlock) -> BlockRead:
