@@ -262,7 +262,7 @@ def test_blocks_stored_after_a_speculative_turn_equal_a_plain_turns(tiny, plain)
             engine.stop()
         if config is not None:
             assert run.finished.speculation.accepted > 0
-        tiers[name] = (cache.stored, {k: hot.get(k) for k in hot.keys()})
+        tiers[name] = (cache.stored, {k: hot.get(k) for k in list(hot.keys())})
     (stored_plain, blocks_plain), (stored_spec, blocks_spec) = tiers["plain"], tiers["speculative"]
     assert stored_spec == stored_plain
     assert sorted(blocks_spec) == sorted(blocks_plain) and len(blocks_plain) > len(prompt) // 8

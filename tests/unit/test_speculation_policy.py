@@ -96,7 +96,7 @@ def test_prompt_lookup_follows_a_growing_row():
     assert lookup.propose(1, tokens, 11, 4, lambda n: seen.append(n) or n) == [12, 13, 14, 20]
     assert lookup.propose(1, tokens, 11, 4, lambda n: 2) == [12, 13]
     assert seen == [4]  # asked only when something was on offer
-    big = list(range(3000)) + [5, 6]
+    big = [*range(3000), 5, 6]
     assert lookup.propose(2, big, 7, 3, lambda n: n) == [8, 9, 10]  # the buffer grows
     big += [7, 8, 9, 10, 11]
     assert lookup.propose(2, big, 12, 2, lambda n: n) == [13, 14]

@@ -40,5 +40,5 @@ def test_a_models_omlx_json_wins_over_the_servers(tmp_path) -> None:
     (folder / "omlx.json").write_text(json.dumps({"speculation": True}))
     assert speculation_for(folder, off) == (True, "")
     (folder / "omlx.json").write_text(json.dumps({"speculation": "yes"}))
-    with pytest.raises(ValueError, match="omlx.json.*speculation"):
+    with pytest.raises(ValueError, match=r"omlx\.json.*speculation"):
         speculation_for(folder, settings)
