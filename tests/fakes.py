@@ -196,11 +196,11 @@ class FakeBlockIndex:
         self.lookups += 1
         return {k: self.blocks[k] for k in keys if k in self.blocks}
 
-    def children(self, parent_key: str, limit: int) -> list[StoredBlock]:
+    def children(self, parent_key: str, limit: int, headless: bool = False) -> list[StoredBlock]:
         self._check()
         mine = [b for b in self.blocks.values() if b.parent_key == parent_key and b.kind == "kv"]
         mine.sort(key=lambda b: (-b.last_access, -b.created_at, b.key))
-        return mine[:limit]
+        return [b for b in mine[:limit] if not (headless and b.key in self.heads)]
 
     def nearest_children(
         self, parent_key: str, tokens: Sequence[int], limit: int
@@ -322,7 +322,9 @@ class FakeBlockSink:
                 kind=meta.kind,
             )
             self.index.upsert_namespace(namespace)
-            if not self.index.add_block(row) and self.index.blocks[meta.key].relpath != rel:
+            # Tokens recorded as the real writer does (the index ranks siblings by them).
+            added = self.index.add_block(row, meta.tokens if meta.kind == "kv" else ())
+            if not added and self.index.blocks[meta.key].relpath != rel:
                 self.store.delete(rel)
             written += 1
         self.queue.clear()

@@ -80,9 +80,12 @@ def test_upgrade_from_empty(tmp_path: Path, index_url: str) -> None:
         "weight_digests",
         "alembic_version",
     } <= schema["table"]
-    assert {"ix_blocks_last_access", "ix_blocks_namespace_last_access", "ix_blocks_parent_key"} <= (
-        schema["index"]
-    )
+    assert {
+        "ix_blocks_last_access",
+        "ix_blocks_namespace_last_access",
+        "ix_blocks_parent_key_last_access",
+    } <= schema["index"]
+    assert "ix_blocks_parent_key" not in schema["index"]  # 0015 replaced it
     assert schema["view"] == {"cache_usage", "lru_blocks"}
     if to_url(index_url).get_backend_name() == "sqlite":
         engine = _engine(index_url)
@@ -200,7 +203,7 @@ def test_upgrade_keeps_data_written_by_an_earlier_revision(
     assert [r.info for r in index.namespace_records()] == [make_namespace()]
     assert [b.key for b in index.lru_blocks(10)] == [b.key for b in blocks]
     assert index.children(blocks[0].key, 10) == [blocks[1]]  # 0003 indexed the old rows
-    assert "ix_blocks_parent_key" in _schema(index_url)["index"]
+    assert "ix_blocks_parent_key_last_access" in _schema(index_url)["index"]
     if digests:
         assert index.weight_digest_lookup("/w", 1, 1.0) == "d"
     index.weight_digest_store("/w2", 1, 1.0, "d2")

@@ -161,7 +161,7 @@ def test_children_by_parent_key_most_recent_first(tmp_path: Path, index_url: str
         else:
             explain = "EXPLAIN QUERY PLAN SELECT key FROM blocks WHERE parent_key = 'x'"
         plan = conn.exec_driver_sql(explain).fetchall()
-    assert any("ix_blocks_parent_key" in str(row) for row in plan)
+    assert any("ix_blocks_parent_key_last_access" in str(row) for row in plan)
     index.close()
     assert_cache_invariants(tmp_path, index_url=index_url)
 
@@ -460,6 +460,13 @@ def test_nearest_children_find_the_longest_shared_run_among_many_siblings(
     assert near[0] == (old, (*template, *range(7000, 7012)))
     assert len(near) <= 8 and all(b.parent_key == root.key for b, _ in near)
     assert index.nearest_children("ab" * 32, want, 4) == []
+    # Every child has its tokens recorded: none is left for ranking by reading it.
+    assert index.children(root.key, 16, headless=True) == []
+    store = FileBlockStore(tmp_path)
+    headless = record_block(store, index, ns, *_meta_data(ns, root.key, (3,) * 4), at=99.0)
+    assert index.children(root.key, 16, headless=True) == [headless]  # the newest, no tokens
+    index.remove_blocks([headless.key])
+    FileBlockStore(tmp_path).delete(headless.relpath)
     # The head goes with its block.
     index.remove_blocks([old.key, newer[0].key])  # rows first, then files
     for block in (old, newer[0]):

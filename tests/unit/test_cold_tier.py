@@ -204,6 +204,50 @@ def test_children_are_this_namespaces_rows_only(rig: Rig) -> None:
     assert [c.key for c in rig.tier.children(root)] == [rig.chain[1][0].key]
 
 
+def test_a_long_chain_asks_the_index_for_its_head_first() -> None:
+    """A new 40-block prompt costs one small query; a stored one is served whole in two."""
+    rig = _rig(40)
+    stored = rig.pairs()
+    unknown = [(k[::-1], p[::-1]) for k, p in stored]
+    asked: list[int] = []
+    get_blocks = rig.index.get_blocks
+
+    def counting(keys):
+        asked.append(len(keys))
+        return get_blocks(keys)
+
+    rig.index.get_blocks = counting
+    assert list(rig.tier.get_many(unknown)) == []
+    assert asked == [16]
+    asked.clear()
+    assert len(list(rig.tier.get_many(stored))) == 40
+    assert asked == [16, 24]
+
+
+def test_a_new_prompt_lists_only_children_it_can_rank_without_reading() -> None:
+    """Twenty conversations under one root, recorded with their tokens, and a prompt none
+    of them continues: the nearest few are listed with their tokens (ranked for free), the
+    recent ones are not listed again, and a row recorded without tokens still is."""
+    rig = _rig(0)
+    ns = rig.tier.namespace
+    for i in range(20):
+        tokens = tuple(range(1000 * (i + 1), 1000 * (i + 1) + BLOCK))
+        meta = BlockMeta(block_key(ns.digest, tokens), ns.digest, ns.digest, BLOCK)
+        rig.clock.advance()
+        rig.tier.put(meta, tokens, FakeCodec().encode(tokens, tokens, meta))
+        rig.sink.drain()
+    want = tuple(range(50, 50 + BLOCK))
+    listed = rig.tier.children(ns.digest, want)
+    assert 0 < len(listed) <= 8 and all(m.tokens for m in listed)
+    newest = rig.clock.advance()
+    headless = replace(rig.index.blocks[listed[0].key], key="e" * 64, last_access=newest)
+    rig.index.blocks[headless.key] = headless  # a row written before tokens were recorded
+    listed = rig.tier.children(ns.digest, want)
+    assert [m.key for m in listed if not m.tokens] == [headless.key]
+    # Without a prompt to rank against (``probe``), the most recent of all, as before.
+    assert len(rig.tier.children(ns.digest)) == 16
+
+
 def test_evict_frees_down_to_the_budget_lru_first_skipping_pins_and_the_lease(rig: Rig) -> None:
     size = rig.row(0).nbytes
     kept = sum(rig.row(i).nbytes for i in (0, 3, 4, 5))

@@ -16,6 +16,7 @@ from omlx.domain.cache.keys import (
     STATE,
     block_key,
     chain_keys,
+    iter_chain_keys,
     namespace_digest,
     object_key,
 )
@@ -117,3 +118,21 @@ def test_keys_chain_from_the_namespace() -> None:
     keys = chain_keys(NS, tokens, 4)
     parents = [NS, *keys[:-1]]
     assert keys == [block_key(p, tokens[i * 4 : (i + 1) * 4]) for i, p in enumerate(parents)]
+
+
+@given(token_lists, block_sizes)
+def test_the_fast_chain_equals_block_keys_chained_one_by_one(tokens: list[int], bs: int) -> None:
+    """``chain_keys`` packs the ids once and chains raw digests: the very same keys."""
+    expected, parent = [], NS
+    for start in range(0, len(tokens) - bs + 1, bs):
+        parent = block_key(parent, tokens[start : start + bs])
+        expected.append(parent)
+    assert chain_keys(NS, tokens, bs) == expected
+    assert list(iter_chain_keys(NS, tuple(tokens), bs)) == expected
+
+
+def test_a_token_id_out_of_uint32_is_refused_as_before() -> None:
+    with pytest.raises((OverflowError, struct.error)):
+        chain_keys(NS, [1, 2**32], 2)
+    with pytest.raises((OverflowError, struct.error)):
+        block_key(NS, [-1])

@@ -284,8 +284,11 @@ class BlockIndex(Protocol):
     def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]:
         ...
 
-    def children(self, parent_key: str, limit: int) -> list[StoredBlock]:
-        """Up to ``limit`` KV blocks whose parent is ``parent_key``, most recently used first."""
+    def children(self, parent_key: str, limit: int, headless: bool = False) -> list[StoredBlock]:
+        """Up to ``limit`` KV blocks whose parent is ``parent_key``, most recently used first.
+
+        ``headless``: of those, only the ones recorded without their tokens (which
+        ``nearest_children`` cannot rank)."""
         ...
 
     def nearest_children(

@@ -38,6 +38,21 @@ _ORDER_CHILDREN = "ORDER BY last_access DESC, created_at DESC, key LIMIT"
 _KV_CHILD = "kind = 'kv' AND parent_key ="
 
 
+def _headless_sql(mark: str) -> str:
+    """Of a block's most recent children, those recorded without their tokens.
+
+    Only these need reading to be ranked: the nearest-children query ranks every child
+    whose tokens are recorded. The newest are taken first (off the index), then filtered,
+    so a root with 31k recorded children costs what 16 do.
+    """
+    return (
+        f"SELECT * FROM (SELECT {_COLUMNS} FROM blocks WHERE {_KV_CHILD} {mark} "
+        f"{_ORDER_CHILDREN} {mark}) AS recent "
+        "WHERE NOT EXISTS (SELECT 1 FROM block_heads AS h WHERE h.key = recent.key) "
+        "ORDER BY last_access DESC, created_at DESC, key"
+    )
+
+
 def _nearest_sql(mark: str) -> tuple[str, str]:
     """The children at or below, and above, a head in ``(parent_key, head)`` order, nearest first."""
     cols = ", ".join(f"b.{c.name}" for c in BLOCK_COLUMNS)
@@ -56,6 +71,7 @@ class SqliteSql:
     insert = staticmethod(sqlite.insert)
     chunk = 500  # keys per IN (...) list: far below SQLite's variable limit
     children_sql = f"SELECT {_COLUMNS} FROM blocks WHERE {_KV_CHILD} ? {_ORDER_CHILDREN} ?"
+    headless_children_sql = _headless_sql("?")
     nearest_sql = _nearest_sql("?")
 
     @staticmethod
@@ -116,6 +132,7 @@ class PostgresSql:
     insert = staticmethod(postgresql.insert)
     chunk = 5000  # keys per = ANY(array): one parameter, any length; chunks bound the reply
     children_sql = f"SELECT {_COLUMNS} FROM blocks WHERE {_KV_CHILD} %s {_ORDER_CHILDREN} %s"
+    headless_children_sql = _headless_sql("%s")
     nearest_sql = _nearest_sql("%s")
 
     @staticmethod

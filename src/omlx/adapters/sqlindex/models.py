@@ -60,7 +60,8 @@ class BlockRow(Base):
     __table_args__ = (
         Index("ix_blocks_last_access", "last_access"),
         Index("ix_blocks_namespace_last_access", "namespace", "last_access"),
-        Index("ix_blocks_parent_key", "parent_key"),  # children: token-granular matching
+        # Children, newest first (token-granular matching): read off the index, not sorted.
+        Index("ix_blocks_parent_key_last_access", "parent_key", "last_access"),
     )
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)

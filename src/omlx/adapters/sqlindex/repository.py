@@ -156,13 +156,14 @@ class SqlBlockIndex:
                 raw.close()
         return found
 
-    def children(self, parent_key: str, limit: int) -> list[StoredBlock]:
-        # The request path too (once per lookup, through ix_blocks_parent_key): driver SQL.
+    def children(self, parent_key: str, limit: int, headless: bool = False) -> list[StoredBlock]:
+        # The request path too (once per lookup, through ix_blocks_parent_key_last_access).
+        sql = self._sql.headless_children_sql if headless else self._sql.children_sql
         with self._available.guard():
             raw = self.engine.raw_connection()
             try:
                 cursor = raw.cursor()
-                cursor.execute(self._sql.children_sql, (parent_key, limit))
+                cursor.execute(sql, (parent_key, limit))
                 rows = [StoredBlock(*row) for row in cursor.fetchall()]
                 cursor.close()
             finally:

@@ -21,7 +21,7 @@ from typing import Any
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo, PrefixHit
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.keeper import KnownKeys
-from omlx.domain.cache.keys import block_key, chain_keys
+from omlx.domain.cache.keys import chain_keys, iter_chain_keys
 from omlx.domain.cache.layout import CacheLayout
 from omlx.domain.cache.partial_match import PartialMatch, best_child
 from omlx.domain.cache.point_finder import FoundPoint, RestorePointFinder
@@ -92,8 +92,7 @@ class PrefixMatcher:
         parent = root or self.namespace.digest
         try:
             # RAM, block by block (keys chained lazily, as ``chain_keys``) to its first miss.
-            for i in range(max_blocks):
-                key = block_key(parent, tokens[i * bs : (i + 1) * bs])
+            for key in iter_chain_keys(parent, tokens[: max_blocks * bs], bs):
                 block = self._hot.get(key)
                 if block is None:
                     break
