@@ -208,7 +208,8 @@ class ModelLoader:
         namespace = model.namespace(settings.block_size, kv_quant)
         codec = MLXKVCodec(model.layout, kv_quant)
         # One-off blocks (side calls) leave RAM before a reused conversation's (issue 20).
-        hot = HotTier(settings.hot_cache_bytes, ReuseLevelPolicy())
+        hot_bytes, hot_note = self._hot_budget(model)
+        hot = HotTier(hot_bytes, ReuseLevelPolicy())
         cold_tier = None
         if self.cold is not None:
             ssd = self.cold.ssd
@@ -229,13 +230,42 @@ class ModelLoader:
             "prefix cache of %s: hot tier %s, SSD tier %s, block size %d, KV stored as %s, "
             "namespace %s",
             model.model_id,
-            settings.hot_cache_max_size,
+            hot_note,
             f"{settings.paged_ssd_cache_max_size} in {self.cold.ssd.dir}" if self.cold else "off",
             settings.block_size,
             namespace.kv_dtype,
             namespace.digest[:12],
         )
         return prefix_cache, cold_tier
+
+    def _hot_budget(self, model: Any) -> tuple[int, str]:
+        """The model's hot tier in bytes, and in words for the log.
+
+        ``auto``: sized from the model's KV bytes per token (full precision: quantized
+        blocks fit more tokens) and the memory guard's limit (``auto_hot_tier_bytes``).
+        """
+        from omlx.adapters.mlx.memory import auto_limit_bytes
+        from omlx.domain.sizes import format_bytes
+        from omlx.domain.tier_defaults import (
+            HOT_TIER_AUTO_TOKENS,
+            HOT_TIER_DEFAULT_BYTES,
+            auto_hot_tier_bytes,
+        )
+
+        fixed = self.settings.hot_cache_bytes
+        if fixed is not None:
+            return fixed, self.settings.hot_cache_max_size
+        per_token = model.kv_cost.per_token + model.kv_cost.window_per_token
+        guard = self.kv_memory_limit if self.kv_memory_limit is not None else auto_limit_bytes()
+        size = auto_hot_tier_bytes(per_token, guard)
+        if size == per_token * HOT_TIER_AUTO_TOKENS:
+            why = f"room for {HOT_TIER_AUTO_TOKENS:,} tokens"
+        elif size == HOT_TIER_DEFAULT_BYTES:
+            why = f"the {format_bytes(size)} floor"
+        else:
+            why = "half the KV memory limit"
+        tokens = f"{size // per_token:,} tokens" if per_token else "no KV per token"
+        return size, f"auto: {format_bytes(size)} ({tokens} at {format_bytes(per_token)} each; {why})"
 
     def _encoder(self, spec: ModelSpec) -> Served:
         from omlx.adapters.mlx.encoders import (

@@ -17,7 +17,7 @@ from omlx.app.config_errors import check_file_keys, describe_invalid, name_origi
 from omlx.domain.cache.kv_quant import KVQuant, kv_quant_of
 from omlx.domain.responses import Retention
 from omlx.domain.sizes import parse_size
-from omlx.domain.tier_defaults import COLD_TIER_DEFAULT, HOT_TIER_DEFAULT
+from omlx.domain.tier_defaults import AUTO, COLD_TIER_DEFAULT, HOT_TIER_DEFAULT
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -68,8 +68,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     dashboard_sample_seconds: float = 5.0
 
     @property
-    def hot_cache_bytes(self) -> int:
-        return parse_size(self.hot_cache_max_size)
+    def hot_cache_auto(self) -> bool:
+        """``hot_cache_max_size = "auto"``: each model's hot tier sized at its load."""
+        return str(self.hot_cache_max_size).strip().lower() == AUTO
+
+    @property
+    def hot_cache_bytes(self) -> int | None:
+        """The hot tier's budget per model; None for ``auto`` (``auto_hot_tier_bytes``)."""
+        return None if self.hot_cache_auto else parse_size(self.hot_cache_max_size)
 
     @property
     def ssd_cache_bytes(self) -> int:
@@ -138,10 +144,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError("speculation_max_rows must be >= 1")
         self.kv_quant  # noqa: B018 - raises naming kv_bits or kv_group_size
         for key in ("hot_cache_max_size", "paged_ssd_cache_max_size", "prepared_weights_max_size"):
+            if key == "hot_cache_max_size" and self.hot_cache_auto:
+                continue
             try:  # parse now so a bad size fails at start, naming its key
                 parse_size(getattr(self, key))
             except ValueError as exc:
-                raise ValueError(f"{key}: {exc}") from None
+                also = ', or "auto" (sized per model)' if key == "hot_cache_max_size" else ""
+                raise ValueError(f"{key}: {exc}{also}") from None
         try:
             kv_limit = self.kv_memory_limit_bytes
         except ValueError as exc:

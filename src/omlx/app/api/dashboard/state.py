@@ -56,6 +56,7 @@ def dashboard_state(
                 "blocks": sum(h["blocks"] for h in hot),
                 "bytes": sum(h["bytes"] for h in hot),
                 "max_bytes": sum(h["max_bytes"] for h in hot),
+                # None with "auto": each model's own budget is in its max_bytes.
                 "max_bytes_per_model": settings.hot_cache_bytes,
             },
             "ssd": ssd,

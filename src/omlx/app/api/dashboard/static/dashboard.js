@@ -149,7 +149,8 @@ function renderTiers(state) {
   const hot = state.tiers.hot;
   const ssd = state.tiers.ssd;
   document.getElementById("tier-hot").replaceChildren(...meterCard("Hot tier (RAM)", hot.bytes, hot.max_bytes,
-    [`${int(hot.blocks)} blocks; budget ${bytes(hot.max_bytes_per_model)} per loaded model`]));
+    [`${int(hot.blocks)} blocks; budget ${hot.max_bytes_per_model == null
+      ? "sized per model (auto)" : `${bytes(hot.max_bytes_per_model)} per loaded model`}`]));
   const ssdCard = document.getElementById("tier-ssd");
   if (!ssd.enabled || ssd.unavailable) {
     ssdCard.replaceChildren(el("h3", {}, "SSD tier"), el("p", {}, ssd.unavailable || "off"));
