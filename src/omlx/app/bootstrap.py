@@ -75,9 +75,15 @@ def bootstrap(
                 )
             )
             return _container(settings, pool, None, None, closers, [], blas="")
-        from omlx.adapters.mlx.memory import return_freed_memory, total_ram_bytes
+        from omlx.adapters.mlx.memory import (
+            keep_freed_buffers,
+            return_freed_memory,
+            total_ram_bytes,
+        )
 
         account = MemoryAccount(settings.max_model_memory_bytes(total_ram_bytes()))
+        pool_bytes = keep_freed_buffers(_kv_memory_limit(settings))
+        log.debug("MLX keeps up to %d bytes of freed buffers for reuse", pool_bytes)
         ssd = _open_ssd(settings, closers) if settings.cache_enabled and settings.ssd_cache_enabled else None
         pool_ref: list[ModelPool] = []  # the writer asks the pool, built just below, about pins
         cold = _start_shared_cold(settings, ssd, lambda key: pool_ref[0].is_pinned(key), closers) if ssd else None

@@ -160,11 +160,15 @@ class KVCodec(Protocol):
         """The payload of token positions ``[start, stop)`` of ``cache`` (one block), materialized."""
         ...
 
-    def assemble(self, payloads: Sequence[Any], windows: Sequence[Any] = (), state: Any = None) -> Any:
+    def assemble(
+        self, payloads: Sequence[Any], windows: Sequence[Any] = (), state: Any = None, room: int = 0
+    ) -> Any:
         """A fresh engine cache holding ``payloads`` in order, its offset at their total length.
 
         Hybrid layouts also get the restore point's ``windows`` (the window objects of the
-        positions before it, in order) and ``state`` (its state snapshot).
+        positions before it, in order) and ``state`` (its state snapshot). ``room``: how
+        many positions the caller will append next (the prompt's uncached tail), which the
+        cache may set aside now rather than grow into.
         """
         ...
 

@@ -46,6 +46,7 @@ from omlx.adapters.mlx.kv_quantized import (
     quantizable,
     quantized_block,
 )
+from omlx.adapters.mlx.restored_cache import with_room
 from omlx.domain.cache.blocks import BlockMeta, DecodedBlock
 from omlx.domain.cache.keys import KV, STATE, WINDOW
 from omlx.domain.cache.kv_quant import KVQuant
@@ -172,16 +173,21 @@ class MLXKVCodec:
     # ---- joining ------------------------------------------------------------------
 
     def assemble(
-        self, payloads: Sequence[Any], windows: Sequence[Any] = (), state: Any = None
+        self,
+        payloads: Sequence[Any],
+        windows: Sequence[Any] = (),
+        state: Any = None,
+        room: int = 0,
     ) -> list[Any]:
         layout = self.layout()
         position = sum(p.positions for p in payloads)
         built: dict[int, Any] = {}
-        # Built through each class's ``state`` setter (mlx-lm's convention for restoring).
-        for leaf_index, keys, values in _joined(payloads):
-            c = KVCache()
-            c.state = (keys, values, position)
-            built[leaf_index] = c
+        # Plain KV leaves get ``room`` positions past the restored ones and a growth step
+        # more for the first generated tokens, so the prefill that follows writes in place
+        # instead of growing (copying) the cache (``restored_cache``).
+        spare = room + KVCache.step if room else 0
+        for leaf_index, keys, values in _joined(payloads, spare):
+            built[leaf_index] = with_room(keys, values, position)
         window_rows = _joined(windows) if windows else []
         for leaf_index, keys, values in window_rows:
             size = layout.leaves[leaf_index].window
@@ -333,30 +339,35 @@ def _shape_groups(leaves: list[int], slices: list[tuple[mx.array, mx.array]]) ->
     return list(groups.values())
 
 
-def _joined(payloads: Sequence[Any]) -> list[tuple[int, mx.array, mx.array]]:
-    """Each leaf's blocks joined along positions: (leaf, keys, values) as MLX arrays."""
+def _joined(payloads: Sequence[Any], room: int = 0) -> list[tuple[int, mx.array, mx.array]]:
+    """Each leaf's blocks joined along positions: (leaf, keys, values) as MLX arrays.
+
+    ``room``: zeroed positions after the joined ones (only the restored positions are KV).
+    """
     first = _groups(payloads[0])
     out = []
     for g_index, group in enumerate(first):
         if isinstance(group, QuantizedKVBlock):
-            out.extend(_joined_quantized([_groups(p)[g_index] for p in payloads]))
+            out.extend(_joined_quantized([_groups(p)[g_index] for p in payloads], room))
             continue
         keys = [_host(_groups(p)[g_index].keys) for p in payloads]
         values = [_host(_groups(p)[g_index].values) for p in payloads]
         # One host buffer per side, reused by every leaf: the gather stays in the CPU's
         # cache and MLX copies each leaf out of it once.
-        k_join, v_join = _join_buffer(keys), _join_buffer(values)
+        k_join, v_join = _join_buffer(keys, room), _join_buffer(values, room)
+        held = k_join.shape[2] - room
         for row, leaf in enumerate(group.leaves or range(group.layer_count)):
-            k = _from_host(np.concatenate([k[row] for k in keys], axis=2, out=k_join), group.dtype)
-            v = _from_host(
-                np.concatenate([v[row] for v in values], axis=2, out=v_join), group.dtype
-            )
-            out.append((leaf, k, v))
+            np.concatenate([k[row] for k in keys], axis=2, out=k_join[:, :, :held])
+            np.concatenate([v[row] for v in values], axis=2, out=v_join[:, :, :held])
+            out.append((leaf, _from_host(k_join, group.dtype), _from_host(v_join, group.dtype)))
     return out
 
 
-def _joined_quantized(blocks: list[QuantizedKVBlock]) -> list[tuple[int, mx.array, mx.array]]:
-    """One group's quantized blocks joined per leaf on the host, then dequantized by MLX."""
+def _joined_quantized(
+    blocks: list[QuantizedKVBlock], room: int = 0
+) -> list[tuple[int, mx.array, mx.array]]:
+    """One group's quantized blocks joined per leaf on the host, then dequantized by MLX
+    (``room``: zeroed positions after them, as ``_joined``)."""
     group = blocks[0]
     sides = []
     for side in ("keys", "values"):
@@ -373,7 +384,11 @@ def _joined_quantized(blocks: list[QuantizedKVBlock]) -> list[tuple[int, mx.arra
                 _from_host(np.concatenate([h[row] for h in hosts], axis=2, out=buffer), dtype)
                 for hosts, buffer, dtype in components
             ]
-            restored.append(dequantize_side(*arrays, group.quant, group.dtype))
+            side = dequantize_side(*arrays, group.quant, group.dtype)
+            if room:
+                pad = mx.zeros((*side.shape[:2], room, side.shape[3]), side.dtype)
+                side = mx.concatenate([side, pad], axis=2)
+            restored.append(side)
         out.append((leaf, restored[0], restored[1]))
     return out
 
@@ -432,10 +447,13 @@ def _to_mlx(array: Any) -> mx.array:
     return array
 
 
-def _join_buffer(blocks: list[np.ndarray]) -> np.ndarray:
-    """Room for one leaf of ``blocks`` joined along the position axis."""
+def _join_buffer(blocks: list[np.ndarray], room: int = 0) -> np.ndarray:
+    """Space for one leaf of ``blocks`` joined along the position axis, and ``room`` zeros after."""
     _, batch, heads, _, dim = blocks[0].shape
-    return np.empty((batch, heads, sum(b.shape[3] for b in blocks), dim), blocks[0].dtype)
+    held = sum(b.shape[3] for b in blocks)
+    buffer = np.empty((batch, heads, held + room, dim), blocks[0].dtype)
+    buffer[:, :, held:] = 0
+    return buffer
 
 
 def _from_host(host: np.ndarray, dtype: mx.Dtype) -> mx.array:

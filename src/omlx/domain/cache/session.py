@@ -181,9 +181,12 @@ class CacheSession:
 
     def _assemble(self) -> Any:
         payloads = list(self._hit.payloads)
+        room = len(self._prompt) - self._hit.cached_tokens  # the tail the engine prefills next
         if self._layout.plain:
-            return self._codec.assemble(payloads)
-        return self._codec.assemble(payloads, windows=list(self._hit.windows), state=self._hit.state)
+            return self._codec.assemble(payloads, room=room)
+        return self._codec.assemble(
+            payloads, windows=list(self._hit.windows), state=self._hit.state, room=room
+        )
 
     def _new_capture(self, prompt: Sequence[int], hit: PrefixHit | None) -> RequestCapture:
         return RequestCapture(self._keeper, self._codec, self._layout, prompt, hit, root=self._root)
