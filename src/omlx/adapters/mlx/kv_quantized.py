@@ -52,6 +52,11 @@ class QuantizedKVBlock:
         return QuantizedKVBlock(keys, values, nbytes, self.dtype, self.quant, self.leaves)
 
 
+def gpu_backend() -> bool:
+    """Whether mlx runs on a GPU here (Metal or CUDA): ``kv_mode = auto`` is exact there."""
+    return mx.default_device().type == mx.gpu
+
+
 def quantizable(head_dim: int, quant: KVQuant) -> bool:
     """Whether ``mx.quantize`` can group ``head_dim`` by the setting's group size."""
     return head_dim % quant.group_size == 0
@@ -73,6 +78,35 @@ def dequantize_side(
         scales, biases = scales.astype(dtype), biases.astype(dtype)
     out = mx.dequantize(codes, scales, biases, group_size=quant.group_size, bits=quant.bits)
     return out if out.dtype == dtype else out.astype(dtype)
+
+
+def restore_side(
+    codes: mx.array, scales: mx.array, biases: mx.array, dtype: mx.Dtype
+) -> tuple[mx.array, mx.array, mx.array]:
+    """Exact mode: a stored side back as the running cache holds it (scales in ``dtype``;
+    float16 values widen to float32 without change)."""
+    if scales.dtype != dtype:
+        scales, biases = scales.astype(dtype), biases.astype(dtype)
+    return codes, scales, biases
+
+
+def exact_block(
+    keys: tuple[mx.array, mx.array, mx.array],
+    values: tuple[mx.array, mx.array, mx.array],
+    quant: KVQuant,
+    leaves: tuple[int, ...],
+) -> QuantizedKVBlock:
+    """A block of exact mode's running codes, stacked: stored as ``quantized_block`` stores.
+
+    The running cache's float32 scales and biases hold float16 values
+    (``quantized_batch_cache.quantize_exact``): narrowing them loses nothing.
+    """
+    dtype = keys[1].dtype
+    if dtype == mx.float32:
+        keys = (keys[0], keys[1].astype(mx.float16), keys[2].astype(mx.float16))
+        values = (values[0], values[1].astype(mx.float16), values[2].astype(mx.float16))
+    nbytes = sum(a.nbytes for a in (*keys, *values))
+    return QuantizedKVBlock(keys, values, nbytes, dtype, quant, leaves)
 
 
 def quantized_block(

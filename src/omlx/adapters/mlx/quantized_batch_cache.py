@@ -19,7 +19,14 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import QuantizedKVCache, _BaseCache, dynamic_roll
+from mlx_lm.models.cache import (
+    CacheList,
+    KVCache,
+    QuantizedKVCache,
+    _BaseCache,
+    dynamic_roll,
+    make_prompt_cache,
+)
 
 Triple = tuple[mx.array, mx.array, mx.array]
 
@@ -284,3 +291,42 @@ class BatchQuantizedKVCache(_BaseCache):
         if self.keys is None:
             return 0
         return sum(c.nbytes for c in (*self.keys, *self.values))
+
+
+# ---- a model's whole cache --------------------------------------------------------------
+
+
+def exact_prompt_cache(model: Any, group_size: int, bits: int) -> list[Any]:
+    """A fresh cache for ``model`` whose full-attention layers hold codes (exact mode).
+
+    Sliding-window and state layers stay as mlx-lm makes them, in full precision: mlx-lm
+    has no quantized rotating batch cache, and SSM state is not KV.
+    """
+
+    def convert(entry: Any) -> Any:
+        if isinstance(entry, CacheList):
+            return CacheList(*(convert(c) for c in entry.caches))
+        if type(entry) is KVCache:
+            return ExactKVCache(group_size=group_size, bits=bits)
+        return entry
+
+    return [convert(entry) for entry in make_prompt_cache(model)]
+
+
+def exact_fits(model: Any, group_size: int) -> bool:
+    """Whether every full-attention layer's head_dim is a multiple of ``group_size`` (one
+    token through a fresh cache shows the shapes)."""
+    cache = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    dims = []
+
+    def visit(entry: Any) -> None:
+        if isinstance(entry, CacheList):
+            for c in entry.caches:
+                visit(c)
+        elif type(entry) is KVCache and entry.keys is not None:
+            dims.extend((entry.keys.shape[-1], entry.values.shape[-1]))
+
+    for entry in cache:
+        visit(entry)
+    return bool(dims) and all(d % group_size == 0 for d in dims)
