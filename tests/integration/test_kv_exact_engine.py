@@ -179,3 +179,42 @@ def test_speculation_in_exact_mode_gives_the_plain_tokens(models):
     assert [token_ids(r) for r in speculated] == expected
     summaries = [r.finished.speculation for r in speculated]
     assert 0 < sum(s.accepted for s in summaries) < sum(s.drafted for s in summaries)
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "qwen3_next"])
+def test_hybrid_layouts_in_exact_mode_hit_equal_to_miss(family, tmp_path):
+    """Sliding-window (gemma3) and state (qwen3_next) layers run and are kept in full
+    precision beside the quantized full-attention layers; a replay still equals the miss."""
+    from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
+    from omlx.adapters.mlx.kv_codec import MLXKVCodec
+    from omlx.adapters.mlx.loader import load_model
+    from omlx.domain.cache.hot_tier import HotTier
+    from omlx.domain.cache.prefix_cache import PrefixCache
+    from tests.hybrid_models import build_hybrid_model
+
+    model = load_model(str(build_hybrid_model(family, tmp_path / family, head_dim=32)))
+    assert model.cache_supported, model.cache_unsupported_reason
+    quant = KVQuant(8, 32, "exact")
+    hot = HotTier(1 << 30)
+    cache = PrefixCache(
+        namespace=model.namespace(16, quant),
+        codec=MLXKVCodec(model.layout, quant),
+        hot=hot,
+        layout=model.layout.domain,
+    )
+    engine = MLXEngine(model, cache, EngineConfig(prefill_step_size=64, exact_kv=quant))
+    engine.start()
+    try:
+        prompt = prompt_of(model)
+        miss = generate(engine, greedy_ids(prompt, 60))
+        hit = generate(engine, greedy_ids(prompt, 60))
+        payloads = [hot.get(k).payload for k in hot.keys()]  # noqa: SIM118 - a HotTier
+    finally:
+        engine.stop()
+    assert engine._fresh_cache is not None  # exact mode ran
+    assert hit.finished.cached_tokens > 0
+    kinds = {type(g).__name__ for p in payloads for g in getattr(p, "groups", (p,))}
+    assert "QuantizedKVBlock" in kinds
+    if family == "gemma3_text":  # its windows: kept in full precision, as they ran
+        assert "KVBlock" in kinds
+    assert token_ids(hit) == token_ids(miss)
