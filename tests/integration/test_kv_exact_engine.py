@@ -119,6 +119,7 @@ def test_the_running_cache_holds_codes_and_blocks_are_sliced_from_them(models, t
     assert isinstance(block, QuantizedKVBlock) and block.quant == KVQuant(8, 32, "exact")
     # float32 KV: scales and biases stored as float16, codes as uint32 (8-bit: 4 a word).
     assert [c.dtype for c in block.keys] == [mx.uint32, mx.float16, mx.float16]
+    assert block.dtype == mx.float32  # the KV's dtype, recorded in the file
     assert block.keys[0].shape[-1] == 32 * 8 // 32  # head_dim 32 at 8 bits: 8 words
 
 

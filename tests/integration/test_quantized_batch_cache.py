@@ -139,16 +139,19 @@ def test_a_row_extracted_and_merged_again_keeps_its_codes() -> None:
         assert mx.array_equal(a[..., :70, :], b).item()
 
 
-def test_float32_scales_hold_float16_values_so_blocks_store_them_without_loss() -> None:
+def test_float32_kv_keeps_float16_scales_and_biases_as_blocks_store_them() -> None:
     mx.random.seed(3)
     x = mx.random.normal((1, HEADS, 9, DIM))
     codes, scales, biases = quantize_exact(x, 64, 8)
-    ref_codes, ref_scales, _ = mx.quantize(x, group_size=64, bits=8)
+    ref_codes, ref_scales, ref_biases = mx.quantize(x, group_size=64, bits=8)
     assert mx.array_equal(codes, ref_codes).item()
-    assert scales.dtype == mx.float32
-    assert mx.array_equal(scales, ref_scales.astype(mx.float16).astype(mx.float32)).item()
-    for a in (scales, biases):
-        assert mx.array_equal(a.astype(mx.float16).astype(mx.float32), a).item()
+    assert scales.dtype == biases.dtype == mx.float16
+    assert mx.array_equal(scales, ref_scales.astype(mx.float16)).item()
+    assert mx.array_equal(biases, ref_biases.astype(mx.float16)).item()
+    row = filled(9, 8, 64)
+    assert row.kv_dtype == mx.float32 and row.keys[1].dtype == mx.float16
+    batch = ExactKVCache.merge([row])
+    assert batch.kv_dtype == mx.float32 and batch.extract(0).kv_dtype == mx.float32
 
 
 def attention(cache, queries: mx.array, mask) -> mx.array:
@@ -162,8 +165,8 @@ def attention(cache, queries: mx.array, mask) -> mx.array:
 @pytest.mark.parametrize("dtype", [mx.float16, mx.float32])
 def test_attention_row_by_row_equals_a_single_sequence_cache(dtype) -> None:
     """Each row of a left-padded batch attends as a lone sequence does: mlx-lm's own
-    ``QuantizedKVCache`` for float16 KV (rounding the scales changes nothing there),
-    ``ExactKVCache`` (mlx-lm's with float16-valued scales) for float32."""
+    ``QuantizedKVCache`` for float16 KV (the same scales there), ``ExactKVCache`` (mlx-lm's
+    with float16 scales) for float32."""
     mx.random.seed(4)
     bits, group, lengths = 8, 64, (7, 30, 1)
     prompts = [kv(n, dtype=dtype) for n in lengths]

@@ -50,7 +50,6 @@ from omlx.adapters.mlx.kv_quantized import (
     exact_block,
     quantizable,
     quantized_block,
-    restore_side,
 )
 from omlx.adapters.mlx.quantized_batch_cache import ExactKVCache
 from omlx.domain.cache.blocks import BlockMeta, DecodedBlock
@@ -145,7 +144,8 @@ class MLXKVCodec:
             return Blocks((), stop - start)
         slices = [batch_rows.kv_slice(*layers[i], start, stop) for i in leaves]
         if isinstance(slices[0][0], tuple):  # exact mode: the running cache's own codes
-            return self._cut_codes(leaves, slices, stop - start)
+            kv_dtype = layers[leaves[0]][0].kv_dtype
+            return self._cut_codes(leaves, slices, stop - start, kv_dtype)
         groups = []
         for members in _shape_groups(leaves, slices):
             keys = mx.stack([slices[m][0] for m in members])
@@ -163,7 +163,7 @@ class MLXKVCodec:
         return _one(blocks, stop - start)
 
     def _cut_codes(
-        self, leaves: list[int], slices: list[tuple[Any, Any]], positions: int
+        self, leaves: list[int], slices: list[tuple[Any, Any]], positions: int, kv_dtype: Any
     ) -> KVBlock | Blocks:
         """Blocks of exact mode's quantized layers: their codes, scales and biases stacked."""
         if self.kv_quant is None or not self.kv_quant.exact:
@@ -176,7 +176,7 @@ class MLXKVCodec:
             keys = tuple(mx.stack([slices[m][0][c] for m in members]) for c in range(3))
             values = tuple(mx.stack([slices[m][1][c] for m in members]) for c in range(3))
             lv = tuple(leaves[m] for m in members)
-            blocks.append(exact_block(keys, values, self.kv_quant, lv))
+            blocks.append(exact_block(keys, values, self.kv_quant, lv, kv_dtype))
         mx.eval([(*b.keys, *b.values) for b in blocks])
         return _one(tuple(blocks), positions)
 
@@ -208,10 +208,14 @@ class MLXKVCodec:
         built: dict[int, Any] = {}
         # Built through each class's ``state`` setter (mlx-lm's convention for restoring).
         exact = self.kv_quant is not None and self.kv_quant.exact
+        first = _groups(payloads[0]) if payloads else ()
+        kv_dtypes = {leaf: g.dtype for g in first for leaf in g.leaves or range(g.layer_count)}
         for leaf_index, keys, values in _joined(payloads, exact):
             if isinstance(keys, tuple):  # exact mode: the codes go back as they were cut
-                quant = self.kv_quant
-                built[leaf_index] = ExactKVCache.of(keys, values, quant.group_size, quant.bits)
+                quant, dtype = self.kv_quant, kv_dtypes[leaf_index]
+                built[leaf_index] = ExactKVCache.of(
+                    keys, values, quant.group_size, quant.bits, dtype
+                )
                 continue
             c = KVCache()
             c.state = (keys, values, position)
@@ -409,8 +413,8 @@ def _joined_quantized(blocks: list[QuantizedKVBlock], exact: bool) -> list[tuple
                 _from_host(np.concatenate([h[row] for h in hosts], axis=2, out=buffer), dtype)
                 for hosts, buffer, dtype in components
             ]
-            if exact:
-                restored.append(restore_side(*arrays, group.dtype))
+            if exact:  # as the running cache holds them: no cast, no dequantize
+                restored.append(tuple(arrays))
             else:
                 restored.append(dequantize_side(*arrays, group.quant, group.dtype))
         out.append((leaf, restored[0], restored[1]))

@@ -80,31 +80,16 @@ def dequantize_side(
     return out if out.dtype == dtype else out.astype(dtype)
 
 
-def restore_side(
-    codes: mx.array, scales: mx.array, biases: mx.array, dtype: mx.Dtype
-) -> tuple[mx.array, mx.array, mx.array]:
-    """Exact mode: a stored side back as the running cache holds it (scales in ``dtype``;
-    float16 values widen to float32 without change)."""
-    if scales.dtype != dtype:
-        scales, biases = scales.astype(dtype), biases.astype(dtype)
-    return codes, scales, biases
-
-
 def exact_block(
     keys: tuple[mx.array, mx.array, mx.array],
     values: tuple[mx.array, mx.array, mx.array],
     quant: KVQuant,
     leaves: tuple[int, ...],
+    dtype: mx.Dtype,
 ) -> QuantizedKVBlock:
-    """A block of exact mode's running codes, stacked: stored as ``quantized_block`` stores.
-
-    The running cache's float32 scales and biases hold float16 values
-    (``quantized_batch_cache.quantize_exact``): narrowing them loses nothing.
-    """
-    dtype = keys[1].dtype
-    if dtype == mx.float32:
-        keys = (keys[0], keys[1].astype(mx.float16), keys[2].astype(mx.float16))
-        values = (values[0], values[1].astype(mx.float16), values[2].astype(mx.float16))
+    """A block of exact mode's running codes, stacked, of KV in ``dtype``: stored as
+    ``quantized_block`` stores, since the running cache holds scales and biases as blocks
+    do (``quantized_batch_cache.scale_dtype``)."""
     nbytes = sum(a.nbytes for a in (*keys, *values))
     return QuantizedKVBlock(keys, values, nbytes, dtype, quant, leaves)
 

@@ -9,8 +9,11 @@ leave as ``ExactKVCache`` (a ``QuantizedKVCache`` that can join a batch again).
 Blocks are sliced out of these codes and put back as codes, never requantized:
 ``quantize ∘ dequantize`` is not idempotent in mlx (39% of values move on a second round
 trip at 8-bit/g64), so only the codes themselves make a hit equal a miss. For float32 KV
-the scales and biases are rounded through float16 as they are made, so a block stores
-them as float16 (the block format's choice, ``kv_quantized``) without loss.
+the scales and biases are held as float16, as blocks store them (``kv_quantized``): a
+block is then a plain slice, and the running cache is as small as a block (8-bit/g64:
+0.266x float32, not 0.281x). mlx's quantized matmul widens them to the queries' float32
+itself; measured here, decode steps take the same time either way (docs/benchmarks.md).
+Each cache remembers ``kv_dtype``, the dtype of the KV it quantized (blocks record it).
 """
 
 from __future__ import annotations
@@ -31,13 +34,16 @@ from mlx_lm.models.cache import (
 Triple = tuple[mx.array, mx.array, mx.array]
 
 
+def scale_dtype(kv_dtype: mx.Dtype) -> mx.Dtype:
+    """What scales and biases are held in: float16 for float32 KV, else the KV's dtype."""
+    return mx.float16 if kv_dtype == mx.float32 else kv_dtype
+
+
 def quantize_exact(x: mx.array, group_size: int, bits: int) -> Triple:
-    """``x`` as codes, scales and biases; float32 scales and biases hold float16 values."""
+    """``x`` as codes, scales and biases, the latter in ``scale_dtype``."""
     codes, scales, biases = mx.quantize(x, group_size=group_size, bits=bits)
-    if x.dtype == mx.float32:
-        scales = scales.astype(mx.float16).astype(mx.float32)
-        biases = biases.astype(mx.float16).astype(mx.float32)
-    return codes, scales, biases
+    held = scale_dtype(x.dtype)
+    return codes, scales.astype(held), biases.astype(held)
 
 
 def _zeros_like_quantized(x: mx.array, positions: int, group_size: int, bits: int) -> Triple:
@@ -46,9 +52,20 @@ def _zeros_like_quantized(x: mx.array, positions: int, group_size: int, bits: in
     shape = (batch, heads, positions)
     return (
         mx.zeros((*shape, dim * bits // 32), mx.uint32),
-        mx.zeros((*shape, dim // group_size), x.dtype),
-        mx.zeros((*shape, dim // group_size), x.dtype),
+        mx.zeros((*shape, dim // group_size), scale_dtype(x.dtype)),
+        mx.zeros((*shape, dim // group_size), scale_dtype(x.dtype)),
     )
+
+
+def _get_dtype(cache: Any) -> mx.Dtype | None:
+    """A cache's ``kv_dtype``: the dtype of the KV it quantized (None: nothing yet)."""
+    return None if cache._kv_dtype is None else getattr(mx, cache._kv_dtype)
+
+
+def _set_dtype(cache: Any, dtype: mx.Dtype | None) -> None:
+    # Held by name: mlx-lm deep-copies batch caches (``PromptProcessingBatch.split``), and
+    # an ``mx.Dtype`` cannot be copied.
+    cache._kv_dtype = None if dtype is None else str(dtype).removeprefix("mlx.core.")
 
 
 def _map(fn: Any, side: Triple) -> Triple:
@@ -73,6 +90,9 @@ class ExactKVCache(QuantizedKVCache):
     """One sequence's quantized KV (mlx-lm's ``QuantizedKVCache``), made as exact mode makes
     it, and able to join a ``BatchQuantizedKVCache`` (``merge``)."""
 
+    _kv_dtype: str | None = None
+    kv_dtype = property(_get_dtype, _set_dtype)
+
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Triple, Triple]:
         prev, n = self.offset, keys.shape[2]
         if self.keys is None or prev + n > self.keys[0].shape[2]:
@@ -85,6 +105,7 @@ class ExactKVCache(QuantizedKVCache):
                 self.keys = _cat(_first(self.keys, prev), new_k, axis=2)
                 self.values = _cat(_first(self.values, prev), new_v, axis=2)
         self.offset += n
+        self.kv_dtype = keys.dtype
         for held, new in ((self.keys, keys), (self.values, values)):
             for c, q in zip(held, quantize_exact(new, self.group_size, self.bits), strict=True):
                 c[..., prev : self.offset, :] = q
@@ -98,10 +119,13 @@ class ExactKVCache(QuantizedKVCache):
         return BatchQuantizedKVCache.merge(caches)
 
     @classmethod
-    def of(cls, keys: Triple, values: Triple, group_size: int, bits: int) -> ExactKVCache:
+    def of(
+        cls, keys: Triple, values: Triple, group_size: int, bits: int, kv_dtype: mx.Dtype | None
+    ) -> ExactKVCache:
         """A cache holding these (evaluated or lazy) components, one row of ``offset`` positions."""
         cache = cls(group_size=group_size, bits=bits)
         cache.keys, cache.values, cache.offset = tuple(keys), tuple(values), keys[0].shape[2]
+        cache.kv_dtype = kv_dtype
         return cache
 
 
@@ -117,8 +141,11 @@ class BatchQuantizedKVCache(_BaseCache):
         self.offset = mx.array([-p for p in left_padding])
         self.group_size = group_size
         self.bits = bits
+        self._kv_dtype: str | None = None  # ``kv_dtype``'s name
         self._idx = 0
         self._right_padding: mx.array | None = None
+
+    kv_dtype = property(_get_dtype, _set_dtype)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Triple, Triple]:
         prev, n = self._idx, keys.shape[2]
@@ -135,6 +162,7 @@ class BatchQuantizedKVCache(_BaseCache):
                 self.values = _cat(self.values, new_v, axis=2)
         self.offset = self.offset + n
         self._idx += n
+        self.kv_dtype = keys.dtype
         for held, new in ((self.keys, keys), (self.values, values)):
             for c, q in zip(held, quantize_exact(new, self.group_size, self.bits), strict=True):
                 c[..., prev : self._idx, :] = q
@@ -209,6 +237,7 @@ class BatchQuantizedKVCache(_BaseCache):
 
     def extend(self, other: BatchQuantizedKVCache) -> None:
         """Append ``other``'s rows (in place), both right-justified to the larger write index."""
+        self.kv_dtype = self.kv_dtype or other.kv_dtype
         if self.keys is None and other.keys is None:
             self.left_padding = mx.concatenate([self.left_padding, other.left_padding])
             self.offset = mx.concatenate([self.offset, other.offset])
@@ -250,7 +279,7 @@ class BatchQuantizedKVCache(_BaseCache):
             return mx.contiguous(c[idx : idx + 1, :, padding:end])
 
         return ExactKVCache.of(
-            _map(row, self.keys), _map(row, self.values), self.group_size, self.bits
+            _map(row, self.keys), _map(row, self.values), self.group_size, self.bits, self.kv_dtype
         )
 
     @classmethod
@@ -276,6 +305,7 @@ class BatchQuantizedKVCache(_BaseCache):
                 dst[i : i + 1, :, p : p + c.offset] = src[..., : c.offset, :]
         cache = cls(padding, group_size, bits)
         cache.keys, cache.values = keys, values
+        cache.kv_dtype = getattr(held, "kv_dtype", None) or held.keys[1].dtype
         cache.offset += longest
         cache._idx = longest
         return cache
