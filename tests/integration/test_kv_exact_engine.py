@@ -67,11 +67,15 @@ def token_ids(run) -> list[int]:
 
 @pytest.mark.parametrize("bits", [8, 4])
 def test_a_ram_hit_and_an_ssd_hit_after_a_restart_equal_the_miss(models, tmp_path, bits):
+    """As the server runs: the RAM hit continues the kept finished cache (views of its
+    codes), the SSD hit restores block files."""
     container, s = served(models, tmp_path / "cache", bits)
     try:
         engine, prompt = s.engine, prompt_of(s.model)
         assert engine.config.exact_kv == KVQuant(bits, 32, "exact")
         miss = generate(engine, greedy_ids(prompt, TOKENS))
+        kept = s.prefix_cache._kept  # the finished exact rows, kept for the next turn
+        assert kept.nbytes > 0
         ram = generate(engine, greedy_ids(prompt, TOKENS))
         hot = s.prefix_cache._hot  # (no public accessor: the test reads RAM directly)
         blocks = [hot.get(k) for k in hot.keys()]  # noqa: SIM118 - a HotTier, not a dict
@@ -182,10 +186,11 @@ def test_speculation_in_exact_mode_gives_the_plain_tokens(models):
     assert 0 < sum(s.accepted for s in summaries) < sum(s.drafted for s in summaries)
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "qwen3_next"])
-def test_hybrid_layouts_in_exact_mode_hit_equal_to_miss(family, tmp_path):
-    """Sliding-window (gemma3) and state (qwen3_next) layers run and are kept in full
-    precision beside the quantized full-attention layers; a replay still equals the miss."""
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_next"])
+def test_a_hit_from_ram_blocks_equals_the_miss_on_plain_and_hybrid_layouts(family, tmp_path):
+    """The hit restores the hot tier's blocks (no kept finished cache here). Sliding-window
+    (gemma3) and state (qwen3_next) layers run and are kept in full precision beside the
+    quantized full-attention layers; a replay still equals the miss."""
     from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
     from omlx.adapters.mlx.kv_codec import MLXKVCodec
     from omlx.adapters.mlx.loader import load_model
@@ -193,7 +198,11 @@ def test_hybrid_layouts_in_exact_mode_hit_equal_to_miss(family, tmp_path):
     from omlx.domain.cache.prefix_cache import PrefixCache
     from tests.hybrid_models import build_hybrid_model
 
-    model = load_model(str(build_hybrid_model(family, tmp_path / family, head_dim=32)))
+    if family == "llama":
+        folder = build_tiny_model(tmp_path / family, hidden_size=128)
+    else:
+        folder = build_hybrid_model(family, tmp_path / family, head_dim=32)
+    model = load_model(str(folder))
     assert model.cache_supported, model.cache_unsupported_reason
     quant = KVQuant(8, 32, "exact")
     hot = HotTier(1 << 30)
