@@ -6,7 +6,13 @@ prefix restored from blocks, and greedy agreement over 200 tokens with the unqua
 Also the attention-only decode cost of mlx-lm's quantized SDPA against plain SDPA, which
 decides whether the running cache itself should be quantized on this machine.
 
+``--running`` measures the running (batched) cache per ``kv_mode`` instead (off, store-8,
+exact-8, exact-4): its bytes per token in RAM, prefill tok/s and decode ms/step at
+``--context`` tokens, greedy agreement with off, and whether a hit (blocks cut from the
+running cache, through block-file bytes, restored) decodes the miss's greedy tokens.
+
     PYTHONPATH=src python bench/kv_bits.py [--context 2048] [--out FILE.json]
+    PYTHONPATH=src python bench/kv_bits.py --running [--modes off,exact-8] [--context 2048]
 """
 
 from __future__ import annotations
@@ -29,13 +35,21 @@ from mlx_lm.models.base import (  # noqa: E402
 )
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
+from omlx.adapters.mlx.batch_rows import RowView  # noqa: E402
 from omlx.adapters.mlx.kv_codec import MLXKVCodec  # noqa: E402
 from omlx.adapters.mlx.loader import load_model  # noqa: E402
+from omlx.adapters.mlx.quantized_batch_cache import exact_prompt_cache  # noqa: E402
 from omlx.domain.cache.blocks import BlockMeta  # noqa: E402
 from omlx.domain.cache.keys import block_key  # noqa: E402
 from omlx.domain.cache.kv_quant import KVQuant  # noqa: E402
 
 SETTINGS = {"off": None, "8": KVQuant(8, 64), "4": KVQuant(4, 64)}
+MODES = {
+    "off": None,
+    "store-8": KVQuant(8, 64),
+    "exact-8": KVQuant(8, 64, "exact"),
+    "exact-4": KVQuant(4, 64, "exact"),
+}
 BLOCK = 64
 
 
@@ -154,6 +168,82 @@ def chat_agreement(model, n: int, out: Path | None) -> None:
         out.write_text(json.dumps({"greedy_tokens": n, "leading_agreement": rows}, indent=1))
 
 
+def batch_cache(model, quant: KVQuant | None, restored: list | None = None) -> list:
+    """A one-row batch cache as the engine builds it (mlx-lm's ``merge`` of a request's
+    cache): exact mode's quantized one, else mlx-lm's ``BatchKVCache``."""
+    if restored is None and quant is not None and quant.exact:
+        restored = exact_prompt_cache(model.model, quant.group_size, quant.bits)
+    elif restored is None:
+        restored = make_prompt_cache(model.model)
+    return [c.merge([c]) for c in restored]
+
+
+def timed_greedy(model, cache, last_logits, n: int) -> tuple[list[int], float]:
+    """``n`` greedy tokens and the mean seconds of a decode step (a forward pass each)."""
+    out, logits = [], last_logits
+    started = time.perf_counter()
+    for _ in range(n):
+        token = int(mx.argmax(logits[-1]))
+        out.append(token)
+        logits = model.model(mx.array([[token]]), cache=cache)[0]
+        mx.eval(logits)
+    return out, (time.perf_counter() - started) / n
+
+
+def running_modes(model, context: int, n: int, modes: list[str], out: Path | None) -> None:
+    """The running cache per ``kv_mode``: RAM, prefill and decode speed, agreement, hit == miss.
+
+    The prompt is ``context`` tokens of stdlib source and one more: the miss prefills the
+    context in 256-token chunks (the engine's step), then its last token alone; the hit
+    restores the context from block files cut from the miss's running cache and runs the
+    same last token. Both decode ``n`` greedy tokens.
+    """
+    tokens = corpus_tokens(model.tokenizer, context + 1)
+    prefix, last = tokens[:context], tokens[context:]
+    result: dict = {"context": context, "greedy_tokens": n, "modes": {}}
+    baseline = None
+    for name in modes:
+        quant = MODES[name]
+        cache = batch_cache(model, quant)
+        started = time.perf_counter()
+        for start in range(0, context, 256):
+            model.model(mx.array(prefix[start : start + 256])[None], cache=cache)
+            mx.eval([c.state for c in cache])
+        prefill_s = time.perf_counter() - started
+        ram = sum(c.nbytes for c in cache)
+        codec = MLXKVCodec(model.layout, quant)
+        files = block_files(codec, RowView(cache, 0), prefix)
+        logits = model.model(mx.array(last)[None], cache=cache)[0]
+        miss, step_s = timed_greedy(model, cache, logits[-1:], n)
+        restored = codec.assemble([codec.decode(f).payload for f in files])
+        hit_cache = batch_cache(model, quant, restored)
+        logits = model.model(mx.array(last)[None], cache=hit_cache)[0]
+        hit, _ = timed_greedy(model, hit_cache, logits[-1:], n)
+        if baseline is None:
+            baseline = miss
+        row = {
+            "running_bytes_per_token": round(ram / context, 1),
+            "prefill_tok_s": round(context / prefill_s, 1),
+            "decode_ms_per_step": round(step_s * 1000, 1),
+            "file_bytes_per_token": round(sum(len(f) for f in files) / context, 1),
+            "hit_equals_miss": hit == miss,
+            "hit_leading_agreement": _leading(hit, miss),
+            "leading_agreement_with_first": _leading(miss, baseline),
+        }
+        result["modes"][name] = row
+        print(name, json.dumps(row), flush=True)
+        del cache, hit_cache, restored
+        mx.clear_cache()
+    print(json.dumps(result, indent=1))
+    if out is not None:
+        out.write_text(json.dumps(result, indent=1))
+
+
+def _leading(a: list[int], b: list[int]) -> int:
+    pairs = zip(a, b, strict=False)
+    return next((i for i, (x, y) in enumerate(pairs) if x != y), min(len(a), len(b)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--context", type=int, default=2048, help="prefix tokens restored")
@@ -166,10 +256,16 @@ def main() -> None:
     parser.add_argument(
         "--chat", action="store_true", help="only greedy agreement on chat prompts (CHAT_PROMPTS)"
     )
+    parser.add_argument(
+        "--running", action="store_true", help="the running cache per kv_mode (see --modes)"
+    )
+    parser.add_argument("--modes", default=",".join(MODES), help="kv modes for --running")
     args = parser.parse_args()
     model = load_model(None)
     if args.chat:
         return chat_agreement(model, args.greedy, args.out)
+    if args.running:
+        return running_modes(model, args.context, args.greedy, args.modes.split(","), args.out)
     config = model.config
     layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)

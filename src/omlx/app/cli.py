@@ -56,6 +56,7 @@ def _serve_options(fn):
         click.option("--block-size", type=int, default=None, help="Tokens per cache block (default 64)."),
         click.option("--kv-bits", type=click.Choice(["off", "8", "4"]), default=None, help="Store cache blocks quantized to 8 or 4 bits (default off); RAM and disk per token shrink ~3.8x / ~7x on float32 KV."),
         click.option("--kv-group-size", type=int, default=None, help="Values per quantization group along head_dim: 32, 64 or 128 (default 64)."),
+        click.option("--kv-mode", type=click.Choice(["auto", "exact", "store"]), default=None, help="With --kv-bits: exact (the running cache holds the codes: a hit equals a miss), store (blocks only: RAM stays full precision while decoding, a hit is close), auto (exact on a GPU, store on the CPU; the default)."),
         click.option("--hot-cache-max-size", default=None, help="RAM budget of the hot tier, e.g. 4GB."),
         click.option("--paged-ssd-cache-dir", default=None, help="Folder of the SSD tier (default ~/.omlx/cache)."),
         click.option("--paged-ssd-cache-max-size", default=None, help="Disk budget of the SSD tier, e.g. 200GB (default 100GB)."),

@@ -23,7 +23,7 @@ from omlx.app.pool import Served
 from omlx.app.service import GenerationService
 from omlx.app.settings import Settings
 from omlx.app.templates import ChatRenderer
-from omlx.domain.cache.kv_quant import KVQuant, model_override
+from omlx.domain.cache.kv_quant import KVQuant, model_override, resolve_kv_mode
 from omlx.domain.memory import MemoryAccount
 from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
 
@@ -116,17 +116,19 @@ class ModelLoader:
         """A loaded chat model's cache tiers, engine thread and services."""
         from omlx.adapters.mlx.encoders import weights_bytes
         from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
+        from omlx.adapters.mlx.kv_quantized import gpu_backend
         from omlx.adapters.mlx.prompt_tokens import PrefixReusingEncoder, fast_backend
 
         settings = self.settings
         closers: list[Callable[[], None]] = []  # the Served's, in the order they are added
+        kv_quant = kv_quant_for(model.path, settings.kv_quant, settings.kv_mode, gpu_backend())
         prefix_cache = cold_tier = None
         if not settings.cache_enabled:
             log.info("prefix cache of %s: off (--no-cache)", spec.id)
         elif not model.cache_supported:
             log.warning("prefix cache of %s: off: %s", spec.id, model.cache_unsupported_reason)
         else:
-            prefix_cache, cold_tier = self._cache(model, closers)
+            prefix_cache, cold_tier = self._cache(model, closers, kv_quant)
         speculation, proposer, draft_weights = self._speculation(spec, model)
         engine = MLXEngine(
             model,
@@ -136,6 +138,9 @@ class ModelLoader:
                 prefill_step_size=settings.prefill_step_size,
                 kv_memory_limit=self.kv_memory_limit,
                 speculation=speculation,
+                # Exact mode quantizes the running cache whether or not blocks are kept:
+                # the same output with the cache on or off.
+                exact_kv=kv_quant if kv_quant is not None and kv_quant.exact else None,
             ),
             account=self.account,
             proposer=proposer,
@@ -195,7 +200,9 @@ class ModelLoader:
         log.info("speculative decoding of %s: drafts from %s (%s)", spec.id, draft.model_id, draft_path)
         return config, DraftModel(draft.model, draft.model_id), draft_bytes
 
-    def _cache(self, model: Any, closers: list[Callable[[], None]]) -> tuple[Any, Any]:
+    def _cache(
+        self, model: Any, closers: list[Callable[[], None]], kv_quant: KVQuant | None
+    ) -> tuple[Any, Any]:
         from omlx.adapters.mlx.finished_caches import FinishedCaches
         from omlx.adapters.mlx.kv_codec import MLXKVCodec
         from omlx.domain.cache.cold_tier import ColdTier
@@ -204,7 +211,6 @@ class ModelLoader:
         from omlx.domain.cache.reuse_eviction import ReuseLevelPolicy
 
         settings = self.settings
-        kv_quant = kv_quant_for(model.path, settings.kv_quant)
         namespace = model.namespace(settings.block_size, kv_quant)
         codec = MLXKVCodec(model.layout, kv_quant)
         # One-off blocks (side calls) leave RAM before a reused conversation's (issue 20).
@@ -292,16 +298,25 @@ class ModelLoader:
         return served
 
 
-def kv_quant_for(path: Path, default: KVQuant | None) -> KVQuant | None:
-    """The KV quantization of the model at ``path``: its folder's ``omlx.json`` over ``default``."""
+def kv_quant_for(
+    path: Path, default: KVQuant | None, kv_mode: str | None = None, gpu: bool = False
+) -> KVQuant | None:
+    """The KV quantization of the model at ``path``: its folder's ``omlx.json`` over
+    ``default`` and ``kv_mode`` (``auto`` resolved by ``gpu``; None: ``default``'s mode)."""
     declared_file = Path(path) / "omlx.json"
-    if not declared_file.is_file():
-        return default
+    declared: Any = {}
+    if declared_file.is_file():
+        try:
+            declared = json.loads(declared_file.read_text())
+        except ValueError as exc:  # bad JSON: name the file
+            raise ValueError(f"{declared_file}: {exc}") from exc
+    declared = declared if isinstance(declared, dict) else {}
     try:
-        declared = json.loads(declared_file.read_text())
-        return model_override(declared if isinstance(declared, dict) else {}, default)
-    except ValueError as exc:  # bad JSON or a bad kv_bits: name the file
-        raise ValueError(f"{declared_file}: {exc}") from exc
+        mode = declared.get("kv_mode", kv_mode)
+        resolved = None if mode is None else resolve_kv_mode(mode, gpu)
+        return model_override(declared, default, resolved)
+    except ValueError as exc:  # a bad kv_bits or kv_mode: name the file that set it
+        raise ValueError(f"{declared_file}: {exc}" if declared else str(exc)) from exc
 
 
 def speculation_for(path: Path, settings: Settings) -> tuple[bool, str]:

@@ -14,7 +14,7 @@ from typing import Any, get_origin
 import msgspec
 
 from omlx.app.config_errors import check_file_keys, describe_invalid, name_origin
-from omlx.domain.cache.kv_quant import KVQuant, kv_quant_of
+from omlx.domain.cache.kv_quant import KVQuant, kv_quant_of, parse_kv_mode
 from omlx.domain.responses import Retention
 from omlx.domain.sizes import parse_size
 from omlx.domain.tier_defaults import AUTO, COLD_TIER_DEFAULT, HOT_TIER_DEFAULT
@@ -35,6 +35,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     block_size: int = 64
     kv_bits: str = "off"  # "off", "8" or "4": blocks stored quantized (domain/cache/kv_quant.py)
     kv_group_size: int = 64
+    kv_mode: str = "auto"  # "auto", "exact" or "store": how kv_bits quantizes (kv_quant.py)
     hot_cache_max_size: str = HOT_TIER_DEFAULT
     paged_ssd_cache_dir: str = "~/.omlx/cache"
     paged_ssd_cache_max_size: str = COLD_TIER_DEFAULT
@@ -118,7 +119,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     @property
     def kv_quant(self) -> KVQuant | None:
-        """The KV quantization blocks are stored with; None when ``kv_bits`` is off."""
+        """The KV quantization blocks are stored with, in ``store`` mode (``kv_mode`` is
+        resolved per model, where the backend is known: ``model_loader.kv_quant_for``);
+        None when ``kv_bits`` is off."""
         return kv_quant_of(self.kv_bits, self.kv_group_size)
 
     @property
@@ -143,6 +146,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if self.speculation_max_rows < 1:
             raise ValueError("speculation_max_rows must be >= 1")
         self.kv_quant  # noqa: B018 - raises naming kv_bits or kv_group_size
+        parse_kv_mode(self.kv_mode)
         for key in ("hot_cache_max_size", "paged_ssd_cache_max_size", "prepared_weights_max_size"):
             if key == "hot_cache_max_size" and self.hot_cache_auto:
                 continue

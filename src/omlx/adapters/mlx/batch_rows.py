@@ -43,6 +43,8 @@ from mlx_lm.models.cache import (
     TokenBuffer,
 )
 
+from omlx.adapters.mlx.quantized_batch_cache import BatchQuantizedKVCache, ExactKVCache
+
 log = logging.getLogger(__name__)
 
 WRITTEN_FOR = "0.32."
@@ -228,8 +230,10 @@ def _sampled(batch: GenerationBatch, logprobs: mx.array) -> mx.array:
 def kv_slice(layer: Any, row: int | None, start: int, stop: int) -> tuple[mx.array, mx.array]:
     """Keys and values of positions ``[start, stop)`` of one attention layer (lazy slices).
 
-    ``layer`` is a single-sequence ``KVCache`` / ``RotatingKVCache`` (``row`` None) or a
-    batch ``BatchKVCache`` / ``BatchRotatingKVCache`` (``row`` its row). Raises
+    ``layer`` is a single-sequence ``KVCache`` / ``RotatingKVCache`` / ``ExactKVCache``
+    (``row`` None) or a batch ``BatchKVCache`` / ``BatchRotatingKVCache`` /
+    ``BatchQuantizedKVCache`` (``row`` its row); a quantized one's sides are (codes,
+    scales, biases) triples, sliced alike. Raises
     ``ValueError`` when those positions are not (or no longer) in the buffer.
     """
     if isinstance(layer, BatchRotatingKVCache) and layer.rotated:
@@ -243,9 +247,15 @@ def kv_slice(layer: Any, row: int | None, start: int, stop: int) -> tuple[mx.arr
             f"positions [{start}, {stop}) are not in this cache (it holds "
             f"[{offset - min(end, offset)}, {offset}))"
         )
-    if row is None:
-        return keys[..., first:last, :], values[..., first:last, :]
-    return keys[row : row + 1, :, first:last, :], values[row : row + 1, :, first:last, :]
+    at = (..., slice(first, last), slice(None))
+    if row is not None:
+        at = (slice(row, row + 1), slice(None), *at[1:])
+    return _sliced(keys, at), _sliced(values, at)
+
+
+def _sliced(side: Any, at: tuple[Any, ...]) -> Any:
+    """One side at ``at``: an array, or exact mode's (codes, scales, biases) each alike."""
+    return tuple(c[at] for c in side) if isinstance(side, tuple) else side[at]
 
 
 def _buffers(layer: Any, row: int | None) -> tuple[mx.array, mx.array, int, int]:
@@ -255,8 +265,10 @@ def _buffers(layer: Any, row: int | None) -> tuple[mx.array, mx.array, int, int]
     if isinstance(layer, RotatingKVCache):
         keys, values = layer._temporal_order(layer.keys), layer._temporal_order(layer.values)
         return keys, values, keys.shape[2], layer.offset
-    if isinstance(layer, BatchKVCache | BatchRotatingKVCache):
+    if isinstance(layer, BatchKVCache | BatchRotatingKVCache | BatchQuantizedKVCache):
         return layer.keys, layer.values, layer._idx, _row_offset(layer, row)
+    if isinstance(layer, ExactKVCache):  # exact mode's extracted row: codes, scales, biases
+        return layer.keys, layer.values, layer.offset, layer.offset
     raise TypeError(f"{type(layer).__name__} holds no positions")
 
 

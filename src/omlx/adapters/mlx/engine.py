@@ -34,9 +34,11 @@ from omlx.adapters.mlx.jobs import Emit, Job, log_finished, phases_of, tier_of
 from omlx.adapters.mlx.loader import LoadedModel
 from omlx.adapters.mlx.processors import grammar_finish_reason, request_processors, token_logprob
 from omlx.adapters.mlx.prompt_lookup import PromptLookup
+from omlx.adapters.mlx.quantized_batch_cache import exact_fits, exact_prompt_cache
 from omlx.adapters.mlx.sampling import Sampler, make_sampler
 from omlx.adapters.mlx.speculative import Proposer, Speculation
 from omlx.adapters.mlx.warm_up import warm_up
+from omlx.domain.cache.kv_quant import KVQuant
 from omlx.domain.generation import (
     Failed,
     Finished,
@@ -81,6 +83,10 @@ class EngineConfig:
     # mlx-lm's pipelined steps hand tokens out a pass late). Tests set False to run the
     # pipelined steps here.
     in_order: bool | None = None
+    # Exact KV mode (``kv_mode``): the running cache of full-attention layers holds
+    # ``exact_kv``'s codes (``quantized_batch_cache``), so a restored block equals what the
+    # miss computed. None: full precision.
+    exact_kv: KVQuant | None = None
 
 
 class MLXEngine:
@@ -119,6 +125,8 @@ class MLXEngine:
         self.last_step_at = time.monotonic()
         self.last_submitted = 0.0  # time.monotonic() of the latest submit (the pool reads it)
         self._buffers_held = False  # MLX holds freed buffers worth releasing when idle
+        # A fresh request's cache, in exact mode (set on the engine thread); None: mlx-lm's.
+        self._fresh_cache: Callable[[], list[Any]] | None = None
 
     @property
     def budget(self) -> KVBudget | None:
@@ -169,6 +177,7 @@ class MLXEngine:
     # ---- engine thread ----------------------------------------------------
 
     def _run(self) -> None:
+        self._fresh_cache = self._exact_caches()
         self._generator = self._new_generator()
         if self.config.warm_up:
             self._warm_up()
@@ -196,7 +205,7 @@ class MLXEngine:
             token = self._eos[0] if self._eos else 0
             interrupted = warm_up(
                 self._generator, self.model.model, token, self._sampler(_GREEDY),
-                request_waiting=lambda: not self._inbox.empty(),
+                request_waiting=lambda: not self._inbox.empty(), new_cache=self._fresh_cache,
             )
         except Exception:  # a model the warm-up cannot drive still serves requests
             log.warning("warm-up of %s failed; the first request pays its costs", self.model.model_id, exc_info=True)
@@ -222,6 +231,20 @@ class MLXEngine:
         if proposer is None:
             proposer = PromptLookup(config.ngram_max, config.ngram_min)
         return Speculation(config, proposer)
+
+    def _exact_caches(self) -> Callable[[], list[Any]] | None:
+        """What makes a fresh request's cache in exact mode; None where it does not apply."""
+        quant = self.config.exact_kv
+        if quant is None:
+            return None
+        if not exact_fits(self.model.model, quant.group_size):
+            log.warning(
+                "exact KV of %s: off: a head_dim is not a multiple of kv_group_size %d; its cache "
+                "runs and is stored in full precision", self.model.model_id, quant.group_size,
+            )
+            return None
+        log.info("exact KV of %s: the running cache holds %s codes", self.model.model_id, quant.label)
+        return partial(exact_prompt_cache, self.model.model, quant.group_size, quant.bits)
 
     @property
     def speculation(self) -> Speculation | None:
@@ -337,6 +360,8 @@ class MLXEngine:
                 job.session = self._begin(job)
             cache = job.session.restore()
             job.cached_tokens = job.session.cached_tokens
+        if cache is None and self._fresh_cache is not None:
+            cache = self._fresh_cache()  # every row of a batch must be of one cache class
         job.times["admitted"] = time.monotonic()
         plan = job.session.plan if job.session is not None else ()
         (job.uid,) = self._generator.insert_segments(

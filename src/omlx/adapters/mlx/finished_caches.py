@@ -20,7 +20,8 @@ class FinishedCaches:
     kept cache gets views of that cache's arrays cut at the prefix: the batcher copies
     them into its batch without writing to them, so the kept cache stays whole for a
     later turn (a replay, a sibling branch). Plain KV layouts only: a state cache cannot
-    be cut at a prefix.
+    be cut at a prefix. Exact mode's quantized rows (``ExactKVCache``) are cut alike: the
+    views share their codes, which the batcher copies as it copies plain KV.
     """
 
     def __init__(self, entries: int = 2, max_bytes: int = 2 << 30) -> None:
@@ -46,26 +47,37 @@ class FinishedCaches:
 
     def take(self, prompt: Sequence[int], prefix: int) -> list[Any] | None:
         """Views of a kept cache holding ``prompt[:prefix]``, cut there; None when none does."""
-        from mlx_lm.models.cache import KVCache
-
         wanted = tuple(prompt[:prefix])
         for i in range(len(self._kept) - 1, -1, -1):
             tokens, cache, _ = self._kept[i]
             if len(tokens) >= prefix and tokens[:prefix] == wanted:
                 self._kept.append(self._kept.pop(i))  # most recently used last
-                views = []
-                for layer in cache:
-                    view = KVCache()
-                    view.keys, view.values, view.offset = layer.keys, layer.values, prefix
-                    views.append(view)
-                return views
+                return [_view(layer, prefix) for layer in cache]
         return None
 
     def clear(self) -> None:
         self._kept.clear()
 
 
+def _view(layer: Any, prefix: int) -> Any:
+    """A cache of ``layer``'s class over its arrays, holding its first ``prefix`` positions."""
+    from omlx.adapters.mlx.quantized_batch_cache import ExactKVCache
+
+    if isinstance(layer, ExactKVCache):
+        view = ExactKVCache(group_size=layer.group_size, bits=layer.bits)
+        view.kv_dtype = layer.kv_dtype
+    else:
+        from mlx_lm.models.cache import KVCache
+
+        view = KVCache()
+    view.keys, view.values, view.offset = layer.keys, layer.values, prefix
+    return view
+
+
 def _cuttable(cache: list[Any]) -> bool:
     from mlx_lm.models.cache import KVCache
 
-    return bool(cache) and all(type(c) is KVCache and c.keys is not None for c in cache)
+    from omlx.adapters.mlx.quantized_batch_cache import ExactKVCache
+
+    kinds = (KVCache, ExactKVCache)
+    return bool(cache) and all(type(c) in kinds and c.keys is not None for c in cache)

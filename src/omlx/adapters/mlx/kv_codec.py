@@ -12,8 +12,12 @@ stays in the file's bytes (``decode`` makes zero-copy numpy views), so a restore
 the KV once into MLX: ``assemble`` gathers each layer's blocks on the host (numpy;
 several times faster here than ``mx.concatenate``) and hands MLX one array.
 
-With a ``KVQuant`` setting, ``split`` quantizes each block as it cuts it
-(``kv_quantized``): the hot tier and the files keep the codes, ``assemble`` dequantizes.
+With a ``KVQuant`` setting in ``store`` mode, ``split`` quantizes each block as it cuts
+it (``kv_quantized``): the hot tier and the files keep the codes, ``assemble`` dequantizes.
+In ``exact`` mode the running cache holds the codes already (``quantized_batch_cache``):
+``split`` slices them, ``assemble`` puts them back into ``ExactKVCache``s as they are, and
+layers that run in full precision (sliding windows; a head_dim the group size does not
+divide) are stored in full precision, so that a hit equals a miss.
 """
 
 from __future__ import annotations
@@ -43,9 +47,11 @@ from omlx.adapters.mlx.cache_layout import ModelLayout, flat_leaves, plain_layou
 from omlx.adapters.mlx.kv_quantized import (
     QuantizedKVBlock,
     dequantize_side,
+    exact_block,
     quantizable,
     quantized_block,
 )
+from omlx.adapters.mlx.quantized_batch_cache import ExactKVCache
 from omlx.adapters.mlx.restored_cache import with_room
 from omlx.domain.cache.blocks import BlockMeta, DecodedBlock
 from omlx.domain.cache.keys import KV, STATE, WINDOW
@@ -138,19 +144,42 @@ class MLXKVCodec:
         if not leaves:  # no leaves of this kind (an all-SSM model's KV): tokens only
             return Blocks((), stop - start)
         slices = [batch_rows.kv_slice(*layers[i], start, stop) for i in leaves]
+        if isinstance(slices[0][0], tuple):  # exact mode: the running cache's own codes
+            kv_dtype = layers[leaves[0]][0].kv_dtype
+            return self._cut_codes(leaves, slices, stop - start, kv_dtype)
         groups = []
         for members in _shape_groups(leaves, slices):
             keys = mx.stack([slices[m][0] for m in members])
             values = mx.stack([slices[m][1] for m in members])
             groups.append((tuple(leaves[m] for m in members), keys, values))
         quant = self.kv_quant
-        if quant is not None and all(quantizable(k.shape[-1], quant) for _, k, _ in groups):
+        # Exact mode stores what ran in full precision as it is: a hit must equal a miss.
+        store = quant is not None and not quant.exact
+        if store and all(quantizable(k.shape[-1], quant) for _, k, _ in groups):
             blocks: tuple[Any, ...] = tuple(quantized_block(k, v, quant, lv) for lv, k, v in groups)
             mx.eval([(*b.keys, *b.values) for b in blocks])
         else:  # off, or a head_dim the group size does not divide: the KV dtype as it is
             mx.eval([(k, v) for _, k, v in groups])
             blocks = tuple(KVBlock(k, v, k.nbytes + v.nbytes, k.dtype, lv) for lv, k, v in groups)
         return _one(blocks, stop - start)
+
+    def _cut_codes(
+        self, leaves: list[int], slices: list[tuple[Any, Any]], positions: int, kv_dtype: Any
+    ) -> KVBlock | Blocks:
+        """Blocks of exact mode's quantized layers: their codes, scales and biases stacked."""
+        if self.kv_quant is None or not self.kv_quant.exact:
+            raise ValueError("a quantized running cache needs an exact-mode kv_quant codec")
+        groups: dict[tuple, list[int]] = {}
+        for m, (k, v) in enumerate(slices):
+            groups.setdefault(tuple(c.shape for c in (*k, *v)), []).append(m)
+        blocks = []
+        for members in groups.values():
+            keys = tuple(mx.stack([slices[m][0][c] for m in members]) for c in range(3))
+            values = tuple(mx.stack([slices[m][1][c] for m in members]) for c in range(3))
+            lv = tuple(leaves[m] for m in members)
+            blocks.append(exact_block(keys, values, self.kv_quant, lv, kv_dtype))
+        mx.eval([(*b.keys, *b.values) for b in blocks])
+        return _one(tuple(blocks), positions)
 
     def layout(self, cache: Any = None) -> ModelLayout:
         if self._layout is None:
@@ -184,9 +213,19 @@ class MLXKVCodec:
         built: dict[int, Any] = {}
         # Plain KV leaves get ``room`` positions past the restored ones and a growth step
         # more for the first generated tokens, so the prefill that follows writes in place
-        # instead of growing (copying) the cache (``restored_cache``).
+        # instead of growing (copying) the cache (``restored_cache``). Exact mode's leaves
+        # go back as the codes they were cut as (they grow as mlx-lm's quantized cache does).
+        exact = self.kv_quant is not None and self.kv_quant.exact
+        first = _groups(payloads[0]) if payloads else ()
+        kv_dtypes = {leaf: g.dtype for g in first for leaf in g.leaves or range(g.layer_count)}
         spare = room + KVCache.step if room else 0
-        for leaf_index, keys, values in _joined(payloads, spare):
+        for leaf_index, keys, values in _joined(payloads, exact, spare):
+            if isinstance(keys, tuple):  # exact mode: the codes go back as they were cut
+                quant, dtype = self.kv_quant, kv_dtypes[leaf_index]
+                built[leaf_index] = ExactKVCache.of(
+                    keys, values, quant.group_size, quant.bits, dtype
+                )
+                continue
             built[leaf_index] = with_room(keys, values, position)
         window_rows = _joined(windows) if windows else []
         for leaf_index, keys, values in window_rows:
@@ -339,16 +378,20 @@ def _shape_groups(leaves: list[int], slices: list[tuple[mx.array, mx.array]]) ->
     return list(groups.values())
 
 
-def _joined(payloads: Sequence[Any], room: int = 0) -> list[tuple[int, mx.array, mx.array]]:
-    """Each leaf's blocks joined along positions: (leaf, keys, values) as MLX arrays.
+def _joined(
+    payloads: Sequence[Any], exact: bool = False, room: int = 0
+) -> list[tuple[int, Any, Any]]:
+    """Each leaf's blocks joined along positions: (leaf, keys, values) as MLX arrays (exact
+    mode's quantized leaves: (codes, scales, biases) per side).
 
-    ``room``: zeroed positions after the joined ones (only the restored positions are KV).
+    ``room``: zeroed positions after the joined ones (only the restored positions are KV);
+    not for exact mode's codes.
     """
     first = _groups(payloads[0])
     out = []
     for g_index, group in enumerate(first):
         if isinstance(group, QuantizedKVBlock):
-            out.extend(_joined_quantized([_groups(p)[g_index] for p in payloads], room))
+            out.extend(_joined_quantized([_groups(p)[g_index] for p in payloads], exact, room))
             continue
         keys = [_host(_groups(p)[g_index].keys) for p in payloads]
         values = [_host(_groups(p)[g_index].values) for p in payloads]
@@ -364,10 +407,11 @@ def _joined(payloads: Sequence[Any], room: int = 0) -> list[tuple[int, mx.array,
 
 
 def _joined_quantized(
-    blocks: list[QuantizedKVBlock], room: int = 0
-) -> list[tuple[int, mx.array, mx.array]]:
+    blocks: list[QuantizedKVBlock], exact: bool, room: int = 0
+) -> list[tuple[int, Any, Any]]:
     """One group's quantized blocks joined per leaf on the host, then dequantized by MLX
-    (``room``: zeroed positions after them, as ``_joined``)."""
+    (``exact``: kept as codes, scales and biases in the running cache's dtype; else
+    ``room``: zeroed positions after them, as ``_joined``)."""
     group = blocks[0]
     sides = []
     for side in ("keys", "values"):
@@ -384,6 +428,9 @@ def _joined_quantized(
                 _from_host(np.concatenate([h[row] for h in hosts], axis=2, out=buffer), dtype)
                 for hosts, buffer, dtype in components
             ]
+            if exact:  # as the running cache holds them: no cast, no dequantize
+                restored.append(tuple(arrays))
+                continue
             side = dequantize_side(*arrays, group.quant, group.dtype)
             if room:
                 pad = mx.zeros((*side.shape[:2], room, side.shape[3]), side.dtype)

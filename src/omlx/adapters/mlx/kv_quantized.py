@@ -52,6 +52,11 @@ class QuantizedKVBlock:
         return QuantizedKVBlock(keys, values, nbytes, self.dtype, self.quant, self.leaves)
 
 
+def gpu_backend() -> bool:
+    """Whether mlx runs on a GPU here (Metal or CUDA): ``kv_mode = auto`` is exact there."""
+    return mx.default_device().type == mx.gpu
+
+
 def quantizable(head_dim: int, quant: KVQuant) -> bool:
     """Whether ``mx.quantize`` can group ``head_dim`` by the setting's group size."""
     return head_dim % quant.group_size == 0
@@ -73,6 +78,20 @@ def dequantize_side(
         scales, biases = scales.astype(dtype), biases.astype(dtype)
     out = mx.dequantize(codes, scales, biases, group_size=quant.group_size, bits=quant.bits)
     return out if out.dtype == dtype else out.astype(dtype)
+
+
+def exact_block(
+    keys: tuple[mx.array, mx.array, mx.array],
+    values: tuple[mx.array, mx.array, mx.array],
+    quant: KVQuant,
+    leaves: tuple[int, ...],
+    dtype: mx.Dtype,
+) -> QuantizedKVBlock:
+    """A block of exact mode's running codes, stacked, of KV in ``dtype``: stored as
+    ``quantized_block`` stores, since the running cache holds scales and biases as blocks
+    do (``quantized_batch_cache.scale_dtype``)."""
+    nbytes = sum(a.nbytes for a in (*keys, *values))
+    return QuantizedKVBlock(keys, values, nbytes, dtype, quant, leaves)
 
 
 def quantized_block(

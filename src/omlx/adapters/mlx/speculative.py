@@ -15,7 +15,8 @@ from this cache (the engine cuts blocks as it hands tokens out) holds a rejected
 
 Where it applies (``SpeculativeSteps._plan``): rows whose first token is out (a
 speculative step hands ``y`` out after the verify pass, which must not delay the first
-token), plain attention caches (``BatchKVCache``, trimmable; a hybrid's state layers
+token), plain attention caches (``BatchKVCache`` or exact mode's ``BatchQuantizedKVCache``,
+trimmable alike; a hybrid's state layers
 cannot be rolled back, a sliding window's buffer may have rotated), logits processors
 that are stateless or rewindable (penalties, the grammar mask, the reasoning budget), and
 at most ``max_rows`` rows: a batch's cache is trimmed as one, so every row keeps only as
@@ -39,6 +40,7 @@ from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
 
 from omlx.adapters.mlx import batch_rows
+from omlx.adapters.mlx.quantized_batch_cache import BatchQuantizedKVCache
 from omlx.adapters.mlx.sampling import CategoricalSampler, is_greedy
 from omlx.domain.speculation import (
     Acceptance,
@@ -48,6 +50,9 @@ from omlx.domain.speculation import (
 )
 
 log = logging.getLogger(__name__)
+
+# Batch caches a refused draft is trimmed from (each forgets its newest positions alike).
+_TRIMMABLE = (BatchKVCache, BatchQuantizedKVCache)
 
 
 class Proposer(Protocol):
@@ -177,7 +182,7 @@ class SpeculativeSteps:
         rows = [spec.row(uid) for uid in batch.uids]
         if any(r is None for r in rows) or any(t < 1 for t in batch._num_tokens):
             return None
-        if not all(type(c) is BatchKVCache for c in batch.prompt_cache):
+        if not all(type(c) in _TRIMMABLE for c in batch.prompt_cache):
             return None
         if not all(_rewindable(p) for ps in batch.logits_processors for p in ps or ()):
             return None

@@ -11,7 +11,12 @@ from omlx.adapters.mlx.sampling import Sampler, make_sampler
 
 
 def warm_up(
-    generator: Any, model: Any, token: int, greedy: Sampler, request_waiting: Callable[[], bool]
+    generator: Any,
+    model: Any,
+    token: int,
+    greedy: Sampler,
+    request_waiting: Callable[[], bool],
+    new_cache: Callable[[], list[Any]] | None = None,
 ) -> bool:
     """Pay the one-time costs before a request does; True if a request cut it short.
 
@@ -23,17 +28,18 @@ def warm_up(
     forward pass (~0.1 s for the default model on 2 CPU cores) and the whole of it costs
     more than the one-time costs it pays here (a 4- and a 12-token row, run to the end,
     made the first request after start-up 0.8-1 s slower). Nothing reaches the prefix
-    cache, the metrics or a client.
+    cache, the metrics or a client. ``new_cache`` makes the rows' caches as the engine
+    makes a request's (exact mode's quantized ones); None: mlx-lm's.
     """
     from mlx_lm.models.cache import make_prompt_cache
 
-    restored = make_prompt_cache(model)
+    restored = new_cache() if new_cache is not None else make_prompt_cache(model)
     model(mx.array([[token] * 2]), cache=restored)
     mx.eval([c.state for c in restored])
     uids = generator.insert_segments(
         [[[token] * 2], [[token] * 2]],
         max_tokens=[1, 1],
-        caches=[restored, None],
+        caches=[restored, new_cache() if new_cache is not None else None],
         all_tokens=[[token] * 2, []],
         samplers=[greedy, make_sampler(0.7, 0.95, 20, seed=0)],
     )
