@@ -73,6 +73,7 @@ def test_a_ram_hit_and_an_ssd_hit_after_a_restart_equal_the_miss(models, tmp_pat
     try:
         engine, prompt = s.engine, prompt_of(s.model)
         assert engine.config.exact_kv == KVQuant(bits, 32, "exact")
+        assert engine.config.speculation is None  # the server turns drafting off in exact mode
         miss = generate(engine, greedy_ids(prompt, TOKENS))
         kept = s.prefix_cache._kept  # the finished exact rows, kept for the next turn
         assert kept.nbytes > 0

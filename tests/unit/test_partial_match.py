@@ -148,11 +148,13 @@ def test_a_partial_match_from_disk_after_a_restart_is_read_verified_and_promoted
     hit = hit_session.hit
     partial_key = all_keys(restarted.namespace.digest, first, bs)[-1]
     assert (hit.cached_tokens, hit.cold_hits, hit.partial_tokens) == (2 * bs + 6, 2, 6)
+    assert hit.partial_from_disk  # a request's tier reads "ssd" even for a prompt under a block
     assert partial_key in cold.gets and partial_key in restarted.hot
     assert hit_session.restore() == query[: 2 * bs + 6]
     hit_session.close()
     reads = len(cold.gets)
-    assert restarted.begin(query).cached_tokens == 2 * bs + 6
+    again = restarted.begin(query)
+    assert again.cached_tokens == 2 * bs + 6 and not again.hit.partial_from_disk
     assert len(cold.gets) == reads  # the second time from RAM
 
 

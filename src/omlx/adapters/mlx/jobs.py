@@ -107,10 +107,12 @@ def _log_summary(job: Job, reason: str, model_id: str) -> None:
 
 
 def tier_of(job: Job) -> str:
-    """Where its restored prefix came from: "ssd" (some blocks read from disk), "hot" (RAM), "none"."""
+    """Where its restored prefix came from: "ssd" (some blocks read from disk, a partial
+    one included), "hot" (RAM), "none"."""
     if not job.cached_tokens or job.session is None:
         return "none"
-    return "ssd" if job.session.hit.cold_hits else "hot"
+    hit = job.session.hit
+    return "ssd" if hit.cold_hits or hit.partial_from_disk else "hot"
 
 
 def phases_of(job: Job) -> tuple[tuple[str, float], ...]:

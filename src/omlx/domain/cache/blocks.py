@@ -117,6 +117,7 @@ class PrefixHit:
     windows: tuple[Any, ...] = ()
     state: Any = None
     matched: int = 0
+    partial_from_disk: bool = False  # the partial block was read from the cold tier
 
     @property
     def lost_tokens(self) -> int:

@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import closing
+from dataclasses import replace
 from typing import Any
 
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo, PrefixHit
@@ -126,7 +127,10 @@ class PrefixMatcher:
         if self._cold is not None and hot_keys and store:
             self._cold.touch(hot_keys)  # served from RAM: keep them young on disk too
         matched = n_full * self.block_size + (match.shared if match is not None else 0)
-        return self._record_hit(len(tokens), keys, payloads, n_hot, cold_hits, partial, point, matched)
+        hit = self._record_hit(len(tokens), keys, payloads, n_hot, cold_hits, partial, point, matched)
+        if partial and match is not None and not match.from_hot:
+            hit = replace(hit, partial_from_disk=True)
+        return hit
 
     def release(self, hit: PrefixHit) -> None:
         """Unpin the hit's blocks; releasing twice is harmless."""
