@@ -190,7 +190,20 @@ def timed_greedy(model, cache, last_logits, n: int) -> tuple[list[int], float]:
     return out, (time.perf_counter() - started) / n
 
 
-def running_modes(model, context: int, n: int, modes: list[str], out: Path | None) -> None:
+def running_perplexity(model, quant: KVQuant | None, prefix: list[int], scored: list[int]) -> float:
+    """Perplexity of ``scored`` after ``prefix``, everything computed in the mode's running
+    cache (exact mode: every layer attends to quantized KV, the scored tokens' own too)."""
+    cache = batch_cache(model, quant)
+    logits = None
+    for start in range(0, len(prefix), 256):
+        logits = model.model(mx.array(prefix[start : start + 256])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    return math.exp(nll(model, cache, scored, logits[0, -1:]))
+
+
+def running_modes(
+    model, context: int, n: int, modes: list[str], out: Path | None, scored: int = 0
+) -> None:
     """The running cache per ``kv_mode``: RAM, prefill and decode speed, agreement, hit == miss.
 
     The prompt is ``context`` tokens of stdlib source and one more: the miss prefills the
@@ -198,8 +211,8 @@ def running_modes(model, context: int, n: int, modes: list[str], out: Path | Non
     restores the context from block files cut from the miss's running cache and runs the
     same last token. Both decode ``n`` greedy tokens.
     """
-    tokens = corpus_tokens(model.tokenizer, context + 1)
-    prefix, last = tokens[:context], tokens[context:]
+    tokens = corpus_tokens(model.tokenizer, context + 1 + scored)
+    prefix, last, after = tokens[:context], tokens[context : context + 1], tokens[context:]
     result: dict = {"context": context, "greedy_tokens": n, "modes": {}}
     baseline = None
     for name in modes:
@@ -230,6 +243,8 @@ def running_modes(model, context: int, n: int, modes: list[str], out: Path | Non
             "hit_leading_agreement": _leading(hit, miss),
             "leading_agreement_with_first": _leading(miss, baseline),
         }
+        if scored:
+            row["perplexity"] = round(running_perplexity(model, quant, prefix, after[:scored]), 4)
         result["modes"][name] = row
         print(name, json.dumps(row), flush=True)
         del cache, hit_cache, restored
@@ -265,7 +280,9 @@ def main() -> None:
     if args.chat:
         return chat_agreement(model, args.greedy, args.out)
     if args.running:
-        return running_modes(model, args.context, args.greedy, args.modes.split(","), args.out)
+        return running_modes(
+            model, args.context, args.greedy, args.modes.split(","), args.out, args.scored
+        )
     config = model.config
     layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
