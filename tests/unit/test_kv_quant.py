@@ -79,6 +79,8 @@ def test_kv_mode_is_auto_by_default_and_auto_is_store_on_the_cpu_exact_on_a_gpu(
     assert settings.kv_mode == "auto"
     assert resolve_kv_mode("auto", gpu=False) == "store"
     assert resolve_kv_mode("auto", gpu=True) == "exact"
+    assert resolve_kv_mode("auto", gpu=True, bits=4) == "store"  # exact-4 costs 14% perplexity
+    assert resolve_kv_mode("exact", gpu=False, bits=4) == "exact"  # asked for: as asked
     assert resolve_kv_mode("EXACT", gpu=False) == "exact"
     folder = tmp_path / "model"
     folder.mkdir()
@@ -86,6 +88,8 @@ def test_kv_mode_is_auto_by_default_and_auto_is_store_on_the_cpu_exact_on_a_gpu(
     assert kv_quant_for(folder, settings.kv_quant, settings.kv_mode, gpu=True) == KVQuant(
         8, 64, "exact"
     )
+    (folder / "omlx.json").write_text('{"kv_bits": 4}')  # auto at 4 bits: store, even on a GPU
+    assert kv_quant_for(folder, settings.kv_quant, settings.kv_mode, gpu=True) == KVQuant(4, 64)
 
 
 def test_kv_mode_from_flags_env_toml_and_a_models_omlx_json(tmp_path) -> None:

@@ -8,6 +8,7 @@ the shared parts, and the services its API endpoints call.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -329,7 +330,12 @@ def kv_quant_for(
     try:
         mode = declared.get("kv_mode", kv_mode)
         resolved = None if mode is None else resolve_kv_mode(mode, gpu)
-        return model_override(declared, default, resolved)
+        quant = model_override(declared, default, resolved)
+        if quant is not None and mode is not None:  # auto also depends on the bits
+            final = resolve_kv_mode(mode, gpu, quant.bits)
+            if final != quant.mode:
+                quant = dataclasses.replace(quant, mode=final)
+        return quant
     except ValueError as exc:  # a bad kv_bits or kv_mode: name the file that set it
         raise ValueError(f"{declared_file}: {exc}" if declared else str(exc)) from exc
 
