@@ -44,9 +44,9 @@ from omlx.adapters.blockfiles.format import (
 from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.batch_rows import RowView
 from omlx.adapters.mlx.cache_layout import ModelLayout, flat_leaves, plain_layout
+from omlx.adapters.mlx.kv_join import dtype_of, from_host, join_leaves, to_host
 from omlx.adapters.mlx.kv_quantized import (
     QuantizedKVBlock,
-    dequantize_side,
     exact_block,
     quantizable,
     quantized_block,
@@ -219,7 +219,7 @@ class MLXKVCodec:
         first = _groups(payloads[0]) if payloads else ()
         kv_dtypes = {leaf: g.dtype for g in first for leaf in g.leaves or range(g.layer_count)}
         spare = room + KVCache.step if room else 0
-        for leaf_index, keys, values in _joined(payloads, exact, spare):
+        for leaf_index, keys, values in join_leaves([_groups(p) for p in payloads], exact, spare):
             if isinstance(keys, tuple):  # exact mode: the codes go back as they were cut
                 quant, dtype = self.kv_quant, kv_dtypes[leaf_index]
                 built[leaf_index] = ExactKVCache.of(
@@ -227,7 +227,7 @@ class MLXKVCodec:
                 )
                 continue
             built[leaf_index] = with_room(keys, values, position)
-        window_rows = _joined(windows) if windows else []
+        window_rows = join_leaves([_groups(w) for w in windows]) if windows else []
         for leaf_index, keys, values in window_rows:
             size = layout.leaves[leaf_index].window
             keep = min(position, size, keys.shape[2])
@@ -282,7 +282,7 @@ class MLXKVCodec:
                 slots.append([leaf, len(arrays)])
                 for j, array in enumerate(arrays):
                     if array is not None:
-                        host = _to_host(array)
+                        host = to_host(array)
                         tensors[f"s.{leaf}.{j}"] = RawTensor(
                             _st_dtype(array), host.shape, memoryview(host)
                         )
@@ -295,7 +295,7 @@ class MLXKVCodec:
         leaves: list[int] = []
         layers: list[tuple[RawTensor, RawTensor]] = []
         for g in groups:
-            keys, values = _to_host(g.keys), _to_host(g.values)
+            keys, values = to_host(g.keys), to_host(g.values)
             name = _st_name(g.dtype)
             for row, leaf in enumerate(g.leaves or range(g.layer_count)):
                 leaves.append(leaf)
@@ -322,8 +322,8 @@ class MLXKVCodec:
         layers: list[tuple[RawTensor, RawTensor]] = []
         parts: list[tuple[RawTensor, RawTensor, RawTensor, RawTensor]] = []
         for g in groups:
-            k = [(_to_host(a), _st_name(_dtype_of(a))) for a in g.keys]
-            v = [(_to_host(a), _st_name(_dtype_of(a))) for a in g.values]
+            k = [(to_host(a), _st_name(dtype_of(a))) for a in g.keys]
+            v = [(to_host(a), _st_name(dtype_of(a))) for a in g.values]
             for row, leaf in enumerate(g.leaves or range(g.layer_count)):
                 leaves.append(leaf)
                 k_t, k_s, k_b = (RawTensor(n, h.shape[1:], memoryview(h[row])) for h, n in k)
@@ -378,83 +378,6 @@ def _shape_groups(leaves: list[int], slices: list[tuple[mx.array, mx.array]]) ->
     return list(groups.values())
 
 
-def _joined(
-    payloads: Sequence[Any], exact: bool = False, room: int = 0
-) -> list[tuple[int, Any, Any]]:
-    """Each leaf's blocks joined along positions: (leaf, keys, values) as MLX arrays (exact
-    mode's quantized leaves: (codes, scales, biases) per side).
-
-    ``room``: zeroed positions after the joined ones (only the restored positions are KV);
-    not for exact mode's codes.
-    """
-    first = _groups(payloads[0])
-    out = []
-    for g_index, group in enumerate(first):
-        if isinstance(group, QuantizedKVBlock):
-            out.extend(_joined_quantized([_groups(p)[g_index] for p in payloads], exact, room))
-            continue
-        keys = [_host(_groups(p)[g_index].keys) for p in payloads]
-        values = [_host(_groups(p)[g_index].values) for p in payloads]
-        # One host buffer per side, reused by every leaf: the gather stays in the CPU's
-        # cache and MLX copies each leaf out of it once.
-        k_join, v_join = _join_buffer(keys, room), _join_buffer(values, room)
-        held = k_join.shape[2] - room
-        for row, leaf in enumerate(group.leaves or range(group.layer_count)):
-            np.concatenate([k[row] for k in keys], axis=2, out=k_join[:, :, :held])
-            np.concatenate([v[row] for v in values], axis=2, out=v_join[:, :, :held])
-            out.append((leaf, _from_host(k_join, group.dtype), _from_host(v_join, group.dtype)))
-    return out
-
-
-def _joined_quantized(
-    blocks: list[QuantizedKVBlock], exact: bool, room: int = 0
-) -> list[tuple[int, Any, Any]]:
-    """One group's quantized blocks joined per leaf on the host, then dequantized by MLX
-    (``exact``: kept as codes, scales and biases in the running cache's dtype; else
-    ``room``: zeroed positions after them, as ``_joined``)."""
-    group = blocks[0]
-    sides = []
-    for side in ("keys", "values"):
-        components = []
-        for c in range(3):
-            hosts = [_host(getattr(b, side)[c]) for b in blocks]
-            components.append((hosts, _join_buffer(hosts), _dtype_of(getattr(group, side)[c])))
-        sides.append(components)
-    out = []
-    for row, leaf in enumerate(group.leaves or range(group.layer_count)):
-        restored = []
-        for components in sides:
-            arrays = [
-                _from_host(np.concatenate([h[row] for h in hosts], axis=2, out=buffer), dtype)
-                for hosts, buffer, dtype in components
-            ]
-            if exact:  # as the running cache holds them: no cast, no dequantize
-                restored.append(tuple(arrays))
-                continue
-            side = dequantize_side(*arrays, group.quant, group.dtype)
-            if room:
-                pad = mx.zeros((*side.shape[:2], room, side.shape[3]), side.dtype)
-                side = mx.concatenate([side, pad], axis=2)
-            restored.append(side)
-        out.append((leaf, restored[0], restored[1]))
-    return out
-
-
-# A quantized component read from a file: its numpy dtype names its MLX one (scales and
-# biases are never integers, so uint16 is bf16's bits).
-_MX_OF_NP = {
-    np.dtype(np.uint32): mx.uint32,
-    np.dtype(np.float32): mx.float32,
-    np.dtype(np.float16): mx.float16,
-    np.dtype(np.uint16): mx.bfloat16,
-}
-
-
-def _dtype_of(array: Any) -> mx.Dtype:
-    """The MLX dtype of a live component or of one read from a file (a numpy view)."""
-    return _MX_OF_NP[array.dtype] if isinstance(array, np.ndarray) else array.dtype
-
-
 def _rebuild(entry: Any, built: dict[int, Any]) -> Any:
     if isinstance(entry, tuple):
         return CacheList(*(_rebuild(e, built) for e in entry))
@@ -472,41 +395,10 @@ def _st_dtype(array: Any) -> str:
     return _st_name(array[1] if isinstance(array, tuple) else array.dtype)
 
 
-def _host(array: mx.array | np.ndarray) -> np.ndarray:
-    return _to_host(array)
-
-
-def _to_host(array: Any) -> np.ndarray:
-    """A zero-copy numpy view (an MLX array evaluated here if lazy); bf16 as its uint16 bits."""
-    if isinstance(array, tuple):  # (numpy view, dtype) read from disk
-        return array[0]
-    if isinstance(array, np.ndarray):
-        return array
-    if array.dtype == mx.bfloat16:
-        array = array.view(mx.uint16)
-    mx.eval(array)
-    return np.asarray(array)
-
-
 def _to_mlx(array: Any) -> mx.array:
     if isinstance(array, tuple):
-        return _from_host(array[0], array[1])
+        return from_host(array[0], array[1])
     return array
-
-
-def _join_buffer(blocks: list[np.ndarray], room: int = 0) -> np.ndarray:
-    """Space for one leaf of ``blocks`` joined along the position axis, and ``room`` zeros after."""
-    _, batch, heads, _, dim = blocks[0].shape
-    held = sum(b.shape[3] for b in blocks)
-    buffer = np.empty((batch, heads, held + room, dim), blocks[0].dtype)
-    buffer[:, :, held:] = 0
-    return buffer
-
-
-def _from_host(host: np.ndarray, dtype: mx.Dtype) -> mx.array:
-    """One copy of ``host`` into MLX, reinterpreted as ``dtype`` (bf16 arrives as uint16)."""
-    array = mx.array(host)
-    return array.view(dtype) if dtype == mx.bfloat16 else array
 
 
 def _blocks_of(
