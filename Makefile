@@ -10,7 +10,12 @@ $(STAMP): pyproject.toml scripts/setup.sh
 serve: $(STAMP)
 	.venv/bin/omlx serve $(ARGS)
 
-test: $(STAMP)
+# The linter first: ruff's findings and any file the formatter would change fail the run.
+lint: $(STAMP)
+	.venv/bin/ruff check src tests bench migrations
+	.venv/bin/ruff format --check src tests bench migrations
+
+test: lint
 	.venv/bin/python -m pytest -q $(ARGS)
 
 # The benchmark set (docs/benchmarks.md): the `bench` extra, llama.cpp's server where it

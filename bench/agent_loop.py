@@ -119,7 +119,9 @@ def trial(peer: str, round_: int, ctx: dict[str, Any]) -> dict[str, Any]:
     try:
         first = make_server(peer, trial_dir, "start-1", ctx)
         servers.append(first)
-        model, out["first_startup_s"] = timed_start(peer, first, ctx, f"{peer} (round {round_ + 1}), first start")
+        model, out["first_startup_s"] = timed_start(
+            peer, first, ctx, f"{peer} (round {round_ + 1}), first start"
+        )
         first.wait_idle()  # the turns below time requests, not the end of start-up work
         messages = [{"role": "system", "content": system}]
         last_prompt: list[dict[str, str]] = []
@@ -150,7 +152,9 @@ def trial(peer: str, round_: int, ctx: dict[str, Any]) -> dict[str, Any]:
         # used (omlx: with its prepared copy; mlx_lm.server reads the folder converted once).
         third = make_server(peer, trial_dir, "start-3", ctx)
         servers.append(third)
-        _, out["startup_s"] = timed_start(peer, third, ctx, f"{peer} (round {round_ + 1}), later start")
+        _, out["startup_s"] = timed_start(
+            peer, third, ctx, f"{peer} (round {round_ + 1}), later start"
+        )
         out["port_open_s"], out["ready_s"] = third.started_s, third.ready_s
         third.stop()
     finally:

@@ -71,27 +71,57 @@ def model_target(kind: str, layers: int | None) -> dict[str, Any]:
     tokenizer_folder = ensure_mlx_lm_folder()
     if kind == "default":
         config = __import__("json").loads((tokenizer_folder / "config.json").read_text())
-        kv = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 4
-        return {"kind": kind, "folder": tokenizer_folder, "gguf": default_gguf(), "omlx_model": None,
-                "kv_bytes_per_token": kv, "context": config["max_position_embeddings"],
-                "geometry": {k: config[k] for k in ("num_hidden_layers", "num_key_value_heads", "head_dim")}}
+        kv = (
+            2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 4
+        )
+        return {
+            "kind": kind,
+            "folder": tokenizer_folder,
+            "gguf": default_gguf(),
+            "omlx_model": None,
+            "kv_bytes_per_token": kv,
+            "context": config["max_position_embeddings"],
+            "geometry": {
+                k: config[k] for k in ("num_hidden_layers", "num_key_value_heads", "head_dim")
+            },
+        }
     g = bench_models.geometry(kind, layers)
     folder = bench_models.build(g, tokenizer_folder, default_gguf())
-    return {"kind": kind, "folder": folder, "gguf": folder / "model.gguf", "omlx_model": folder,
-            "kv_bytes_per_token": g.kv_bytes_per_token, "context": g.context,
-            "geometry": {"layers": g.layers, "kv_heads": g.kv_heads, "head_dim": g.head_dim,
-                         "hidden": g.hidden, "dtype": g.dtype}}
+    return {
+        "kind": kind,
+        "folder": folder,
+        "gguf": folder / "model.gguf",
+        "omlx_model": folder,
+        "kv_bytes_per_token": g.kv_bytes_per_token,
+        "context": g.context,
+        "geometry": {
+            "layers": g.layers,
+            "kv_heads": g.kv_heads,
+            "head_dim": g.head_dim,
+            "hidden": g.hidden,
+            "dtype": g.dtype,
+        },
+    }
 
 
-def make_server(peer: str, target: dict[str, Any], run_dir: Path, log: str, n_ctx: int, extra: dict) -> Server:
+def make_server(
+    peer: str, target: dict[str, Any], run_dir: Path, log: str, n_ctx: int, extra: dict
+) -> Server:
     log_path = run_dir / f"{log}.log"
     if peer == "omlx":
         model = ["--model", str(target["omlx_model"])] if target["omlx_model"] else []
-        return omlx_server(free_port(), run_dir / "cache", log_path, [*model, *extra.get("omlx", [])])
+        return omlx_server(
+            free_port(), run_dir / "cache", log_path, [*model, *extra.get("omlx", [])]
+        )
     if peer == "mlx_lm.server":
         return mlx_lm_server(free_port(), target["folder"], log_path, extra.get("mlx_lm", []))
-    return llama_cpp_server(free_port(), target["gguf"], log_path, run_dir / "llama",
-                            ["--n_ctx", str(n_ctx), *extra.get("llama_cpp", [])])
+    return llama_cpp_server(
+        free_port(),
+        target["gguf"],
+        log_path,
+        run_dir / "llama",
+        ["--n_ctx", str(n_ctx), *extra.get("llama_cpp", [])],
+    )
 
 
 def served_model(peer: str, server: Server, target: dict[str, Any]) -> str:
@@ -140,7 +170,9 @@ def floor_probe(step: Step) -> list[dict[str, str]]:
     return messages
 
 
-def run_trace(peer: str, round_: int, target: dict[str, Any], steps: list[Step], ctx: dict) -> dict[str, Any]:
+def run_trace(
+    peer: str, round_: int, target: dict[str, Any], steps: list[Step], ctx: dict
+) -> dict[str, Any]:
     """One peer through the whole trace on a fresh cache: a row per step, footprint over the run."""
     run_dir = ctx["workdir"] / f"{target['kind']}-round{round_}-{peer}"
     n_ctx = ctx["n_ctx"]
@@ -154,7 +186,11 @@ def run_trace(peer: str, round_: int, target: dict[str, Any], steps: list[Step],
         server.start()
         model = served_model(peer, server, target)
         for step in steps:
-            row: dict[str, Any] = {"label": step.label, "session": step.session, "after": step.after}
+            row: dict[str, Any] = {
+                "label": step.label,
+                "session": step.session,
+                "after": step.after,
+            }
             if step.restart_before:
                 server.stop()
                 server = make_server(peer, target, run_dir, "start-2", n_ctx, ctx["extra"])
@@ -174,17 +210,25 @@ def run_trace(peer: str, round_: int, target: dict[str, Any], steps: list[Step],
                 row["hot_tier_bytes"] = int(after["hot_bytes"])
                 row["hot_tier_max_bytes"] = int(after["hot_max_bytes"])
                 if ctx["floor"] and step.session == "main" and step.shared_with_previous:
-                    probe = stream_chat(server.base_url, model, floor_probe(step), step.max_tokens, timeout=1800)
+                    probe = stream_chat(
+                        server.base_url, model, floor_probe(step), step.max_tokens, timeout=1800
+                    )
                     row["floor_ttft"] = probe.ttft
                     row["floor_cached"] = probe.cached_tokens
             row["rss_bytes"] = rss_bytes(server)
             row["disk_bytes"] = disk_bytes(cache_dir)
             rows.append(row)
-            print(f"  {peer} {step.label}: TTFT {r.ttft:.2f} s, prompt {r.prompt_tokens}, cached "
-                  f"{r.cached_tokens}, shared {row['shared_tokens']}"
-                  + (f", floor {row['floor_ttft']:.2f} s" if "floor_ttft" in row else "")
-                  + (f", read hot {row['hot_blocks_read']} ssd {row['ssd_blocks_read']} blocks"
-                     if "hot_blocks_read" in row else ""), flush=True)
+            print(
+                f"  {peer} {step.label}: TTFT {r.ttft:.2f} s, prompt {r.prompt_tokens}, cached "
+                f"{r.cached_tokens}, shared {row['shared_tokens']}"
+                + (f", floor {row['floor_ttft']:.2f} s" if "floor_ttft" in row else "")
+                + (
+                    f", read hot {row['hot_blocks_read']} ssd {row['ssd_blocks_read']} blocks"
+                    if "hot_blocks_read" in row
+                    else ""
+                ),
+                flush=True,
+            )
         server.stop()
     finally:
         for s in servers:
@@ -197,8 +241,13 @@ def run_trace(peer: str, round_: int, target: dict[str, Any], steps: list[Step],
 
 def result_row(r: ChatResult, step: Step, count) -> dict[str, Any]:
     shared = count(chatml(step.shared_with_previous, False)) if step.shared_with_previous else 0
-    row = {"ttft": r.ttft, "total": r.total, "prompt_tokens": r.prompt_tokens,
-           "cached_tokens": r.cached_tokens, "shared_tokens": shared}
+    row = {
+        "ttft": r.ttft,
+        "total": r.total,
+        "prompt_tokens": r.prompt_tokens,
+        "cached_tokens": r.cached_tokens,
+        "shared_tokens": shared,
+    }
     if shared and r.cached_tokens is not None:
         row["reused_share"] = min(r.cached_tokens, shared) / shared
     return row
@@ -225,15 +274,22 @@ def distinct_tokens(prompts: list[list[dict[str, str]]], count_ids) -> int:
         ids = count_ids(chatml(messages))
         key = ""
         for i in range(0, len(ids), BLOCK):
-            key = hashlib.sha256((key + repr(ids[i : i + BLOCK])).encode()).hexdigest()  # a chain, as omlx keys
+            key = hashlib.sha256(
+                (key + repr(ids[i : i + BLOCK])).encode()
+            ).hexdigest()  # a chain, as omlx keys
             if key not in seen:
                 seen.add(key)
                 total += len(ids[i : i + BLOCK])
     return total
 
 
-def run_model(kind: str, args: argparse.Namespace, peers: list[str], workdir: Path,
-              checkpoint=lambda model: None) -> dict[str, Any]:
+def run_model(
+    kind: str,
+    args: argparse.Namespace,
+    peers: list[str],
+    workdir: Path,
+    checkpoint=lambda model: None,
+) -> dict[str, Any]:
     target = model_target(kind, args.layers if kind == "8b-geometry" else None)
     tokenizer = Tokenizer.from_file(str(target["folder"] / "tokenizer.json"))
 
@@ -244,16 +300,32 @@ def run_model(kind: str, args: argparse.Namespace, peers: list[str], workdir: Pa
         return len(ids(text))
 
     scale = args.scales.get(kind, DEFAULT_SCALE[kind])
-    steps = build_trace(count, scale=scale, main_turns=args.main_turns, text_commit=args.text_commit)
+    steps = build_trace(
+        count, scale=scale, main_turns=args.main_turns, text_commit=args.text_commit
+    )
     longest = max(count(chatml(s.messages)) for s in steps)
     n_ctx = min(target["context"], -(-(longest + 256) // 1024) * 1024)
     if longest + 64 > target["context"]:
-        raise SystemExit(f"{kind}: the trace reaches {longest} tokens, over the model's {target['context']}")
-    print(f"\n## {kind}: {target['geometry']}, {target['kv_bytes_per_token']} B of KV per token; "
-          f"scale {scale}: {len(steps)} requests, main session {count(chatml(steps[0].messages))} -> "
-          f"{longest} tokens", flush=True)
-    ctx = {"workdir": workdir, "count": count, "n_ctx": n_ctx, "floor": not args.no_floor,
-           "extra": {"omlx": args.omlx_arg, "mlx_lm": args.mlx_lm_arg, "llama_cpp": args.llama_cpp_arg}}
+        raise SystemExit(
+            f"{kind}: the trace reaches {longest} tokens, over the model's {target['context']}"
+        )
+    print(
+        f"\n## {kind}: {target['geometry']}, {target['kv_bytes_per_token']} B of KV per token; "
+        f"scale {scale}: {len(steps)} requests, main session {count(chatml(steps[0].messages))} -> "
+        f"{longest} tokens",
+        flush=True,
+    )
+    ctx = {
+        "workdir": workdir,
+        "count": count,
+        "n_ctx": n_ctx,
+        "floor": not args.no_floor,
+        "extra": {
+            "omlx": args.omlx_arg,
+            "mlx_lm": args.mlx_lm_arg,
+            "llama_cpp": args.llama_cpp_arg,
+        },
+    }
     runs: list[dict[str, Any]] = []
     model = {"model": kind, "geometry": target["geometry"], "scale": scale, "runs": runs}
     for round_, peer in interleaved(peers, args.repeats):
@@ -270,9 +342,16 @@ def run_model(kind: str, args: argparse.Namespace, peers: list[str], workdir: Pa
         "weights_bytes": weights,
         "scale": scale,
         "n_ctx": n_ctx,
-        "steps": [{"label": s.label, "session": s.session, "after": s.after,
-                   "prompt_tokens": count(chatml(s.messages)), "restart_before": s.restart_before}
-                  for s in steps],
+        "steps": [
+            {
+                "label": s.label,
+                "session": s.session,
+                "after": s.after,
+                "prompt_tokens": count(chatml(s.messages)),
+                "restart_before": s.restart_before,
+            }
+            for s in steps
+        ],
         "distinct_tokens": distinct_tokens(prompts, ids),
         "runs": runs,
     }
@@ -283,7 +362,9 @@ def parse_scales(values: list[str]) -> dict[str, float]:
     for v in values:
         kind, _, number = v.partition("=")
         if kind not in DEFAULT_SCALE or not number:
-            raise SystemExit(f"--scale takes MODEL=FACTOR with MODEL one of {sorted(DEFAULT_SCALE)}, not {v!r}")
+            raise SystemExit(
+                f"--scale takes MODEL=FACTOR with MODEL one of {sorted(DEFAULT_SCALE)}, not {v!r}"
+            )
         out[kind] = float(number)
     return out
 
@@ -298,11 +379,17 @@ def replot(paths: list[Path], out: Path | None) -> None:
     for extra in results[1:]:
         merged["peers"] += [p for p in extra["peers"] if p not in merged["peers"]]
         merged["skipped"] = {k: v for k, v in merged["skipped"].items() if k not in extra["peers"]}
-        merged.setdefault("merged_from", []).append({"args": extra["args"], "git_sha": extra.get("git_sha")})
+        merged.setdefault("merged_from", []).append(
+            {"args": extra["args"], "git_sha": extra.get("git_sha")}
+        )
         for m in extra["models"]:
             if m["model"] in by_name:
-                by_name[m["model"]]["runs"] += [r for r in m["runs"] if r["peer"] != "omlx" or
-                                                 not any(x["peer"] == "omlx" for x in by_name[m["model"]]["runs"])]
+                by_name[m["model"]]["runs"] += [
+                    r
+                    for r in m["runs"]
+                    if r["peer"] != "omlx"
+                    or not any(x["peer"] == "omlx" for x in by_name[m["model"]]["runs"])
+                ]
             else:
                 merged["models"].append(m)
     merged["verdicts"] = verdicts(merged)
@@ -313,23 +400,39 @@ def replot(paths: list[Path], out: Path | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="long,8b-geometry", help="comma-separated: long, 8b-geometry, default")
-    parser.add_argument("--scale", action="append", default=[], help="MODEL=FACTOR of the recorded sizes")
-    parser.add_argument("--layers", type=int, default=None, help="8b-geometry's layers (default 24)")
+    parser.add_argument(
+        "--models", default="long,8b-geometry", help="comma-separated: long, 8b-geometry, default"
+    )
+    parser.add_argument(
+        "--scale", action="append", default=[], help="MODEL=FACTOR of the recorded sizes"
+    )
+    parser.add_argument(
+        "--layers", type=int, default=None, help="8b-geometry's layers (default 24)"
+    )
     parser.add_argument("--main-turns", type=int, default=12)
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-floor", action="store_true", help="skip omlx's floor probes")
-    parser.add_argument("--text-commit", default=None,
-                        help="take the trace's text from this commit (default: the working tree); "
-                        "runs to compare need the same")
-    parser.add_argument("--json", type=Path, default=None, help="default: bench/out/agent_trace.json")
+    parser.add_argument(
+        "--text-commit",
+        default=None,
+        help="take the trace's text from this commit (default: the working tree); "
+        "runs to compare need the same",
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="default: bench/out/agent_trace.json"
+    )
     parser.add_argument("--omlx-arg", action="append", default=[])
     parser.add_argument("--mlx-lm-arg", action="append", default=[])
     parser.add_argument("--llama-cpp-arg", action="append", default=[])
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (caches, logs)")
-    parser.add_argument("--replot", type=Path, nargs="+", default=None,
-                        help="no run: report and plot these JSON results (runs of one model merged)")
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="no run: report and plot these JSON results (runs of one model merged)",
+    )
     args = parser.parse_args()
     if args.replot:
         replot(args.replot, args.json)
@@ -345,9 +448,14 @@ def main() -> None:
     if "llama.cpp" in peers and llama_cpp_python() is None:
         peers.remove("llama.cpp")
         skipped["llama.cpp"] = "llama.cpp skipped: not built (scripts/install-llama-cpp.sh)"
-    result: dict[str, Any] = {"machine": machine_note(), "versions": versions(), "args": {
-        k: v for k, v in vars(args).items() if k != "scales"}, "peers": peers, "skipped": skipped,
-        "load_average_start": load_average()}
+    result: dict[str, Any] = {
+        "machine": machine_note(),
+        "versions": versions(),
+        "args": {k: v for k, v in vars(args).items() if k != "scales"},
+        "peers": peers,
+        "skipped": skipped,
+        "load_average_start": load_average(),
+    }
     print(f"machine: {result['machine']}; load average {result['load_average_start']}")
     for note in skipped.values():
         print(f"note: {note}")
@@ -356,8 +464,11 @@ def main() -> None:
     done: list[dict[str, Any]] = []
 
     def checkpoint(model: dict[str, Any]) -> None:
-        write_json("agent_trace_partial", {**result, "models": [*done, model]},
-                   args.json.with_name(args.json.stem + "_partial.json") if args.json else None)
+        write_json(
+            "agent_trace_partial",
+            {**result, "models": [*done, model]},
+            args.json.with_name(args.json.stem + "_partial.json") if args.json else None,
+        )
 
     try:
         for kind in models:
@@ -374,7 +485,9 @@ def main() -> None:
     report(result)
     write_json("agent_trace", result, args.json)
     plot(result)
-    print(f"wall time {result['wall_s']:.0f} s; load average at the end {result['load_average_end']}")
+    print(
+        f"wall time {result['wall_s']:.0f} s; load average at the end {result['load_average_end']}"
+    )
 
 
 if __name__ == "__main__":

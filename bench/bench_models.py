@@ -52,10 +52,26 @@ class Geometry:
 
 
 GEOMETRIES = {
-    "long": Geometry("long", layers=4, kv_heads=2, head_dim=64, heads=4, hidden=256,
-                     intermediate=512, context=131072),
-    "8b-geometry": Geometry("8b-geometry", layers=24, kv_heads=8, head_dim=128, heads=8,
-                            hidden=256, intermediate=512, context=32768),
+    "long": Geometry(
+        "long",
+        layers=4,
+        kv_heads=2,
+        head_dim=64,
+        heads=4,
+        hidden=256,
+        intermediate=512,
+        context=131072,
+    ),
+    "8b-geometry": Geometry(
+        "8b-geometry",
+        layers=24,
+        kv_heads=8,
+        head_dim=128,
+        heads=8,
+        hidden=256,
+        intermediate=512,
+        context=32768,
+    ),
 }
 
 
@@ -77,8 +93,14 @@ def _tensors(g: Geometry, vocab: int, seed: int = 0):
     def ones(n: int):
         return mx.ones((n,), dtype=dtype)
 
-    gguf = {"token_embd.weight": rand(vocab, g.hidden, scale=0.5), "output_norm.weight": ones(g.hidden)}
-    folder = {"model.embed_tokens.weight": gguf["token_embd.weight"], "model.norm.weight": gguf["output_norm.weight"]}
+    gguf = {
+        "token_embd.weight": rand(vocab, g.hidden, scale=0.5),
+        "output_norm.weight": ones(g.hidden),
+    }
+    folder = {
+        "model.embed_tokens.weight": gguf["token_embd.weight"],
+        "model.norm.weight": gguf["output_norm.weight"],
+    }
     q, kv = g.heads * g.head_dim, g.kv_heads * g.head_dim
     for i in range(g.layers):
         layer = {

@@ -129,7 +129,9 @@ class Server:
                 pass
             time.sleep(0.05)
         self.kill()
-        raise TimeoutError(f"{self.name} did not answer {self.ready_path} in {timeout}s:\n{self.log_tail()}")
+        raise TimeoutError(
+            f"{self.name} did not answer {self.ready_path} in {timeout}s:\n{self.log_tail()}"
+        )
 
     def wait_idle(self, quiet: float = 0.05, window: float = 1.0, timeout: float = 60.0) -> None:
         """Wait until the process burns under ``quiet`` CPU seconds per ``window`` (model loaded).

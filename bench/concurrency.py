@@ -58,25 +58,46 @@ from common import (
 from summary import fmt_spread, out_path, summarize, write_json
 
 TOPICS = [
-    "a lighthouse keeper who collects maps", "a baker on the moon", "two rival clockmakers",
-    "a river that flows uphill", "a librarian who hears books", "a lost robot in a desert",
-    "a city built on whales", "a chess game lasting a century",
+    "a lighthouse keeper who collects maps",
+    "a baker on the moon",
+    "two rival clockmakers",
+    "a river that flows uphill",
+    "a librarian who hears books",
+    "a lost robot in a desert",
+    "a city built on whales",
+    "a chess game lasting a century",
 ]
 
 
 def prompts(n: int, rep: int) -> list[list[dict[str, str]]]:
     return [
-        [{"role": "user", "content": f"Story {rep}.{i}: write a long, detailed story about {TOPICS[i % len(TOPICS)]}."}]
+        [
+            {
+                "role": "user",
+                "content": f"Story {rep}.{i}: write a long, detailed story about {TOPICS[i % len(TOPICS)]}.",
+            }
+        ]
         for i in range(n)
     ]
 
 
-def stream_times(base_url: str, model: str, messages: list[dict[str, str]], max_tokens: int) -> dict:
+def stream_times(
+    base_url: str, model: str, messages: list[dict[str, str]], max_tokens: int
+) -> dict:
     """One greedy streaming chat: when it was sent, and when each content chunk arrived."""
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+    }
     stamps: list[float] = []
     sent = time.perf_counter()
-    with httpx.Client(timeout=600) as client, client.stream("POST", base_url + "/v1/chat/completions", json=body) as r:
+    with (
+        httpx.Client(timeout=600) as client,
+        client.stream("POST", base_url + "/v1/chat/completions", json=body) as r,
+    ):
         if r.status_code != 200:
             r.read()
             raise RuntimeError(f"{base_url}: HTTP {r.status_code}: {r.text[:300]}")
@@ -123,7 +144,9 @@ def measure(servers: dict, n: int, tokens: int, reps: int) -> dict[str, dict]:
     for server, _ in servers.values():
         server.start()
     try:
-        models = {name: model or first_model(server.base_url) for name, (server, model) in servers.items()}
+        models = {
+            name: model or first_model(server.base_url) for name, (server, model) in servers.items()
+        }
         for name, (server, _) in servers.items():
             burst(server.base_url, models[name], 1, -1, 4)  # warm-up: first-request costs
         order = list(servers.items())
@@ -135,7 +158,9 @@ def measure(servers: dict, n: int, tokens: int, reps: int) -> dict[str, dict]:
                 rates[name].append(result["rate"])
                 counts[name].append(result["tokens"])
                 ttfts[name].append(result["ttft"])
-                cpu_ms[name].append(1000 * (process_cpu_seconds(server.proc.pid) - cpu) / result["tokens"])
+                cpu_ms[name].append(
+                    1000 * (process_cpu_seconds(server.proc.pid) - cpu) / result["tokens"]
+                )
     finally:
         for server, _ in servers.values():
             server.stop()
@@ -174,20 +199,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", default="1,2,4,8")
     parser.add_argument("--tokens", type=int, default=128, help="max_tokens per stream")
-    parser.add_argument("--reps", type=int, default=3, help="bursts per server and stream count (median)")
+    parser.add_argument(
+        "--reps", type=int, default=3, help="bursts per server and stream count (median)"
+    )
     parser.add_argument("--prefill-step", type=int, default=256)
     parser.add_argument("--mlx-folder", type=Path, default=Path("/tmp/omlx-bench/smollm2-mlx"))
-    parser.add_argument("--no-llama-cpp", action="store_true", help="leave llama.cpp out of 1 stream")
-    parser.add_argument("--json", type=Path, default=None, help="default: bench/out/concurrency.json")
+    parser.add_argument(
+        "--no-llama-cpp", action="store_true", help="leave llama.cpp out of 1 stream"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="default: bench/out/concurrency.json"
+    )
     args = parser.parse_args()
 
     folder = ensure_mlx_lm_folder(args.mlx_folder)
     counts = [int(x) for x in args.streams.split(",")]
     work = Path(tempfile.mkdtemp(prefix="omlx-concurrency-"))
     llama = llama_cpp_python() is not None and not args.no_llama_cpp
-    result = {"machine": machine_note(), "versions": versions(), "args": vars(args), "load_average_start": load_average()}
+    result = {
+        "machine": machine_note(),
+        "versions": versions(),
+        "args": vars(args),
+        "load_average_start": load_average(),
+    }
     print(result["machine"])
-    print(f"weights {folder}; {args.tokens} tokens per stream, {args.reps} bursts each, prefill step {args.prefill_step}")
+    print(
+        f"weights {folder}; {args.tokens} tokens per stream, {args.reps} bursts each, prefill step {args.prefill_step}"
+    )
     if not llama and not args.no_llama_cpp:
         print("note: llama.cpp not built (scripts/install-llama-cpp.sh): left out")
     rows, out = [], []
@@ -197,14 +235,18 @@ def main() -> None:
         servers = {
             "omlx": (
                 omlx_server(
-                    free_port(), work / f"cache-{n}", work / f"omlx-{n}.log",
+                    free_port(),
+                    work / f"cache-{n}",
+                    work / f"omlx-{n}.log",
                     ["--model", str(folder), "--max-concurrent-requests", str(n), *step],
                 ),
                 None,
             ),
             "mlx_lm.server": (
                 mlx_lm_server(
-                    free_port(), folder, work / f"mlx-lm-{n}.log",
+                    free_port(),
+                    folder,
+                    work / f"mlx-lm-{n}.log",
                     ["--decode-concurrency", str(n), "--prompt-concurrency", str(n), *step],
                 ),
                 "default_model",
@@ -212,7 +254,9 @@ def main() -> None:
         }
         if llama and n == 1:
             servers["llama.cpp"] = (
-                llama_cpp_server(free_port(), default_gguf(), work / "llama-cpp.log", work / "llama-cpp"),
+                llama_cpp_server(
+                    free_port(), default_gguf(), work / "llama-cpp.log", work / "llama-cpp"
+                ),
                 None,
             )
         measured = measure(servers, n, args.tokens, args.reps)
@@ -223,24 +267,42 @@ def main() -> None:
                 f"TTFT {m['ttft_s']:.2f} s, tokens {m['tokens']})",
                 flush=True,
             )
-        paired = statistics.median(a / b for a, b in zip(ours["rates"], theirs["rates"], strict=True))
+        paired = statistics.median(
+            a / b for a, b in zip(ours["rates"], theirs["rates"], strict=True)
+        )
         lc = measured.get("llama.cpp")
-        rows.append([
-            n, fmt_spread(ours["summary"], "", 1), fmt_spread(theirs["summary"], "", 1),
-            fmt_ratio(ours["rate"], theirs["rate"]), f"{paired:.2f}x",
-            fmt_spread(lc["summary"], "", 1) if lc else "-", fmt_ratio(ours["rate"], lc["rate"]) if lc else "-",
-            f"{ours['ttft_s']:.2f} / {theirs['ttft_s']:.2f}",
-        ])
+        rows.append(
+            [
+                n,
+                fmt_spread(ours["summary"], "", 1),
+                fmt_spread(theirs["summary"], "", 1),
+                fmt_ratio(ours["rate"], theirs["rate"]),
+                f"{paired:.2f}x",
+                fmt_spread(lc["summary"], "", 1) if lc else "-",
+                fmt_ratio(ours["rate"], lc["rate"]) if lc else "-",
+                f"{ours['ttft_s']:.2f} / {theirs['ttft_s']:.2f}",
+            ]
+        )
         out.append({"streams": n, **measured, "paired_ratio_mlx_lm": paired})
     result["results"] = out
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     result["load_average_end"] = load_average()
     print()
-    print(table(
-        ["streams", "omlx tok/s", "mlx_lm.server tok/s", "omlx/mlx_lm (medians)", "median paired ratio",
-         "llama.cpp tok/s", "omlx/llama.cpp", "TTFT s (omlx / mlx_lm)"],
-        rows,
-    ))
+    print(
+        table(
+            [
+                "streams",
+                "omlx tok/s",
+                "mlx_lm.server tok/s",
+                "omlx/mlx_lm (medians)",
+                "median paired ratio",
+                "llama.cpp tok/s",
+                "omlx/llama.cpp",
+                "TTFT s (omlx / mlx_lm)",
+            ],
+            rows,
+        )
+    )
     verdicts = []
     for entry in out:
         target = 1.1 if entry["streams"] >= 4 else 1.0

@@ -67,14 +67,18 @@ def omlx_rate(engine: MLXEngine, prompt: list[int], n: int) -> tuple[float, int]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="mlx-lm folder or .gguf (default: bundled SmolLM2)")
+    parser.add_argument(
+        "--model", default=None, help="mlx-lm folder or .gguf (default: bundled SmolLM2)"
+    )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None, help="default: bench/out/decode.json")
     args = parser.parse_args()
 
     model = load_model(args.model)
-    prompt = model.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
+    prompt = model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], add_generation_prompt=True
+    )
     engine = MLXEngine(model, None, EngineConfig(max_concurrent=1))
     engine.start()
     print(describe_blas())

@@ -68,7 +68,8 @@ def cases() -> dict[str, str]:
     return {
         "edit_call": code + "Rename the local variable `margin` to `common` in `dedent`. "
         "Reply with the whole rewritten function in a code block.",
-        "code_echo": code + "Repeat the function `fill` from the file above, exactly, in a code block.",
+        "code_echo": code
+        + "Repeat the function `fill` from the file above, exactly, in a code block.",
         "free_text": "Write a long story about a lighthouse keeper who collects maps. Use many details.",
         "explain": "Explain to a ten-year-old how a refrigerator keeps food cold, step by step.",
     }
@@ -155,7 +156,10 @@ def batched_rates(model, prompts: dict[str, list[int]], args) -> dict[str, dict]
         "max_rows 2": SpeculationConfig(max_rows=2),
         "--no-speculation": None,
     }
-    started = {k: MLXEngine(model, None, EngineConfig(max_concurrent=2, speculation=c)) for k, c in engines.items()}
+    started = {
+        k: MLXEngine(model, None, EngineConfig(max_concurrent=2, speculation=c))
+        for k, c in engines.items()
+    }
     rates: dict[str, list[float]] = {k: [] for k in engines}
     try:
         for engine in started.values():
@@ -164,7 +168,11 @@ def batched_rates(model, prompts: dict[str, list[int]], args) -> dict[str, dict]
         for i in range(args.rounds):
             for name, engine in started.items():
                 rates[name].append(omlx_pair(engine, pair, args.tokens))
-            print(f"round {i + 1} two streams tok/s: " + "  ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()), flush=True)
+            print(
+                f"round {i + 1} two streams tok/s: "
+                + "  ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()),
+                flush=True,
+            )
     finally:
         for engine in started.values():
             engine.stop()
@@ -180,17 +188,22 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(cases()), help="comma-separated subset")
     parser.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even if built")
     parser.add_argument(
-        "--batched", action="store_true",
+        "--batched",
+        action="store_true",
         help="also two streams at once (code_echo beside explain): speculation_max_rows 1 and 2, and off",
     )
-    parser.add_argument("--json", type=Path, default=None, help="default: bench/out/decode_spec.json")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="default: bench/out/decode_spec.json"
+    )
     args = parser.parse_args()
 
     model = load_model(None)
     tok = model.tokenizer
     chosen = {k: v for k, v in cases().items() if k in args.cases.split(",")}
     messages = {k: [{"role": "user", "content": v}] for k, v in chosen.items()}
-    prompts = {k: tok.apply_chat_template(m, add_generation_prompt=True) for k, m in messages.items()}
+    prompts = {
+        k: tok.apply_chat_template(m, add_generation_prompt=True) for k, m in messages.items()
+    }
     spec = MLXEngine(model, None, EngineConfig(max_concurrent=1, speculation=SpeculationConfig()))
     plain = MLXEngine(model, None, EngineConfig(max_concurrent=1))
     spec.start()
@@ -199,9 +212,14 @@ def main() -> None:
     if not args.no_llama_cpp and llama_cpp_python() is not None:
         work = OUT / "decode_spec-llama"
         llamas = {
-            "llama.cpp": llama_cpp_server(free_port(), default_gguf(), work / "plain.log", work / "plain"),
+            "llama.cpp": llama_cpp_server(
+                free_port(), default_gguf(), work / "plain.log", work / "plain"
+            ),
             "llama.cpp lookup": llama_cpp_server(
-                free_port(), default_gguf(), work / "lookup.log", work / "lookup",
+                free_port(),
+                default_gguf(),
+                work / "lookup.log",
+                work / "lookup",
                 ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", "10"],
             ),
         }
@@ -210,7 +228,10 @@ def main() -> None:
     elif not args.no_llama_cpp:
         print("note: llama.cpp not built (scripts/install-llama-cpp.sh): its columns are left out")
     print(describe_blas())
-    print(f"model {model.model_id}; prompts: " + ", ".join(f"{k} {len(p)} tokens" for k, p in prompts.items()))
+    print(
+        f"model {model.model_id}; prompts: "
+        + ", ".join(f"{k} {len(p)} tokens" for k, p in prompts.items())
+    )
     peers = ["omlx", "omlx --no-speculation", "mlx_lm.generate", *llamas]
     rates: dict[str, dict[str, list[float]]] = {c: {p: [] for p in peers} for c in prompts}
     texts: dict[str, dict[str, set[str]]] = {c: {"spec": set(), "plain": set()} for c in prompts}
@@ -234,7 +255,10 @@ def main() -> None:
                 for name, server in llamas.items():
                     rates[case][name].append(llama_run(server, tok, messages[case], args.tokens))
                 line = "  ".join(f"{p} {rates[case][p][-1]:6.1f}" for p in peers)
-                print(f"round {i + 1} {case:10} tok/s: {line}  (drafts accepted {acceptance[case][-1]:.0%})", flush=True)
+                print(
+                    f"round {i + 1} {case:10} tok/s: {line}  (drafts accepted {acceptance[case][-1]:.0%})",
+                    flush=True,
+                )
         batched = batched_rates(model, prompts, args) if args.batched else {}
     finally:
         spec.stop()

@@ -175,7 +175,9 @@ def main() -> None:
     parser.add_argument(
         "--chars", type=int, default=2400, help="~2,000 tokens of the tiny tokenizer"
     )
-    parser.add_argument("--json", type=Path, default=None, help="default: bench/out/hybrid_loop.json")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="default: bench/out/hybrid_loop.json"
+    )
     args = parser.parse_args()
     result = {"machine": machine_note(), "versions": versions(), "load_before": load_average()}
     result["families"] = [run_family(f, args.chars) for f in args.families]

@@ -248,7 +248,15 @@ def long_prompt_lookups(folder: Path, rows: int, reps: int) -> dict[str, Any]:
             "INSERT INTO blocks (key, namespace, parent_key, token_count, nbytes, checksum, relpath, "
             "created_at, last_access, hit_count, kind) VALUES (?, ?, ?, 64, 4096, ?, ?, ?, ?, 0, 'kv')",
             [
-                (k, NS, keys[i - 1] if i else NS, k, f"{NS_NAME}-{NS[:12]}/{k[:2]}/{k}.safetensors", now, now)
+                (
+                    k,
+                    NS,
+                    keys[i - 1] if i else NS,
+                    k,
+                    f"{NS_NAME}-{NS[:12]}/{k[:2]}/{k}.safetensors",
+                    now,
+                    now,
+                )
                 for i, k in enumerate(keys)
             ],
         )
@@ -285,12 +293,17 @@ def long_prompt_lookups(folder: Path, rows: int, reps: int) -> dict[str, Any]:
     }
     try:
         for _ in range(reps):
-            turn = [*tokens, *(rng.randrange(49_152) for _ in range(40))]  # the next turn's new text
+            turn = [
+                *tokens,
+                *(rng.randrange(49_152) for _ in range(40)),
+            ]  # the next turn's new text
             t0 = time.perf_counter()
             session = cache.begin(turn)
             times["64k prompt, all in RAM"].append(1000 * (time.perf_counter() - t0))
             if session.cached_tokens != LONG_PROMPT:
-                raise SystemExit(f"the RAM lookup found {session.cached_tokens} of {LONG_PROMPT} tokens")
+                raise SystemExit(
+                    f"the RAM lookup found {session.cached_tokens} of {LONG_PROMPT} tokens"
+                )
             session.close()
             fresh = [rng.randrange(49_152) for _ in range(LONG_PROMPT)]
             t0 = time.perf_counter()
@@ -299,7 +312,9 @@ def long_prompt_lookups(folder: Path, rows: int, reps: int) -> dict[str, Any]:
             session.close()
             t0 = time.perf_counter()
             found = index.get_blocks(chain_keys(NS, turn, 64))
-            times["64k prompt, on disk: keys + index rows"].append(1000 * (time.perf_counter() - t0))
+            times["64k prompt, on disk: keys + index rows"].append(
+                1000 * (time.perf_counter() - t0)
+            )
             if len(found) != len(keys):
                 raise SystemExit(f"{len(found)} of {len(keys)} rows found")
     finally:

@@ -56,7 +56,9 @@ BLOCK = 64
 def corpus_tokens(tokenizer, n: int) -> list[int]:
     """``n`` tokens of CPython's own sources (the same files on every Python 3.11)."""
     stdlib = Path(json.__file__).resolve().parents[1]
-    text = "".join((stdlib / name).read_text() for name in ("textwrap.py", "shlex.py", "fnmatch.py"))
+    text = "".join(
+        (stdlib / name).read_text() for name in ("textwrap.py", "shlex.py", "fnmatch.py")
+    )
     return list(tokenizer.encode(text))[:n]
 
 
@@ -104,7 +106,9 @@ def greedy(model, cache, last_logits, n: int) -> list[int]:
     return out
 
 
-def sdpa_decode_ms(context: int, quant: KVQuant | None, layers: int, heads: int, kv_heads: int) -> float:
+def sdpa_decode_ms(
+    context: int, quant: KVQuant | None, layers: int, heads: int, kv_heads: int
+) -> float:
     """Attention of one decode step over ``context`` positions, every layer, in ms."""
     q = mx.random.normal((1, heads, 1, 64))
     k = mx.random.normal((1, kv_heads, context, 64))
@@ -159,10 +163,13 @@ def chat_agreement(model, n: int, out: Path | None) -> None:
             outputs[name] = greedy(model, restored, logits[-1:], n)
         for name in ("8", "4"):
             a, b = outputs[name], outputs["off"]
-            lead = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+            lead = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
             rows.setdefault(name, []).append(lead)
-        print(f"{len(tokens)}-token prompt: leading greedy tokens equal to off:",
-              {k: v[-1] for k, v in rows.items()}, flush=True)
+        print(
+            f"{len(tokens)}-token prompt: leading greedy tokens equal to off:",
+            {k: v[-1] for k, v in rows.items()},
+            flush=True,
+        )
     print(json.dumps(rows))
     if out is not None:
         out.write_text(json.dumps({"greedy_tokens": n, "leading_agreement": rows}, indent=1))
@@ -291,7 +298,10 @@ def main() -> None:
         for name, quant in SETTINGS.items():
             ms = sdpa_decode_ms(context, quant, layers, heads, kv_heads)
             result["sdpa_decode_ms"][f"{name}@{context}"] = round(ms, 3)
-            print(f"attention per decode step, {context} positions, kv {name}: {ms:.2f} ms", flush=True)
+            print(
+                f"attention per decode step, {context} positions, kv {name}: {ms:.2f} ms",
+                flush=True,
+            )
     if args.sdpa_only:
         print(json.dumps(result))
         return
@@ -313,9 +323,13 @@ def main() -> None:
             tokens_out = greedy(model, restored, last, args.greedy)
             if baseline_greedy is None:
                 baseline_greedy = tokens_out
-            pairs = list(zip(tokens_out, baseline_greedy))
-            row["greedy_leading_agreement"] = next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs))
-            row["greedy_positional_agreement"] = round(sum(a == b for a, b in pairs) / len(pairs), 3)
+            pairs = list(zip(tokens_out, baseline_greedy, strict=False))
+            row["greedy_leading_agreement"] = next(
+                (i for i, (a, b) in enumerate(pairs) if a != b), len(pairs)
+            )
+            row["greedy_positional_agreement"] = round(
+                sum(a == b for a, b in pairs) / len(pairs), 3
+            )
         row |= {
             "bytes_per_token": size / len(prefix),
             "file_bytes": size,

@@ -62,7 +62,9 @@ def ask(base_url: str, model: str, question: str):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path, default=Path("bench/out/model_pool.json"))
     args = parser.parse_args()
@@ -80,13 +82,24 @@ def main() -> None:
     # Room for the larger one and its KV reserve, never for both.
     limit = int(max(sizes.values()) * 1.6)
     print(machine_note(), "|", load_average(), flush=True)
-    print(f"weights on disk: gguf {sizes['gguf'] / 1e6:.0f} MB, folder {sizes['folder'] / 1e6:.0f} MB; "
-          f"--max-model-memory {limit / 1e6:.0f} MB", flush=True)
+    print(
+        f"weights on disk: gguf {sizes['gguf'] / 1e6:.0f} MB, folder {sizes['folder'] / 1e6:.0f} MB; "
+        f"--max-model-memory {limit / 1e6:.0f} MB",
+        flush=True,
+    )
 
     server = omlx_server(
-        free_port(), work / "cache", work / "server.log",
-        ["--model-dir", str(models), "--max-model-memory", str(limit),
-         "--model-idle-timeout", str(IDLE_TIMEOUT_S)],
+        free_port(),
+        work / "cache",
+        work / "server.log",
+        [
+            "--model-dir",
+            str(models),
+            "--max-model-memory",
+            str(limit),
+            "--model-idle-timeout",
+            str(IDLE_TIMEOUT_S),
+        ],
     )
     rows: list[dict] = []
     rss: list[tuple[str, float]] = []
@@ -95,19 +108,33 @@ def main() -> None:
         rss.append(("start (nothing loaded)", rss_mb(pid)))
         for r in range(args.rounds):
             question = f"Round {r}: which file holds the scheduler?"
-            for step, model in (("load", "gguf"), ("loaded", "gguf"), ("swap", "folder"), ("reload", "gguf")):
+            for step, model in (
+                ("load", "gguf"),
+                ("loaded", "gguf"),
+                ("swap", "folder"),
+                ("reload", "gguf"),
+            ):
                 result = ask(server.base_url, model, question)
                 h = health(server.base_url)["models"][model]
                 load_s = h.get("load_seconds") if step in ("load", "swap", "reload") else 0.0
-                rows.append({
-                    "round": r, "step": step, "model": model, "ttft_s": result.ttft,
-                    "load_s": load_s, "rest_s": result.ttft - (load_s or 0.0),
-                    "prompt_tokens": result.prompt_tokens, "cached_tokens": result.cached_tokens,
-                    "rss_mb": rss_mb(pid),
-                })
-                print(f"round {r} {step:6s} {model:6s} ttft {result.ttft:.3f} s load {load_s or 0:.3f} s "
-                      f"cached {result.cached_tokens}/{result.prompt_tokens} rss {rows[-1]['rss_mb']:.0f} MB",
-                      flush=True)
+                rows.append(
+                    {
+                        "round": r,
+                        "step": step,
+                        "model": model,
+                        "ttft_s": result.ttft,
+                        "load_s": load_s,
+                        "rest_s": result.ttft - (load_s or 0.0),
+                        "prompt_tokens": result.prompt_tokens,
+                        "cached_tokens": result.cached_tokens,
+                        "rss_mb": rss_mb(pid),
+                    }
+                )
+                print(
+                    f"round {r} {step:6s} {model:6s} ttft {result.ttft:.3f} s load {load_s or 0:.3f} s "
+                    f"cached {result.cached_tokens}/{result.prompt_tokens} rss {rows[-1]['rss_mb']:.0f} MB",
+                    flush=True,
+                )
             rss.append((f"after round {r} (gguf loaded)", rss_mb(pid)))
             # Back to the round's starting state: folder loaded would make the next "load"
             # a swap; unload gguf by asking for folder, then let both go idle is too slow
@@ -129,21 +156,45 @@ def main() -> None:
         return f"{min(values):.3f}-{max(values):.3f}"
 
     summary = [
-        [step, model, fmt_s(median(step, "ttft_s")), spread(step, "ttft_s"), fmt_s(median(step, "load_s")),
-         fmt_s(median(step, "rest_s")),
-         f"{statistics.median(row['cached_tokens'] or 0 for row in rows if row['step'] == step):.0f}"
-         f"/{rows[0]['prompt_tokens']}"]
-        for step, model in (("load", "gguf"), ("loaded", "gguf"), ("swap", "folder"), ("reload", "gguf"))
+        [
+            step,
+            model,
+            fmt_s(median(step, "ttft_s")),
+            spread(step, "ttft_s"),
+            fmt_s(median(step, "load_s")),
+            fmt_s(median(step, "rest_s")),
+            f"{statistics.median(row['cached_tokens'] or 0 for row in rows if row['step'] == step):.0f}"
+            f"/{rows[0]['prompt_tokens']}",
+        ]
+        for step, model in (
+            ("load", "gguf"),
+            ("loaded", "gguf"),
+            ("swap", "folder"),
+            ("reload", "gguf"),
+        )
     ]
     print()
-    print(table(["request", "model", "TTFT (median)", "spread", "load", "TTFT - load", "cached"], summary))
+    print(
+        table(
+            ["request", "model", "TTFT (median)", "spread", "load", "TTFT - load", "cached"],
+            summary,
+        )
+    )
     print()
     print(table(["when", "RSS"], [[when, f"{mb:.0f} MB"] for when, mb in rss]))
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({
-        "machine": machine_note(), "limit_bytes": limit, "weights_bytes": sizes,
-        "rows": rows, "rss_mb": rss,
-    }, indent=2))
+    args.json.write_text(
+        json.dumps(
+            {
+                "machine": machine_note(),
+                "limit_bytes": limit,
+                "weights_bytes": sizes,
+                "rows": rows,
+                "rss_mb": rss,
+            },
+            indent=2,
+        )
+    )
     print(f"\nwrote {args.json}")
 
 

@@ -13,13 +13,14 @@ repository's own text: it replays the CLIs' shapes without copying their prose.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tokenizers import Tokenizer
 
@@ -29,18 +30,16 @@ TRACES = ROOT / "bench" / "traces"
 
 
 class _Recorder(BaseHTTPRequestHandler):
-    bodies: list[tuple[str, dict[str, Any]]] = []
+    bodies: ClassVar[list[tuple[str, dict[str, Any]]]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         self._answer(200, {"object": "list", "data": []})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         raw = self.rfile.read(length)
-        try:
+        with contextlib.suppress(ValueError):
             self.bodies.append((self.path, json.loads(raw)))
-        except ValueError:
-            pass
         error = {"type": "error", "error": {"type": "invalid_request_error", "message": "recorded"}}
         self._answer(400, error)
 
@@ -61,7 +60,9 @@ def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(_text_of(p.get("text", p.get("content", ""))) for p in content if isinstance(p, dict))
+        return "\n".join(
+            _text_of(p.get("text", p.get("content", ""))) for p in content if isinstance(p, dict)
+        )
     return ""
 
 
@@ -69,7 +70,10 @@ def shape_of(path: str, body: dict[str, Any], tokenizer: Tokenizer) -> dict[str,
     """Sizes of one recorded request: system prompt, each tool, each message (chars, tokens)."""
 
     def size(text: str) -> dict[str, int]:
-        return {"chars": len(text), "tokens": len(tokenizer.encode(text, add_special_tokens=False).ids)}
+        return {
+            "chars": len(text),
+            "tokens": len(tokenizer.encode(text, add_special_tokens=False).ids),
+        }
 
     system = _text_of(body.get("system") or body.get("instructions") or "")
     items = body.get("messages") or body.get("input") or []
@@ -100,17 +104,21 @@ def record(cli: str, argv: list[str], env: dict[str, str], work: Path) -> list[t
     url = f"http://127.0.0.1:{server.server_address[1]}"
     home = work / cli
     home.mkdir(parents=True, exist_ok=True)
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), **{k: v.format(url=url, home=home) for k, v in env.items()}}
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        **{k: v.format(url=url, home=home) for k, v in env.items()},
+    }
     if cli == "codex":
         (home / "config.toml").write_text(
             'model = "agent"\nmodel_provider = "rec"\n\n[model_providers.rec]\nname = "rec"\n'
             f'base_url = "{url}/v1"\nwire_api = "responses"\nrequest_max_retries = 0\n'
             "stream_max_retries = 0\n"
         )
-    try:
-        subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        pass
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run(
+            argv, cwd=ROOT, env=env, capture_output=True, timeout=120, stdin=subprocess.DEVNULL
+        )
     server.shutdown()
     return list(_Recorder.bodies)
 
@@ -118,7 +126,9 @@ def record(cli: str, argv: list[str], env: dict[str, str], work: Path) -> list[t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=TRACES / "cli_shapes.json")
-    parser.add_argument("--tokenizer", type=Path, default=Path("/tmp/omlx-bench/smollm2-mlx/tokenizer.json"))
+    parser.add_argument(
+        "--tokenizer", type=Path, default=Path("/tmp/omlx-bench/smollm2-mlx/tokenizer.json")
+    )
     args = parser.parse_args()
     tokenizer = Tokenizer.from_file(str(args.tokenizer))
     work = Path("/tmp/omlx-bench/cli-shapes")
@@ -133,7 +143,12 @@ def main() -> None:
             },
         ),
         "codex": (
-            [str(BIN / "codex"), "exec", "--skip-git-repo-check", "Where are the tests of this project?"],
+            [
+                str(BIN / "codex"),
+                "exec",
+                "--skip-git-repo-check",
+                "Where are the tests of this project?",
+            ],
             {"CODEX_HOME": "{home}"},
         ),
     }

@@ -103,7 +103,8 @@ def random_cache(model: Any, n: int) -> list[Any]:
         k, v = p.keys, p.values
         shape = (*k.shape[:2], n, k.shape[3])
         c.update_and_fetch(
-            mx.random.normal(shape).astype(k.dtype), mx.random.normal((*shape[:3], v.shape[3])).astype(v.dtype)
+            mx.random.normal(shape).astype(k.dtype),
+            mx.random.normal((*shape[:3], v.shape[3])).astype(v.dtype),
         )
     mx.eval([c.state for c in cache])
     return cache
@@ -217,7 +218,8 @@ def same_cache(a: list[Any], b: list[Any], n: int) -> bool:
     if _KV_QUANT[0] is not None:
         tolerance = 0.5 if _KV_QUANT[0].bits == 4 else 0.1
         return all(
-            float(mx.abs(x.keys[..., :n, :] - y.keys[..., :n, :]).max()) < tolerance * float(mx.abs(y.keys[..., :n, :]).max())
+            float(mx.abs(x.keys[..., :n, :] - y.keys[..., :n, :]).max())
+            < tolerance * float(mx.abs(y.keys[..., :n, :]).max())
             for x, y in zip(a, b, strict=True)
         )
     return all(
@@ -233,13 +235,17 @@ def main() -> None:
         "--tokens", type=int, default=2048, help="prefix length (a multiple of the block size)"
     )
     parser.add_argument("--block-size", type=int, default=64)
-    parser.add_argument("--kv-bits", default="off", choices=["off", "8", "4"], help="store blocks quantized")
+    parser.add_argument(
+        "--kv-bits", default="off", choices=["off", "8", "4"], help="store blocks quantized"
+    )
     parser.add_argument(
         "--prefill-step", type=int, default=256, help="tokens per prefill step (omlx's default)"
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
-        "--model", default=None, help="a model folder or GGUF (default: the default model), e.g. a bench model"
+        "--model",
+        default=None,
+        help="a model folder or GGUF (default: the default model), e.g. a bench model",
     )
     parser.add_argument(
         "--random-kv",
@@ -278,10 +284,13 @@ def main() -> None:
 
     if args.random_kv:
         cache, recompute_s = random_cache(model, len(tokens)), None
-        print(f"random KV for {len(tokens)} tokens (no prefill: recompute not measured)", flush=True)
+        print(
+            f"random KV for {len(tokens)} tokens (no prefill: recompute not measured)", flush=True
+        )
     else:
         print(
-            f"recompute: prefilling {len(tokens)} tokens, {args.prefill_step} per step ...", flush=True
+            f"recompute: prefilling {len(tokens)} tokens, {args.prefill_step} per step ...",
+            flush=True,
         )
         cache, recompute_s = prefill(model, tokens, args.prefill_step)
         print(f"  {recompute_s:.2f} s ({len(tokens) / recompute_s:.0f} tok/s)", flush=True)
@@ -384,8 +393,12 @@ def main() -> None:
     result["load_average_end"] = load_average()
     print(f"load average at the end: {result['load_average_end']}")
     mbs = {
-        f"(a) restore: ColdTier.get_many x{len(metas)} + assemble": summarize(r["restore_mb_s"] for r in rounds),
-        f"(a') ColdTier.get x{len(metas)}, serial, + assemble": summarize(r["serial_mb_s"] for r in rounds),
+        f"(a) restore: ColdTier.get_many x{len(metas)} + assemble": summarize(
+            r["restore_mb_s"] for r in rounds
+        ),
+        f"(a') ColdTier.get x{len(metas)}, serial, + assemble": summarize(
+            r["serial_mb_s"] for r in rounds
+        ),
         "(b) sequential read of the same files": summarize(r["read_mb_s"] for r in rounds),
         "(c) cat of the same files > /dev/null": summarize(r["cat_mb_s"] for r in rounds),
         "CacheSession lookup + restore (server path)": summarize([nbytes / MB / server_path_s]),
@@ -396,14 +409,26 @@ def main() -> None:
     read_med = statistics.median(r["read_s"] for r in rounds)
     ratio = read_med / restore_med
     rows_out = [
-        [what, f"{nbytes / MB / s['median']:.3f} s", f"{s['median']:.0f} MB/s" + (f" ({s['min']:.0f}-{s['max']:.0f})" if s["n"] > 1 else "")]
+        [
+            what,
+            f"{nbytes / MB / s['median']:.3f} s",
+            f"{s['median']:.0f} MB/s" + (f" ({s['min']:.0f}-{s['max']:.0f})" if s["n"] > 1 else ""),
+        ]
         for what, s in mbs.items()
     ]
     if recompute_s is not None:
         rows_out.append(
-            [f"recompute: prefill {len(tokens)} tokens", f"{recompute_s:.3f} s", f"{len(tokens) / recompute_s:.0f} tok/s"]
+            [
+                f"recompute: prefill {len(tokens)} tokens",
+                f"{recompute_s:.3f} s",
+                f"{len(tokens) / recompute_s:.0f} tok/s",
+            ]
         )
-    cache_note = "page cache dropped before each" if dropped else "PAGE CACHE NOT DROPPED (not root): page-cache rates"
+    cache_note = (
+        "page cache dropped before each"
+        if dropped
+        else "PAGE CACHE NOT DROPPED (not root): page-cache rates"
+    )
     print(
         f"\nRestore of a {n}-token prefix ({len(metas)} blocks, {nbytes / MB:.1f} MB), median of {args.rounds} rounds (min-max), {cache_note}"
     )
@@ -458,7 +483,9 @@ def main() -> None:
         short,
         {
             "omlx": [None if i in reads else v for i, v in enumerate(values)],
-            "plain read of the same files": [v if i in reads else None for i, v in enumerate(values)],
+            "plain read of the same files": [
+                v if i in reads else None for i, v in enumerate(values)
+            ],
         },
         overlay=True,
         note=f"omlx {result['versions']['omlx']}; {cache_note}; "

@@ -47,7 +47,9 @@ def run_one(name: str, args: list[str]) -> dict:
         stale.unlink(missing_ok=True)  # a failed run must not show the last run's results
     t0 = time.perf_counter()
     with open(OUT / f"{name}.log", "w") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             sys.stdout.write(line)
@@ -58,14 +60,24 @@ def run_one(name: str, args: list[str]) -> dict:
     with contextlib.suppress(OSError, ValueError):
         verdicts = json.loads((OUT / f"{name}.json").read_text()).get("verdicts", [])
     print(f"=== {name}: exit {code} in {wall:.0f} s", flush=True)
-    return {"bench": name, "argv": argv[1:], "exit": code, "wall_s": round(wall, 1), "verdicts": verdicts}
+    return {
+        "bench": name,
+        "argv": argv[1:],
+        "exit": code,
+        "wall_s": round(wall, 1),
+        "verdicts": verdicts,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", default=os.environ.get("BENCH_QUICK") == "1")
+    parser.add_argument(
+        "--quick", action="store_true", default=os.environ.get("BENCH_QUICK") == "1"
+    )
     parser.add_argument("--only", default="", help=f"comma-separated subset of {', '.join(SET)}")
-    parser.add_argument("--copy-plots", type=Path, default=None, help="copy the PNGs here (docs/img/bench)")
+    parser.add_argument(
+        "--copy-plots", type=Path, default=None, help="copy the PNGs here (docs/img/bench)"
+    )
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n] or list(SET)
     unknown = [n for n in names if n not in SET]
@@ -76,7 +88,9 @@ def main() -> None:
     total = time.perf_counter() - t0
     summary = {"git_sha": git_sha(), "quick": args.quick, "wall_s": round(total, 1), "runs": runs}
     (OUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"\n=== the set ({'quick' if args.quick else 'full'}), omlx {summary['git_sha']}: {total / 60:.1f} min")
+    print(
+        f"\n=== the set ({'quick' if args.quick else 'full'}), omlx {summary['git_sha']}: {total / 60:.1f} min"
+    )
     for r in runs:
         print(f"{r['bench']:12} exit {r['exit']}  {r['wall_s']:7.0f} s")
         for v in r["verdicts"]:

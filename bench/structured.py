@@ -29,8 +29,8 @@ from common import load_average  # noqa: E402
 from omlx.adapters.grammar import Constraint, LLGuidanceCompiler  # noqa: E402
 from omlx.adapters.mlx.engine import EngineConfig, MLXEngine  # noqa: E402
 from omlx.adapters.mlx.loader import load_model  # noqa: E402
-from omlx.domain.generation import Finished, GenerationRequest, TextDelta  # noqa: E402
 from omlx.app.tool_calls import HERMES  # noqa: E402
+from omlx.domain.generation import Finished, GenerationRequest, TextDelta  # noqa: E402
 from omlx.domain.grammar import CallShape, OutputGrammar  # noqa: E402
 
 PROMPT = "List many short facts about lighthouses, as JSON."
@@ -116,8 +116,9 @@ def compile_times(grammars: LLGuidanceCompiler) -> list[tuple[str, float, float]
         ),
         "forced call, 2 tools, <tool_call> markers": OutputGrammar(
             calls=tuple(
-                CallShape(name, HERMES.before(name), json.dumps({**schema, "$comment": tag}),
-                          HERMES.after)
+                CallShape(
+                    name, HERMES.before(name), json.dumps({**schema, "$comment": tag}), HERMES.after
+                )
                 for name, schema in (("get_weather", weather), ("get_time", {"type": "object"}))
             ),
             between=HERMES.between,

@@ -41,7 +41,9 @@ def model_verdicts(model: dict[str, Any]) -> list[str]:
     def check(text: str, value: float | None, limit: float, fmt: str = "{:.2f}") -> None:
         if value is not None:
             verdict = "MET" if value <= limit else "MISSED"
-            out.append(f"{name}: {text}: {fmt.format(value)} (target <= {fmt.format(limit)}) {verdict}")
+            out.append(
+                f"{name}: {text}: {fmt.format(value)} (target <= {fmt.format(limit)}) {verdict}"
+            )
 
     ttft = {p: per_step(model, p, "ttft") for p in peers}
     share = per_step(model, "omlx", "reused_share")
@@ -56,7 +58,10 @@ def model_verdicts(model: dict[str, Any]) -> list[str]:
         )
     plain = [i for i in main if steps[i]["after"] == "follow-up"]
     disrupted = [i for i in main if steps[i]["after"] in DISRUPTIONS]
-    for group, limit, label in ((plain, 1.1, "plain follow-ups"), (disrupted, 1.2, "turns after a disruption")):
+    for group, limit, label in (
+        (plain, 1.1, "plain follow-ups"),
+        (disrupted, 1.2, "turns after a disruption"),
+    ):
         ratios = [_ratio(ttft["omlx"][i], floor[i]) for i in group]
         ratios = [r for r in ratios if r is not None]
         check(f"{label}, worst omlx TTFT / its floor", max(ratios) if ratios else None, limit)
@@ -75,8 +80,13 @@ def model_verdicts(model: dict[str, Any]) -> list[str]:
         i = restart[0]
         read = per_step(model, "omlx", "ssd_bytes_read")[i] or 0
         bound = 1.3 * read / cat["bytes_per_s"] + floor[i]
-        check(f"first turn after the restart ({read / MB:.0f} MB read; cat {cat['bytes_per_s'] / MB:.0f} MB/s), "
-              "seconds", ttft["omlx"][i], bound, "{:.2f}")
+        check(
+            f"first turn after the restart ({read / MB:.0f} MB read; cat {cat['bytes_per_s'] / MB:.0f} MB/s), "
+            "seconds",
+            ttft["omlx"][i],
+            bound,
+            "{:.2f}",
+        )
     if omlx_runs:
         disk = max(r["rows"][-1]["disk_bytes"] for r in omlx_runs)
         linear = model["kv_bytes_per_token"] * model["distinct_tokens"]
@@ -85,7 +95,11 @@ def model_verdicts(model: dict[str, Any]) -> list[str]:
         hot_max = max(x.get("hot_tier_max_bytes") or 0 for x in omlx_runs[0]["rows"])
         batch = max(s["prompt_tokens"] for s in steps) * model["kv_bytes_per_token"]
         budget = model["weights_bytes"] + hot_max + batch
-        check(f"RSS / (weights + hot budget + one request's KV = {budget / MB:.0f} MB)", rss / budget, 1.1)
+        check(
+            f"RSS / (weights + hot budget + one request's KV = {budget / MB:.0f} MB)",
+            rss / budget,
+            1.1,
+        )
     return out
 
 
@@ -100,26 +114,52 @@ def _fmt(v: float | None, spec: str = "{:.2f}") -> str:
 def model_table(model: dict[str, Any]) -> str:
     peers = _peers(model)
     ttft = {p: per_step(model, p, "ttft") for p in peers}
-    cols = {k: per_step(model, "omlx", k) for k in
-            ("cached_tokens", "shared_tokens", "reused_share", "floor_ttft", "hot_bytes_read", "ssd_bytes_read")}
+    cols = {
+        k: per_step(model, "omlx", k)
+        for k in (
+            "cached_tokens",
+            "shared_tokens",
+            "reused_share",
+            "floor_ttft",
+            "hot_bytes_read",
+            "ssd_bytes_read",
+        )
+    }
     peer_cached = {p: per_step(model, p, "cached_tokens") for p in peers if p != "omlx"}
-    headers = ["request", "tokens", *(f"{p} TTFT s" for p in peers), "omlx floor s",
-               "omlx cached / shared", "omlx read hot / ssd MB",
-               *(f"{p} cached" for p in peer_cached), *(f"omlx/{p}" for p in peers if p != "omlx")]
+    headers = [
+        "request",
+        "tokens",
+        *(f"{p} TTFT s" for p in peers),
+        "omlx floor s",
+        "omlx cached / shared",
+        "omlx read hot / ssd MB",
+        *(f"{p} cached" for p in peer_cached),
+        *(f"omlx/{p}" for p in peers if p != "omlx"),
+    ]
     rows = []
     for i, s in enumerate(model["steps"]):
         shared = cols["shared_tokens"][i]
-        rows.append([
-            s["label"] + (" [restart]" if s["restart_before"] else ""),
-            s["prompt_tokens"],
-            *(_fmt(ttft[p][i]) for p in peers),
-            _fmt(cols["floor_ttft"][i]),
-            f"{_fmt(cols['cached_tokens'][i], '{:.0f}')} / {_fmt(shared, '{:.0f}') if shared else '-'}"
-            + (f" ({cols['reused_share'][i]:.1%})" if cols["reused_share"][i] is not None else ""),
-            f"{_fmt((cols['hot_bytes_read'][i] or 0) / MB, '{:.0f}')} / {_fmt((cols['ssd_bytes_read'][i] or 0) / MB, '{:.0f}')}",
-            *(_fmt(peer_cached[p][i], "{:.0f}") for p in peer_cached),
-            *(_fmt(_ratio(ttft["omlx"][i], ttft[p][i]), "{:.2f}x") for p in peers if p != "omlx"),
-        ])
+        rows.append(
+            [
+                s["label"] + (" [restart]" if s["restart_before"] else ""),
+                s["prompt_tokens"],
+                *(_fmt(ttft[p][i]) for p in peers),
+                _fmt(cols["floor_ttft"][i]),
+                f"{_fmt(cols['cached_tokens'][i], '{:.0f}')} / {_fmt(shared, '{:.0f}') if shared else '-'}"
+                + (
+                    f" ({cols['reused_share'][i]:.1%})"
+                    if cols["reused_share"][i] is not None
+                    else ""
+                ),
+                f"{_fmt((cols['hot_bytes_read'][i] or 0) / MB, '{:.0f}')} / {_fmt((cols['ssd_bytes_read'][i] or 0) / MB, '{:.0f}')}",
+                *(_fmt(peer_cached[p][i], "{:.0f}") for p in peer_cached),
+                *(
+                    _fmt(_ratio(ttft["omlx"][i], ttft[p][i]), "{:.2f}x")
+                    for p in peers
+                    if p != "omlx"
+                ),
+            ]
+        )
     return table(headers, rows)
 
 
@@ -130,22 +170,32 @@ def footprint_table(model: dict[str, Any]) -> str:
         rss = [v for v in per_step(model, p, "rss_bytes") if v is not None]
         disk = [v for v in per_step(model, p, "disk_bytes") if v is not None]
         hot = [v for v in per_step(model, p, "hot_tier_bytes") if v is not None]
-        rows.append([p, _fmt(max(rss) / MB if rss else None, "{:.0f}"),
-                     _fmt(max(hot) / MB if hot else None, "{:.0f}"), _fmt(disk[-1] / MB if disk else None, "{:.0f}")])
+        rows.append(
+            [
+                p,
+                _fmt(max(rss) / MB if rss else None, "{:.0f}"),
+                _fmt(max(hot) / MB if hot else None, "{:.0f}"),
+                _fmt(disk[-1] / MB if disk else None, "{:.0f}"),
+            ]
+        )
     return table(["peer", "peak RSS MB", "peak hot tier MB", "disk at the end MB"], rows)
 
 
 def report(result: dict[str, Any]) -> None:
     for model in result["models"]:
-        print(f"\n### {model['model']} ({model['geometry']}, {model['kv_bytes_per_token']} B/token, "
-              f"scale {model['scale']}; medians of {result['args']['repeats']} run(s))")
+        print(
+            f"\n### {model['model']} ({model['geometry']}, {model['kv_bytes_per_token']} B/token, "
+            f"scale {model['scale']}; medians of {result['args']['repeats']} run(s))"
+        )
         print(model_table(model))
         print("\nFootprint over the run")
         print(footprint_table(model))
         cat = next((r["cat"] for r in model["runs"] if r.get("cat")), None)
         if cat:
-            print(f"cat of omlx's {cat['files']} block files: {cat['bytes'] / MB:.0f} MB in "
-                  f"{cat['seconds']:.2f} s = {cat['bytes_per_s'] / MB:.0f} MB/s (page cache as it was)")
+            print(
+                f"cat of omlx's {cat['files']} block files: {cat['bytes'] / MB:.0f} MB in "
+                f"{cat['seconds']:.2f} s = {cat['bytes_per_s'] / MB:.0f} MB/s (page cache as it was)"
+            )
     for note in result["skipped"].values():
         print(f"note: {note}")
     print("\n" + "\n".join(result["verdicts"]))
@@ -159,17 +209,57 @@ def plot(result: dict[str, Any]) -> None:
         labels = [model["steps"][i]["label"].replace(" (", "\n(") for i in main]
         series = {p: [summarize([per_step(model, p, "ttft")[i]]) for i in main] for p in peers}
         series["omlx floor"] = [summarize([per_step(model, "omlx", "floor_ttft")[i]]) for i in main]
-        plots.grouped_bars(out_path(f"agent_trace_{model['model']}", ".png"),
-                           f"Agent trace, {model['model']} model: TTFT of each main-session turn",
-                           "seconds (log scale)", labels, series, log=True, note=note, labels=False)
+        plots.grouped_bars(
+            out_path(f"agent_trace_{model['model']}", ".png"),
+            f"Agent trace, {model['model']} model: TTFT of each main-session turn",
+            "seconds (log scale)",
+            labels,
+            series,
+            log=True,
+            note=note,
+            labels=False,
+        )
         xs = list(range(1, len(model["steps"]) + 1))
         panels = [
-            {"x": xs, "xlabel": "request of the trace", "ylabel": "MB", "title": "RSS",
-             "series": {p: [summarize([v / MB if v else None]) for v in per_step(model, p, "rss_bytes")] for p in peers}},
-            {"x": xs, "xlabel": "request of the trace", "ylabel": "MB", "title": "cache on disk",
-             "series": {p: [summarize([v / MB if v is not None else None]) for v in per_step(model, p, "disk_bytes")] for p in peers}},
-            {"x": xs, "xlabel": "request of the trace", "ylabel": "MB", "title": "omlx hot tier",
-             "series": {"omlx": [summarize([v / MB if v is not None else None]) for v in per_step(model, "omlx", "hot_tier_bytes")]}},
+            {
+                "x": xs,
+                "xlabel": "request of the trace",
+                "ylabel": "MB",
+                "title": "RSS",
+                "series": {
+                    p: [summarize([v / MB if v else None]) for v in per_step(model, p, "rss_bytes")]
+                    for p in peers
+                },
+            },
+            {
+                "x": xs,
+                "xlabel": "request of the trace",
+                "ylabel": "MB",
+                "title": "cache on disk",
+                "series": {
+                    p: [
+                        summarize([v / MB if v is not None else None])
+                        for v in per_step(model, p, "disk_bytes")
+                    ]
+                    for p in peers
+                },
+            },
+            {
+                "x": xs,
+                "xlabel": "request of the trace",
+                "ylabel": "MB",
+                "title": "omlx hot tier",
+                "series": {
+                    "omlx": [
+                        summarize([v / MB if v is not None else None])
+                        for v in per_step(model, "omlx", "hot_tier_bytes")
+                    ]
+                },
+            },
         ]
-        plots.line_panels(out_path(f"agent_trace_{model['model']}_footprint", ".png"),
-                          f"Agent trace, {model['model']} model: footprint over the run", panels, note=note)
+        plots.line_panels(
+            out_path(f"agent_trace_{model['model']}_footprint", ".png"),
+            f"Agent trace, {model['model']} model: footprint over the run",
+            panels,
+            note=note,
+        )

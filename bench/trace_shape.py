@@ -39,7 +39,9 @@ class Step:
     messages: list[Message]
     max_tokens: int = 4
     restart_before: bool = False
-    shared_with_previous: list[Message] = field(default_factory=list)  # main turns: the messages both share
+    shared_with_previous: list[Message] = field(
+        default_factory=list
+    )  # main turns: the messages both share
 
 
 class TextSource:
@@ -77,12 +79,23 @@ def _texts(root: Path, commit: str | None) -> list[str]:
         return [p.read_text(errors="replace") for p in paths if p.is_file()]
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=True
+        ).stdout
 
     names = git("ls-tree", "-r", "--name-only", commit).splitlines()
-    docs = sorted(n for n in names if n.startswith("docs/") and n.count("/") == 1 and n.endswith(".md"))
-    src = sorted((n for n in names if n.startswith("src/omlx/") and n.endswith(".py")), key=lambda n: Path(n).parts)
-    return [git("show", f"{commit}:{n}") for n in ["README.md", *docs, *src] if n == "README.md" or n in names]
+    docs = sorted(
+        n for n in names if n.startswith("docs/") and n.count("/") == 1 and n.endswith(".md")
+    )
+    src = sorted(
+        (n for n in names if n.startswith("src/omlx/") and n.endswith(".py")),
+        key=lambda n: Path(n).parts,
+    )
+    return [
+        git("show", f"{commit}:{n}")
+        for n in ["README.md", *docs, *src]
+        if n == "README.md" or n in names
+    ]
 
 
 def load_shapes(path: Path = SHAPES) -> dict[str, dict]:
@@ -96,19 +109,33 @@ def _tools_text(source: TextSource, tools: list[dict], scale: float) -> str:
     lines = []
     for t in tools:
         lines.append(
-            json.dumps({"name": t["name"] or "tool", "description": source.take(max(8, int(t["tokens"] * scale)))})
+            json.dumps(
+                {
+                    "name": t["name"] or "tool",
+                    "description": source.take(max(8, int(t["tokens"] * scale))),
+                }
+            )
         )
     return "# Tools\n" + "\n".join(lines)
 
 
 def _tool_call(i: int, name: str) -> Message:
-    args = {"path": f"src/omlx/domain/file_{i}.py"} if name == "Read" else {"command": f"pytest -q -k case_{i}"}
+    args = (
+        {"path": f"src/omlx/domain/file_{i}.py"}
+        if name == "Read"
+        else {"command": f"pytest -q -k case_{i}"}
+    )
     return {"role": "assistant", "content": json.dumps({"tool": name, "arguments": args})}
 
 
-def build_trace(count: Count, scale: float = 1.0, tool_result_tokens: int = 600,
-                main_turns: int = 12, shapes: dict[str, dict] | None = None,
-                text_commit: str | None = None) -> list[Step]:
+def build_trace(
+    count: Count,
+    scale: float = 1.0,
+    tool_result_tokens: int = 600,
+    main_turns: int = 12,
+    shapes: dict[str, dict] | None = None,
+    text_commit: str | None = None,
+) -> list[Step]:
     """The whole trace: main-session turns, sub-agent, side calls, second session, restart, compaction.
 
     ``count`` tokenizes (the servers' tokenizer); ``scale`` multiplies the recorded prompt
@@ -119,8 +146,16 @@ def build_trace(count: Count, scale: float = 1.0, tool_result_tokens: int = 600,
     src = TextSource(count, commit=text_commit)
     cc, codex = shapes["claude-code"], shapes["codex"]
     s = scale
-    main_system = {"role": "system", "content": source_block(src, cc["system"]["tokens"], s) + "\n\n" + _tools_text(src, cc["tools"], s)}
-    first_user = {"role": "user", "content": "\n".join(src.take(max(16, int(m["tokens"] * s))) for m in cc["messages"])}
+    main_system = {
+        "role": "system",
+        "content": source_block(src, cc["system"]["tokens"], s)
+        + "\n\n"
+        + _tools_text(src, cc["tools"], s),
+    }
+    first_user = {
+        "role": "user",
+        "content": "\n".join(src.take(max(16, int(m["tokens"] * s))) for m in cc["messages"]),
+    }
     result_tokens = max(32, int(tool_result_tokens * s))
 
     def tool_result(i: int) -> Message:
@@ -135,8 +170,16 @@ def build_trace(count: Count, scale: float = 1.0, tool_result_tokens: int = 600,
         nonlocal previous, turn
         turn += 1
         shared = _common_prefix(previous, main)
-        steps.append(Step(f"main {turn} ({after})", "main", after, [dict(m) for m in main],
-                          restart_before=restart, shared_with_previous=shared))
+        steps.append(
+            Step(
+                f"main {turn} ({after})",
+                "main",
+                after,
+                [dict(m) for m in main],
+                restart_before=restart,
+                shared_with_previous=shared,
+            )
+        )
         previous = [dict(m) for m in main]
 
     def grow(i: int) -> None:
@@ -145,8 +188,14 @@ def build_trace(count: Count, scale: float = 1.0, tool_result_tokens: int = 600,
 
     def side_call(what: str) -> None:
         # A short request of its own: a small system prompt, an excerpt, a few tokens out.
-        side = [{"role": "system", "content": f"Write a {what} for this conversation. " + src.take(int(120 * max(s, 0.5)))},
-                {"role": "user", "content": src.take(int(300 * max(s, 0.5)))}]
+        side = [
+            {
+                "role": "system",
+                "content": f"Write a {what} for this conversation. "
+                + src.take(int(120 * max(s, 0.5))),
+            },
+            {"role": "user", "content": src.take(int(300 * max(s, 0.5)))},
+        ]
         steps.append(Step(f"side call: {what}", "side", "", side))
 
     main_turn("cold")
@@ -156,9 +205,15 @@ def build_trace(count: Count, scale: float = 1.0, tool_result_tokens: int = 600,
     grow(2)
     main_turn("follow-up")
     # A sub-agent: its own system prompt and tools (a third of the main one's), three turns.
-    sub = [{"role": "system", "content": source_block(src, int(cc["system"]["tokens"] * 0.5), s)
-            + "\n\n" + _tools_text(src, cc["tools"][: max(1, len(cc["tools"]) // 3)], s)},
-           {"role": "user", "content": "Find where blocks are evicted. " + src.take(int(200 * s))}]
+    sub = [
+        {
+            "role": "system",
+            "content": source_block(src, int(cc["system"]["tokens"] * 0.5), s)
+            + "\n\n"
+            + _tools_text(src, cc["tools"][: max(1, len(cc["tools"]) // 3)], s),
+        },
+        {"role": "user", "content": "Find where blocks are evicted. " + src.take(int(200 * s))},
+    ]
     for i in range(3):
         steps.append(Step(f"sub-agent turn {i + 1}", "sub-agent", "", [dict(m) for m in sub]))
         sub += [_tool_call(100 + i, "Bash"), {"role": "user", "content": src.take(result_tokens)}]
@@ -170,10 +225,16 @@ def build_trace(count: Count, scale: float = 1.0, tool_result_tokens: int = 600,
     main_turn("side calls")
     # A second, independent session (Codex's shape), alternating with the main one.
     second = [{"role": "system", "content": _tools_text(src, codex["tools"], s)}]
-    second += [{"role": "user", "content": src.take(max(16, int(m["tokens"] * s)))} for m in codex["messages"]]
+    second += [
+        {"role": "user", "content": src.take(max(16, int(m["tokens"] * s)))}
+        for m in codex["messages"]
+    ]
     for j in range(2):
         steps.append(Step(f"second session turn {j + 1}", "second", "", [dict(m) for m in second]))
-        second += [_tool_call(200 + j, "Bash"), {"role": "user", "content": src.take(result_tokens)}]
+        second += [
+            _tool_call(200 + j, "Bash"),
+            {"role": "user", "content": src.take(result_tokens)},
+        ]
         grow(5 + j)
         main_turn("second session")
     grow(7)
@@ -190,7 +251,10 @@ def build_trace(count: Count, scale: float = 1.0, tool_result_tokens: int = 600,
     main.append({"role": "user", "content": "Summarize the conversation so far for a handover."})
     main_turn("compaction request")
     tail = main[-4:-2]
-    summary = {"role": "user", "content": "Summary of the earlier conversation:\n" + src.take(int(800 * s))}
+    summary = {
+        "role": "user",
+        "content": "Summary of the earlier conversation:\n" + src.take(int(800 * s)),
+    }
     main[:] = [main_system, summary, *tail]
     main_turn("compaction")
     for k in range(main_turns - turn):

@@ -21,17 +21,34 @@ RERANK_OMLX_JSON = {
 }
 
 
-def build_embedding_model(out: Path, pooling: str = "pooling_mode_lasttoken", normalize: bool = True) -> Path:
+def build_embedding_model(
+    out: Path, pooling: str = "pooling_mode_lasttoken", normalize: bool = True
+) -> Path:
     build_tiny_model(out, seed=3)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
-    modules.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
+    ]
+    modules.append(
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
+    )
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
     (out / "modules.json").write_text(json.dumps(modules))
     (out / "1_Pooling").mkdir(exist_ok=True)
-    flags = dict.fromkeys(["pooling_mode_lasttoken", "pooling_mode_mean_tokens", "pooling_mode_cls_token"], False)
+    flags = dict.fromkeys(
+        ["pooling_mode_lasttoken", "pooling_mode_mean_tokens", "pooling_mode_cls_token"], False
+    )
     flags[pooling] = True
-    (out / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, **flags}))
+    (out / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 64, **flags})
+    )
     return out
 
 

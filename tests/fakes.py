@@ -57,7 +57,9 @@ class FakeCodec:
         self.splits += 1
         return tuple(cache[start:stop])
 
-    def assemble(self, payloads: Sequence[tuple[int, ...]], windows=(), state=None, room=0) -> list[int]:
+    def assemble(
+        self, payloads: Sequence[tuple[int, ...]], windows=(), state=None, room=0
+    ) -> list[int]:
         return [v for p in payloads for v in p]
 
     def split_window(self, cache: list[int], start: int, stop: int) -> tuple[int, ...]:

@@ -22,7 +22,13 @@ def free_port() -> int:
 class ServerProcess:
     """Start with ``start()``; ``stop()`` sends SIGTERM (or ``kill()`` for SIGKILL)."""
 
-    def __init__(self, *args: str, cache_dir: Path | None = None, env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        *args: str,
+        cache_dir: Path | None = None,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+    ) -> None:
         self.port = free_port()
         self.args = list(args)
         self.cache_dir = cache_dir
@@ -45,7 +51,9 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"omlx serve exited with {self.proc.returncode}: {self.read_log()[-3000:]}")
+                raise RuntimeError(
+                    f"omlx serve exited with {self.proc.returncode}: {self.read_log()[-3000:]}"
+                )
             try:
                 health = httpx.get(self.base_url + "/health", timeout=1.0)
                 # The port opens before the models named at start have loaded: wait for them.
@@ -58,7 +66,11 @@ class ServerProcess:
         raise TimeoutError(f"omlx serve did not answer in {timeout}s: {self.read_log()[-3000:]}")
 
     def read_log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+        return (
+            self.log_path.read_text(errors="replace")
+            if self.log_path and self.log_path.exists()
+            else ""
+        )
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc is None:

@@ -42,7 +42,9 @@ def cache_usage(with_kinds: bool) -> str:
         if with_kinds
         else ""
     )
-    tokens = "CASE WHEN b.kind = 'kv' THEN b.token_count ELSE 0 END" if with_kinds else "b.token_count"
+    tokens = (
+        "CASE WHEN b.kind = 'kv' THEN b.token_count ELSE 0 END" if with_kinds else "b.token_count"
+    )
     return f"""
 CREATE VIEW cache_usage AS
 SELECT n.digest AS namespace,

@@ -18,8 +18,12 @@ API_KEY = "test-key-0123"
 def tiny_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
     work = tmp_path_factory.mktemp("tiny-server")
     server = ServerProcess(
-        "--model", str(tiny_model_dir), "--block-size", "16",
-        cache_dir=work / "cache", log_path=work / "server.log",
+        "--model",
+        str(tiny_model_dir),
+        "--block-size",
+        "16",
+        cache_dir=work / "cache",
+        log_path=work / "server.log",
     )
     with server:
         yield server
@@ -35,8 +39,14 @@ def scripted_server(scripted_model_dir, tmp_path_factory) -> Iterator[ServerProc
     """The scripted model (tool calls and thinking on cue) behind an API key."""
     work = tmp_path_factory.mktemp("scripted-server")
     server = ServerProcess(
-        "--model", str(scripted_model_dir), "--block-size", "16", "--api-key", API_KEY,
-        cache_dir=work / "cache", log_path=work / "server.log",
+        "--model",
+        str(scripted_model_dir),
+        "--block-size",
+        "16",
+        "--api-key",
+        API_KEY,
+        cache_dir=work / "cache",
+        log_path=work / "server.log",
     )
     with server:
         yield server
@@ -60,8 +70,12 @@ def agent_server(agent_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
     """The agent model (long context, tools in its template, short answers), debug log."""
     work = tmp_path_factory.mktemp("agent-server")
     server = ServerProcess(
-        "--model", str(agent_model_dir), "--log-level", "debug",
-        cache_dir=work / "cache", log_path=work / "server.log",
+        "--model",
+        str(agent_model_dir),
+        "--log-level",
+        "debug",
+        cache_dir=work / "cache",
+        log_path=work / "server.log",
     )
     with server:
         yield server
@@ -79,8 +93,14 @@ def all_tasks_server(tmp_path_factory) -> Iterator[ServerProcess]:
     build_embedding_model(root / "models" / "emb")
     build_rerank_model(root / "models" / "rr")
     server = ServerProcess(
-        "--model-dir", str(root / "models"), "--block-size", "16", "--pin-model", "chat",
-        cache_dir=root / "cache", log_path=root / "server.log",
+        "--model-dir",
+        str(root / "models"),
+        "--block-size",
+        "16",
+        "--pin-model",
+        "chat",
+        cache_dir=root / "cache",
+        log_path=root / "server.log",
     )
     with server:
         yield server

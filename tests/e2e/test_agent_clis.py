@@ -196,7 +196,10 @@ def _first_token_seconds(log: str) -> list[float]:
     """Each finished request's time to first token, from the engine's log lines."""
     import re
 
-    return [float(m.group(1)) for m in re.finditer(r"request \d+ \(\S+\) \w+: .*, first token ([\d.]+) s", log)]
+    return [
+        float(m.group(1))
+        for m in re.finditer(r"request \d+ \(\S+\) \w+: .*, first token ([\d.]+) s", log)
+    ]
 
 
 def _get(server, path: str) -> str:

@@ -25,13 +25,22 @@ from common import default_gguf, ensure_mlx_lm_folder  # noqa: E402
 from trace_shape import build_trace, chatml  # noqa: E402
 
 TINY = bench_models.Geometry(
-    "trace-test", layers=2, kv_heads=2, head_dim=32, heads=2, hidden=64, intermediate=128, context=8192
+    "trace-test",
+    layers=2,
+    kv_heads=2,
+    head_dim=32,
+    heads=2,
+    hidden=64,
+    intermediate=128,
+    context=8192,
 )
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    return bench_models.build(TINY, ensure_mlx_lm_folder(), default_gguf(), tmp_path_factory.mktemp("m") / "tiny")
+    return bench_models.build(
+        TINY, ensure_mlx_lm_folder(), default_gguf(), tmp_path_factory.mktemp("m") / "tiny"
+    )
 
 
 def test_every_main_turn_restores_what_it_shares_with_the_previous_one(model_dir, tmp_path) -> None:
@@ -46,21 +55,41 @@ def test_every_main_turn_restores_what_it_shares_with_the_previous_one(model_dir
     other_peak = max(tokens[s.label] for s in steps if s.session != "main")
     budget = (main_peak + other_peak) * TINY.kv_bytes_per_token * 11 // 10
     assert sum(tokens.values()) * TINY.kv_bytes_per_token > 2 * budget  # eviction must happen
-    target = {"kind": "trace-test", "folder": model_dir, "gguf": model_dir / "model.gguf",
-              "omlx_model": model_dir, "kv_bytes_per_token": TINY.kv_bytes_per_token}
-    ctx = {"workdir": tmp_path, "count": count, "n_ctx": 4096, "floor": False,
-           "extra": {"omlx": ["--hot-cache-max-size", str(budget)]}}
+    target = {
+        "kind": "trace-test",
+        "folder": model_dir,
+        "gguf": model_dir / "model.gguf",
+        "omlx_model": model_dir,
+        "kv_bytes_per_token": TINY.kv_bytes_per_token,
+    }
+    ctx = {
+        "workdir": tmp_path,
+        "count": count,
+        "n_ctx": 4096,
+        "floor": False,
+        "extra": {"omlx": ["--hot-cache-max-size", str(budget)]},
+    }
 
     run = agent_trace.run_trace("omlx", 0, target, steps, ctx)
 
     main = [(s, r) for s, r in zip(steps, run["rows"], strict=True) if s.session == "main"]
     assert len(main) == 12 and {s.after for s, _ in main} >= {
-        "cold", "follow-up", "sub-agent", "side calls", "second session", "restart", "compaction"}
+        "cold",
+        "follow-up",
+        "sub-agent",
+        "side calls",
+        "second session",
+        "restart",
+        "compaction",
+    }
     for step, row in main[1:]:
         assert row["shared_tokens"] > 0
         assert row["reused_share"] >= 0.99, (step.label, row)
         if step.after == "side calls":
-            assert row["ssd_blocks_read"] == 0, (step.label, row)  # the side calls' blocks left first
+            assert row["ssd_blocks_read"] == 0, (
+                step.label,
+                row,
+            )  # the side calls' blocks left first
     restart = next(r for s, r in main if s.restart_before)
     assert restart["ssd_blocks_read"] > 0  # after the restart it came from disk
     assert max(r["hot_tier_bytes"] for r in run["rows"]) <= budget

@@ -82,6 +82,7 @@ def test_usage_counts_cache_reads_once(scripted_server):
     again = c.messages.create(
         model=MODEL_ID, max_tokens=64, system="usage test", messages=ask, tools=[WEATHER_TOOL]
     )
+
     def whole(usage) -> int:  # Anthropic: input + cache writes + cache reads = the prompt
         return (
             usage.input_tokens
@@ -221,6 +222,11 @@ def test_raw_stream_names_each_event_and_pings(scripted_server):
     assert names == [d["type"] for d in datas]
     blocks = ["content_block_start", "content_block_delta", "content_block_stop"]
     # a thinking block ends with its signature, as Anthropic's own stream does
-    thinking = ["content_block_start", "content_block_delta", "content_block_delta", "content_block_stop"]
+    thinking = [
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+    ]
     assert names == ["message_start", "ping", *thinking, *blocks, "message_delta", "message_stop"]
     assert datas[4]["delta"]["type"] == "signature_delta" and datas[4]["delta"]["signature"]

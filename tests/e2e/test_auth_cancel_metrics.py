@@ -174,7 +174,9 @@ def test_metrics_parse_and_move(tiny_server):
     assert after[("omlx_cached_prompt_tokens_total", ())] > before.get(
         ("omlx_cached_prompt_tokens_total", ()), 0
     )
-    model = next(dict(labels)["model"] for name, labels in after if name == "omlx_engine_active_requests")
+    model = next(
+        dict(labels)["model"] for name, labels in after if name == "omlx_engine_active_requests"
+    )
     assert after[("omlx_cache_block_hits_total", (("model", model), ("tier", "hot")))] > 0
     assert (
         "omlx_http_request_duration_seconds_count",

@@ -31,7 +31,9 @@ NONE = "\N{EN DASH}"  # what the page shows for a value it does not have
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
+webdriver = pytest.importorskip(
+    "selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')"
+)
 if CHROMIUM is None or CHROMEDRIVER is None:
     pytest.skip(
         "chromium and chromedriver are not installed (apt-get install chromium chromium-driver; "
@@ -47,8 +49,14 @@ from selenium.webdriver.common.keys import Keys  # noqa: E402
 def server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
     work = tmp_path_factory.mktemp("dashboard-server")
     process = ServerProcess(
-        "--model", str(tiny_model_dir), "--block-size", "16", "--api-key", KEY,
-        cache_dir=work / "cache", log_path=work / "server.log",
+        "--model",
+        str(tiny_model_dir),
+        "--block-size",
+        "16",
+        "--api-key",
+        KEY,
+        cache_dir=work / "cache",
+        log_path=work / "server.log",
         env={"OMLX_DASHBOARD_SAMPLE_SECONDS": "0.5"},
     )
     with process:
@@ -59,11 +67,20 @@ def server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
 def browser() -> Iterator[Any]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1400",
-                 "--no-first-run", "--disable-background-networking", "--disable-component-update"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1400",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    driver = webdriver.Chrome(
+        options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER)
+    )
     try:
         yield driver
     finally:
@@ -88,7 +105,9 @@ def messages(question: str = "List the files.") -> list[dict[str, str]]:
 
 def ask(server: ServerProcess, question: str = "List the files.") -> Any:
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0)
-    return client.chat.completions.create(model="tiny-llama", messages=messages(question), max_tokens=4, temperature=0)
+    return client.chat.completions.create(
+        model="tiny-llama", messages=messages(question), max_tokens=4, temperature=0
+    )
 
 
 def cache_header(server: ServerProcess, question: str) -> dict[str, str]:
@@ -118,64 +137,119 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
     origin = server.base_url
     # The page's 401 asks for Basic credentials: any user name, the key as password.
     driver.get(origin.replace("http://", f"http://omlx:{KEY}@") + "/dashboard")
-    model = wait_for("the served model", lambda: driver.find_element(By.CSS_SELECTOR, 'tr[data-model="tiny-llama"]'))
+    model = wait_for(
+        "the served model",
+        lambda: driver.find_element(By.CSS_SELECTOR, 'tr[data-model="tiny-llama"]'),
+    )
     assert "loaded" in model.text
 
     ask(server)
     second = ask(server)
     assert second.usage.prompt_tokens_details.cached_tokens > 0
     # The repeated request is listed with its cached tokens, newest first.
-    cached = wait_for("the hit in the request list", lambda: [
-        int(t.replace(",", "")) for t in cell_texts(driver, "#requests tbody td.cached")
-        if t not in ("", NONE)
-    ] if len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 2 else None)
+    cached = wait_for(
+        "the hit in the request list",
+        lambda: (
+            [
+                int(t.replace(",", ""))
+                for t in cell_texts(driver, "#requests tbody td.cached")
+                if t not in ("", NONE)
+            ]
+            if len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 2
+            else None
+        ),
+    )
     assert cached[0] == second.usage.prompt_tokens_details.cached_tokens
     assert cached[1] == 0
     tiers = cell_texts(driver, "#requests tbody td.tier")
     assert tiers[:2] == ["hot", "none"]
     # The series sampled both: the hit-rate chart has points.
-    wait_for("a chart's points", lambda: driver.find_elements(By.CSS_SELECTOR, '[data-chart="Hit rate"] circle.point'))
+    wait_for(
+        "a chart's points",
+        lambda: driver.find_elements(By.CSS_SELECTOR, '[data-chart="Hit rate"] circle.point'),
+    )
     # The first request found nothing: it diverged at token 0, in the system message.
     rows = driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")
-    assert rows[-1].find_element(By.CSS_SELECTOR, "td.diverged").text == "token 0, message 0 (system)"
-    assert rows[0].find_element(By.CSS_SELECTOR, "td.diverged").text == NONE  # the repeat: a full hit
+    assert (
+        rows[-1].find_element(By.CSS_SELECTOR, "td.diverged").text == "token 0, message 0 (system)"
+    )
+    assert (
+        rows[0].find_element(By.CSS_SELECTOR, "td.diverged").text == NONE
+    )  # the repeat: a full hit
 
     # A new question on the same system prompt diverges in the user's message, where its
     # cache report (the x-omlx-cache header) says.
     report = cache_header(server, "Which tests are slow?")
     assert int(report["diverged_at"]) > 0 and report["role"] == "user"
-    diverged = wait_for("the divergence point", lambda: (t := cell_texts(driver, "#requests tbody td.diverged")[0]) != NONE
-                        and len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 3 and t)
-    assert diverged.startswith(f"token {int(report['diverged_at']):,}, message {report['message']} (")
+    diverged = wait_for(
+        "the divergence point",
+        lambda: (
+            (t := cell_texts(driver, "#requests tbody td.diverged")[0]) != NONE
+            and len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 3
+            and t
+        ),
+    )
+    assert diverged.startswith(
+        f"token {int(report['diverged_at']):,}, message {report['message']} ("
+    )
 
     # A pin made through the API shows with its TTL; unpinning it in the page removes it.
     pin = pin_for_a_while(server, 600)
-    row = wait_for("the pin", lambda: driver.find_element(By.CSS_SELECTOR, f'#pins tr[data-pin="{pin}"]'))
+    row = wait_for(
+        "the pin", lambda: driver.find_element(By.CSS_SELECTOR, f'#pins tr[data-pin="{pin}"]')
+    )
     assert "tiny-llama" in row.text and "api" in row.text
     ttl = row.find_element(By.CSS_SELECTOR, "td.ttl").text  # "9 min 58 s"
     assert ttl.startswith(("9 min", "10 min")), ttl
     row.find_element(By.CSS_SELECTOR, "button.unpin").click()
-    dialog = wait_for("the unpin's confirmation", lambda: (d := driver.find_element(By.ID, "confirm")).is_displayed() and d)
+    dialog = wait_for(
+        "the unpin's confirmation",
+        lambda: (d := driver.find_element(By.ID, "confirm")).is_displayed() and d,
+    )
     assert "Unpin" in dialog.text and "tiny-llama" in dialog.text
     driver.find_element(By.ID, "confirm-ok").click()
     wait_for("the unpin's report", lambda: "unpinned" in driver.find_element(By.ID, "status").text)
-    wait_for("the pin gone from the page", lambda: not driver.find_elements(By.CSS_SELECTOR, "#pins tr[data-pin]"))
-    assert httpx.get(server.base_url + "/v1/cache/pins", headers=BEARER, timeout=30).json()["data"] == []
+    wait_for(
+        "the pin gone from the page",
+        lambda: not driver.find_elements(By.CSS_SELECTOR, "#pins tr[data-pin]"),
+    )
+    assert (
+        httpx.get(server.base_url + "/v1/cache/pins", headers=BEARER, timeout=30).json()["data"]
+        == []
+    )
 
-    hot_before = wait_for("hot blocks", lambda: (t := model_cell(driver, "hot")) and t.startswith(("1", "2", "3", "4", "5", "6", "7", "8", "9")) and t)
+    hot_before = wait_for(
+        "hot blocks",
+        lambda: (
+            (t := model_cell(driver, "hot"))
+            and t.startswith(("1", "2", "3", "4", "5", "6", "7", "8", "9"))
+            and t
+        ),
+    )
 
     # Clear its cache, by keyboard: Tab from Unload to Clear cache; the focus stays there
     # while the page redraws its tables; Enter, then confirm in the dialog.
-    driver.execute_script("arguments[0].focus()", driver.find_element(By.CSS_SELECTOR, "button.unload"))
+    driver.execute_script(
+        "arguments[0].focus()", driver.find_element(By.CSS_SELECTOR, "button.unload")
+    )
     driver.switch_to.active_element.send_keys(Keys.TAB)
     drawn = driver.find_element(By.TAG_NAME, "body").get_attribute("data-updated")
-    wait_for("a redraw", lambda: driver.find_element(By.TAG_NAME, "body").get_attribute("data-updated") != drawn)
+    wait_for(
+        "a redraw",
+        lambda: driver.find_element(By.TAG_NAME, "body").get_attribute("data-updated") != drawn,
+    )
     assert driver.switch_to.active_element.get_attribute("data-key") == "clear:tiny-llama"
     driver.switch_to.active_element.send_keys(Keys.ENTER)
-    dialog = wait_for("the confirmation", lambda: (d := driver.find_element(By.ID, "confirm")).is_displayed() and d)
+    dialog = wait_for(
+        "the confirmation",
+        lambda: (d := driver.find_element(By.ID, "confirm")).is_displayed() and d,
+    )
     assert "tiny-llama" in dialog.text
     driver.find_element(By.ID, "confirm-ok").click()
-    status = wait_for("the clear's report", lambda: "cleared" in (t := driver.find_element(By.ID, "status").text) and t)
+    status = wait_for(
+        "the clear's report",
+        lambda: "cleared" in (t := driver.find_element(By.ID, "status").text) and t,
+    )
     assert "tiny-llama" in status
     wait_for("an empty hot tier", lambda: model_cell(driver, "hot").startswith("0 blocks"))
     wait_for("an empty SSD tier", lambda: model_cell(driver, "ssd").startswith("0 blocks"))
@@ -187,44 +261,76 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
         for _ in range(3):  # a few more points on the charts
             time.sleep(0.6)
             ask(server)
-        wait_for("the last request", lambda: len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 6)
+        wait_for(
+            "the last request",
+            lambda: len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 6,
+        )
         shown = pin_for_a_while(server, 3600)  # the pins panel with one in it
-        wait_for("the pin", lambda: driver.find_elements(By.CSS_SELECTOR, f'#pins tr[data-pin="{shown}"]'))
+        wait_for(
+            "the pin",
+            lambda: driver.find_elements(By.CSS_SELECTOR, f'#pins tr[data-pin="{shown}"]'),
+        )
         driver.set_window_size(1280, 1750)  # tall enough for the pins panel below the requests
         time.sleep(1.5)
         driver.save_screenshot(path)
         driver.set_window_size(1280, 1400)
         # Unpinned again: the vacuum below must be free to evict every block.
-        assert httpx.delete(f"{server.base_url}/v1/cache/pins/{shown}", headers=BEARER).status_code == 200
+        assert (
+            httpx.delete(f"{server.base_url}/v1/cache/pins/{shown}", headers=BEARER).status_code
+            == 200
+        )
         # A pin acquires the model without submitting: the pool holds it "in use" for 5 s
         # (pool.IN_USE_GRACE_S), which would refuse the unload below; a request clears that.
         ask(server)
 
     # Vacuum the SSD tier to nothing from the form, by keyboard alone.
     # Once every block the last miss computed is on disk (written behind the request).
-    wait_for("the miss's blocks on disk", lambda: blocks_in(driver, "ssd") == blocks_in(driver, "hot") > 0
-             and "0 blocks queued for disk" in driver.find_element(By.ID, "tier-ssd").text)
+    wait_for(
+        "the miss's blocks on disk",
+        lambda: (
+            blocks_in(driver, "ssd") == blocks_in(driver, "hot") > 0
+            and "0 blocks queued for disk" in driver.find_element(By.ID, "tier-ssd").text
+        ),
+    )
     size = driver.find_element(By.ID, "vacuum-size")
     size.send_keys(Keys.CONTROL, "a")
     size.send_keys("0", Keys.ENTER)
-    wait_for("the vacuum's confirmation", lambda: driver.find_element(By.ID, "confirm").is_displayed())
+    wait_for(
+        "the vacuum's confirmation", lambda: driver.find_element(By.ID, "confirm").is_displayed()
+    )
     driver.switch_to.active_element.send_keys(Keys.TAB)  # Cancel has the focus; Confirm is next
     driver.switch_to.active_element.send_keys(Keys.ENTER)
-    status = wait_for("the vacuum's report", lambda: "vacuumed" in (t := driver.find_element(By.ID, "status").text) and t)
+    status = wait_for(
+        "the vacuum's report",
+        lambda: "vacuumed" in (t := driver.find_element(By.ID, "status").text) and t,
+    )
     assert "evicted" in status
-    wait_for("an SSD tier vacuumed to nothing", lambda: model_cell(driver, "ssd").startswith("0 blocks"))
+    wait_for(
+        "an SSD tier vacuumed to nothing", lambda: model_cell(driver, "ssd").startswith("0 blocks")
+    )
     assert "0 B of" in driver.find_element(By.ID, "tier-ssd").text
 
     # Unload the model; it is listed as available (the next request loads it again).
     driver.find_element(By.CSS_SELECTOR, 'tr[data-model="tiny-llama"] button.unload').click()
-    wait_for("the unload's confirmation", lambda: driver.find_element(By.ID, "confirm").is_displayed())
+    wait_for(
+        "the unload's confirmation", lambda: driver.find_element(By.ID, "confirm").is_displayed()
+    )
     driver.find_element(By.ID, "confirm-ok").click()
-    wait_for("an unloaded model", lambda: "available" in driver.find_element(By.CSS_SELECTOR, 'tr[data-model="tiny-llama"]').text)
+    wait_for(
+        "an unloaded model",
+        lambda: (
+            "available" in driver.find_element(By.CSS_SELECTOR, 'tr[data-model="tiny-llama"]').text
+        ),
+    )
 
     urls = request_urls(driver)
     assert any(u.endswith("/v1/dashboard/state") for u in urls)
     here = urlsplit(origin).netloc
-    outside = [u for u in urls if not u.startswith("data:") and urlsplit(u).netloc.rpartition("@")[2] != here]
+    outside = [
+        u
+        for u in urls
+        if not u.startswith("data:") and urlsplit(u).netloc.rpartition("@")[2] != here
+    ]
     assert not outside, f"the page asked for something outside the server: {outside}"
 
 

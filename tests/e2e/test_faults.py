@@ -35,7 +35,9 @@ def tmpfs(size: str) -> Iterator[Path]:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("a tmpfs needs root")
     folder = Path(tempfile.mkdtemp(prefix="omlx-faults-"))
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True
+    )
     if done.returncode != 0:
         folder.rmdir()
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
@@ -48,14 +50,23 @@ def tmpfs(size: str) -> Iterator[Path]:
 
 
 def ask(base: str, text: str) -> dict:
-    body = {"model": "chat", "messages": [{"role": "user", "content": text}], "max_tokens": 2, "temperature": 0}
+    body = {
+        "model": "chat",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 2,
+        "temperature": 0,
+    }
     r = httpx.post(base + "/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
 
 
 def respond(base: str, text: str) -> dict:
-    r = httpx.post(base + "/v1/responses", json={"model": "chat", "input": text, "max_output_tokens": 2}, timeout=120)
+    r = httpx.post(
+        base + "/v1/responses",
+        json={"model": "chat", "input": text, "max_output_tokens": 2},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -85,8 +96,14 @@ def lines_with(log: str, text: str) -> list[str]:
 
 def test_a_full_disk_while_serving(chat_model, tmp_path):
     with tmpfs("24m") as cache:
-        server = ServerProcess("--model", str(chat_model), "--block-size", "16", cache_dir=cache,
-                               log_path=tmp_path / "server.log")
+        server = ServerProcess(
+            "--model",
+            str(chat_model),
+            "--block-size",
+            "16",
+            cache_dir=cache,
+            log_path=tmp_path / "server.log",
+        )
         with server:
             base = server.base_url
             ask(base, prompt(0))
@@ -108,22 +125,33 @@ def test_a_full_disk_while_serving(chat_model, tmp_path):
         assert_cache_invariants(cache)
     assert len(lines_with(log, ": out of space (")) == 1, lines_with(log, "out of space")
     assert len(lines_with(log, "written again")) == 1
-    assert unstored["store"] is False and len(lines_with(log, f"response {unstored['id']} not stored")) == 1
+    assert (
+        unstored["store"] is False
+        and len(lines_with(log, f"response {unstored['id']} not stored")) == 1
+    )
     assert "Traceback" not in log
 
 
 def immutable(folder: Path, on: bool) -> None:
     """``chattr -R +i``: nothing in the folder can be created or changed, even by root (a
     read-only remount is refused while the server has files open for writing)."""
-    subprocess.run(["chattr", "-R", "+i" if on else "-i", str(folder)], check=True, capture_output=True)
+    subprocess.run(
+        ["chattr", "-R", "+i" if on else "-i", str(folder)], check=True, capture_output=True
+    )
 
 
 def test_a_cache_folder_made_read_only_while_serving(chat_model, tmp_path):
     if os.geteuid() != 0 or shutil.which("chattr") is None:
         pytest.skip("making a folder immutable needs root and chattr")
     cache = tmp_path / "cache"
-    server = ServerProcess("--model", str(chat_model), "--block-size", "16", cache_dir=cache,
-                           log_path=tmp_path / "server.log")
+    server = ServerProcess(
+        "--model",
+        str(chat_model),
+        "--block-size",
+        "16",
+        cache_dir=cache,
+        log_path=tmp_path / "server.log",
+    )
     with server:
         base = server.base_url
         ask(base, prompt(0))
@@ -155,15 +183,27 @@ def test_a_cache_folder_made_read_only_while_serving(chat_model, tmp_path):
 
 def test_a_damaged_index_at_start_is_moved_aside_and_the_server_serves(chat_model, tmp_path):
     cache = tmp_path / "cache"
-    server = ServerProcess("--model", str(chat_model), "--block-size", "16", cache_dir=cache,
-                           log_path=tmp_path / "first.log")
+    server = ServerProcess(
+        "--model",
+        str(chat_model),
+        "--block-size",
+        "16",
+        cache_dir=cache,
+        log_path=tmp_path / "first.log",
+    )
     with server:
         ask(server.base_url, prompt(0))
     (cache / "index.db").write_bytes(b"garbage" * 1000)
     for extra in ("index.db-wal", "index.db-shm"):
         (cache / extra).unlink(missing_ok=True)
-    again = ServerProcess("--model", str(chat_model), "--block-size", "16", cache_dir=cache,
-                          log_path=tmp_path / "second.log")
+    again = ServerProcess(
+        "--model",
+        str(chat_model),
+        "--block-size",
+        "16",
+        cache_dir=cache,
+        log_path=tmp_path / "second.log",
+    )
     with again:
         ask(again.base_url, prompt(0))
     log = again.read_log()
@@ -180,8 +220,16 @@ def test_postgresql_stopped_and_restarted(chat_model, tmp_path):
     pg.start()
     try:
         url = pg.create_database()
-        server = ServerProcess("--model", str(chat_model), "--block-size", "16", "--index-url", url,
-                               cache_dir=tmp_path / "cache", log_path=tmp_path / "server.log")
+        server = ServerProcess(
+            "--model",
+            str(chat_model),
+            "--block-size",
+            "16",
+            "--index-url",
+            url,
+            cache_dir=tmp_path / "cache",
+            log_path=tmp_path / "server.log",
+        )
         with server:
             base = server.base_url
             kept = respond(base, "stored before the outage")
@@ -189,10 +237,23 @@ def test_postgresql_stopped_and_restarted(chat_model, tmp_path):
             ask(base, prompt(1))  # chat is served through the outage
             during = respond(base, "stored during the outage?")
             got = httpx.get(f"{base}/v1/responses/{kept['id']}", timeout=30)
-            follow = httpx.post(base + "/v1/responses", timeout=30, json={
-                "model": "chat", "input": "more", "max_output_tokens": 2, "previous_response_id": kept["id"]})
+            follow = httpx.post(
+                base + "/v1/responses",
+                timeout=30,
+                json={
+                    "model": "chat",
+                    "input": "more",
+                    "max_output_tokens": 2,
+                    "previous_response_id": kept["id"],
+                },
+            )
             pg.start()
-            wait_for(lambda: httpx.get(f"{base}/v1/responses/{kept['id']}", timeout=30).status_code == 200, 30)
+            wait_for(
+                lambda: (
+                    httpx.get(f"{base}/v1/responses/{kept['id']}", timeout=30).status_code == 200
+                ),
+                30,
+            )
             after = respond(base, "stored after")
             assert httpx.get(f"{base}/v1/responses/{after['id']}", timeout=10).status_code == 200
         log = server.read_log()
@@ -201,14 +262,22 @@ def test_postgresql_stopped_and_restarted(chat_model, tmp_path):
     assert during["store"] is False
     assert got.status_code == 503 and got.json()["error"]["code"] == "store_unavailable"
     assert follow.status_code == 503
-    assert len(lines_with(log, "unreachable")) >= 1 and "Traceback" not in log, lines_with(log, "unreachable")
+    assert len(lines_with(log, "unreachable")) >= 1 and "Traceback" not in log, lines_with(
+        log, "unreachable"
+    )
     assert len(lines_with(log, "answers again")) >= 1
 
 
 def test_an_index_damaged_while_serving(chat_model, tmp_path):
     cache = tmp_path / "cache"
-    server = ServerProcess("--model", str(chat_model), "--block-size", "16", cache_dir=cache,
-                           log_path=tmp_path / "first.log")
+    server = ServerProcess(
+        "--model",
+        str(chat_model),
+        "--block-size",
+        "16",
+        cache_dir=cache,
+        log_path=tmp_path / "first.log",
+    )
     with server:
         base = server.base_url
         for i in range(3):
@@ -225,8 +294,14 @@ def test_an_index_damaged_while_serving(chat_model, tmp_path):
         log = server.read_log()
     assert "Traceback" not in log
     assert len(lines_with(log, ": its index is damaged (")) == 1, lines_with(log, "damaged")
-    again = ServerProcess("--model", str(chat_model), "--block-size", "16", cache_dir=cache,
-                          log_path=tmp_path / "second.log")
+    again = ServerProcess(
+        "--model",
+        str(chat_model),
+        "--block-size",
+        "16",
+        cache_dir=cache,
+        log_path=tmp_path / "second.log",
+    )
     with again:
         ask(again.base_url, prompt(0))
     log = again.read_log()

@@ -28,8 +28,10 @@ def aliased_default_server(tmp_path_factory) -> Iterator[ServerProcess]:
     """The default model on a fresh cache, with one alias added by flag."""
     work = tmp_path_factory.mktemp("first-contact")
     server = ServerProcess(
-        "--model-alias", "gpt-4o=smollm2-135m-instruct",
-        cache_dir=work / "cache", log_path=work / "server.log",
+        "--model-alias",
+        "gpt-4o=smollm2-135m-instruct",
+        cache_dir=work / "cache",
+        log_path=work / "server.log",
     )
     with server:
         yield server
@@ -59,19 +61,27 @@ def test_an_alias_flag_keeps_the_default_claude_alias(aliased_default_server):
     for name in ("gpt-4o", "claude-sonnet-4-5"):
         body = {"model": name, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
         path = "/v1/messages" if name.startswith("claude") else "/v1/chat/completions"
-        assert httpx.post(aliased_default_server.base_url + path, json=body, timeout=60).status_code == 200
+        assert (
+            httpx.post(aliased_default_server.base_url + path, json=body, timeout=60).status_code
+            == 200
+        )
 
 
 def _serve_fails(*args: str, cwd: Path) -> str:
     """``omlx serve ARGS``: exit status 2, no traceback, one line that is not a log line."""
     done = subprocess.run(
         [sys.executable, "-m", "omlx", "serve", "--paged-ssd-cache-dir", str(cwd / "cache"), *args],
-        capture_output=True, text=True, timeout=120, cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
     )
     output = done.stdout + done.stderr
     assert done.returncode == 2, output
     assert "Traceback" not in output and "serving" not in output, output
-    said = [line for line in output.splitlines() if line and not re.match(r"\d{4}-\d\d-\d\d ", line)]
+    said = [
+        line for line in output.splitlines() if line and not re.match(r"\d{4}-\d\d-\d\d ", line)
+    ]
     assert len(said) == 1 and said[0].startswith("omlx: "), output
     return said[0]
 
@@ -129,6 +139,10 @@ def test_the_log_reads_as_one_format_with_sizes_and_models_named(aliased_default
     assert re.search(r"memory guard of smollm2-135m-instruct: [\d.]+ [KMG]B of KV memory", log)
     assert "a request may use 8,192 (prompt + max_tokens, capped by the model's context)" in log
     assert "ReconcileReport(" not in log and "cache folder reconciled: nothing to remove" in log
-    served = [line for line in lines if re.search(r"omlx\.adapters\.mlx\.engine: request \d+ ", line)]
+    served = [
+        line for line in lines if re.search(r"omlx\.adapters\.mlx\.engine: request \d+ ", line)
+    ]
     assert served and all("(smollm2-135m-instruct)" in line for line in served)
-    assert log.index("serving smollm2-135m-instruct on") < log.index("uvicorn: Started server process")
+    assert log.index("serving smollm2-135m-instruct on") < log.index(
+        "uvicorn: Started server process"
+    )

@@ -21,8 +21,12 @@ def deep(levels: int) -> str:
 
 
 def anyof(n: int) -> dict:
-    return {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "string"}}, "required": [f"k{i}"]}
-                      for i in range(n)]}
+    return {
+        "anyOf": [
+            {"type": "object", "properties": {f"k{i}": {"type": "string"}}, "required": [f"k{i}"]}
+            for i in range(n)
+        ]
+    }
 
 
 def schema_format(schema: dict) -> dict:
@@ -31,31 +35,128 @@ def schema_format(schema: dict) -> dict:
 
 HI = [{"role": "user", "content": "hi"}]
 HOSTILE: list[tuple[str, str, str | dict, int, str]] = [
-    ("chat 10 MB", "/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": BIG}]}, 400, "characters"),
+    (
+        "chat 10 MB",
+        "/v1/chat/completions",
+        {"model": "chat", "messages": [{"role": "user", "content": BIG}]},
+        400,
+        "characters",
+    ),
     ("completion 10 MB", "/v1/completions", {"model": "chat", "prompt": BIG}, 400, "characters"),
-    ("messages 10 MB", "/v1/messages", {"model": "chat", "max_tokens": 1, "messages": [{"role": "user", "content": BIG}]}, 400, "characters"),
-    ("count_tokens 10 MB", "/v1/messages/count_tokens", {"model": "chat", "messages": [{"role": "user", "content": BIG}]}, 400, "characters"),
+    (
+        "messages 10 MB",
+        "/v1/messages",
+        {"model": "chat", "max_tokens": 1, "messages": [{"role": "user", "content": BIG}]},
+        400,
+        "characters",
+    ),
+    (
+        "count_tokens 10 MB",
+        "/v1/messages/count_tokens",
+        {"model": "chat", "messages": [{"role": "user", "content": BIG}]},
+        400,
+        "characters",
+    ),
     ("responses 10 MB", "/v1/responses", {"model": "chat", "input": BIG}, 400, "characters"),
     ("embeddings 10 MB", "/v1/embeddings", {"model": "emb", "input": BIG}, 400, "characters"),
-    ("rerank 10 MB", "/v1/rerank", {"model": "rr", "query": "q", "documents": [BIG]}, 400, "characters"),
-    ("nested 100k", "/v1/chat/completions", '{"model": "chat", "messages": [], "metadata": {"x": %s}}' % deep(100_000), 400, "nested too deeply"),
-    ("nested 1000 anthropic", "/v1/messages", '{"model": "chat", "max_tokens": 1, "messages": [], "metadata": %s}' % deep(1000), 400, "nested too deeply"),
-    ("anyOf 3000", "/v1/chat/completions", {"model": "chat", "messages": HI, "max_tokens": 4, "response_format": schema_format(anyof(3000))}, 400, "too large"),
-    ("$ref to itself", "/v1/chat/completions", {"model": "chat", "messages": HI, "max_tokens": 4, "response_format": schema_format({"$ref": "#"})}, 400, "refers only to itself"),
-    ("$ref to each other", "/v1/chat/completions", {"model": "chat", "messages": HI, "max_tokens": 4, "response_format": schema_format({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})}, 400, "refers only to itself"),
-    ("max_tokens string", "/v1/chat/completions", {"model": "chat", "messages": HI, "max_tokens": "5"}, 400, "max_tokens"),
-    ("metadata 3.6 MB", "/v1/responses", {"model": "chat", "input": "hi", "max_output_tokens": 2, "metadata": {"k": "v" * 3_600_000}}, 400, "metadata"),
+    (
+        "rerank 10 MB",
+        "/v1/rerank",
+        {"model": "rr", "query": "q", "documents": [BIG]},
+        400,
+        "characters",
+    ),
+    (
+        "nested 100k",
+        "/v1/chat/completions",
+        f'{{"model": "chat", "messages": [], "metadata": {{"x": {deep(100_000)}}}}}',
+        400,
+        "nested too deeply",
+    ),
+    (
+        "nested 1000 anthropic",
+        "/v1/messages",
+        f'{{"model": "chat", "max_tokens": 1, "messages": [], "metadata": {deep(1000)}}}',
+        400,
+        "nested too deeply",
+    ),
+    (
+        "anyOf 3000",
+        "/v1/chat/completions",
+        {
+            "model": "chat",
+            "messages": HI,
+            "max_tokens": 4,
+            "response_format": schema_format(anyof(3000)),
+        },
+        400,
+        "too large",
+    ),
+    (
+        "$ref to itself",
+        "/v1/chat/completions",
+        {
+            "model": "chat",
+            "messages": HI,
+            "max_tokens": 4,
+            "response_format": schema_format({"$ref": "#"}),
+        },
+        400,
+        "refers only to itself",
+    ),
+    (
+        "$ref to each other",
+        "/v1/chat/completions",
+        {
+            "model": "chat",
+            "messages": HI,
+            "max_tokens": 4,
+            "response_format": schema_format(
+                {
+                    "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                    "$ref": "#/$defs/a",
+                }
+            ),
+        },
+        400,
+        "refers only to itself",
+    ),
+    (
+        "max_tokens string",
+        "/v1/chat/completions",
+        {"model": "chat", "messages": HI, "max_tokens": "5"},
+        400,
+        "max_tokens",
+    ),
+    (
+        "metadata 3.6 MB",
+        "/v1/responses",
+        {
+            "model": "chat",
+            "input": "hi",
+            "max_output_tokens": 2,
+            "metadata": {"k": "v" * 3_600_000},
+        },
+        400,
+        "metadata",
+    ),
 ]
 
 
 def post(base: str, path: str, body: str | dict, timeout: float = 120) -> httpx.Response:
     content = body if isinstance(body, str) else json.dumps(body)
-    return httpx.post(base + path, content=content, headers={"content-type": "application/json"}, timeout=timeout)
+    return httpx.post(
+        base + path, content=content, headers={"content-type": "application/json"}, timeout=timeout
+    )
 
 
 def small(base: str) -> float:
     started = time.monotonic()
-    r = httpx.post(base + "/v1/completions", json={"model": "chat", "prompt": "Hello", "max_tokens": 1}, timeout=60)
+    r = httpx.post(
+        base + "/v1/completions",
+        json={"model": "chat", "prompt": "Hello", "max_tokens": 1},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     return time.monotonic() - started
 
@@ -67,7 +168,9 @@ def rss_mb(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-@pytest.mark.parametrize(("name", "path", "body", "status", "said"), HOSTILE, ids=[h[0] for h in HOSTILE])
+@pytest.mark.parametrize(
+    ("name", "path", "body", "status", "said"), HOSTILE, ids=[h[0] for h in HOSTILE]
+)
 def test_a_hostile_body_is_refused_quickly_and_a_small_request_beside_it_is_not_held_up(
     all_tasks_server, name, path, body, status, said
 ):
@@ -93,7 +196,9 @@ def test_a_hostile_body_is_refused_quickly_and_a_small_request_beside_it_is_not_
     assert said in error["message"], error
     if path.startswith("/v1/messages"):
         assert r.json()["type"] == "error"
-    print(f"{name}: refused in {result['seconds']:.3f} s; beside it a 1-token request took at most {max(latencies):.3f} s")
+    print(
+        f"{name}: refused in {result['seconds']:.3f} s; beside it a 1-token request took at most {max(latencies):.3f} s"
+    )
     assert result["seconds"] < 10
     assert max(latencies) < SMALL_BOUND_S, latencies
 

@@ -32,8 +32,21 @@ def chat(server: ServerProcess, messages: list[dict], max_tokens: int = 12):
 
 def stats(cache) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "omlx", "admin", "cache", "stats", "--json", "--cache-dir", str(cache)],
-        capture_output=True, text=True, timeout=120, check=True,
+        [
+            sys.executable,
+            "-m",
+            "omlx",
+            "admin",
+            "cache",
+            "stats",
+            "--json",
+            "--cache-dir",
+            str(cache),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     return {ns["kv_dtype"]: ns for ns in json.loads(out.stdout)["namespaces"]}
 
@@ -44,7 +57,10 @@ def test_quantized_blocks_restore_after_a_restart_and_a_changed_setting_starts_f
     cache = tmp_path / "cache"
     base = ("--model", str(wide_tiny), "--block-size", "16")
     eight = (*base, "--kv-bits", "8", "--kv-group-size", "32")
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files."}]
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "List the files."},
+    ]
     with ServerProcess(*eight, cache_dir=cache, log_path=tmp_path / "a.log") as server:
         miss = chat(server, messages)
     assert miss.usage.prompt_tokens_details.cached_tokens == 0

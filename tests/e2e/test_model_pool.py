@@ -40,8 +40,15 @@ def serve(model_dir: Path, work: Path, *extra: str) -> ServerProcess:
     # Room for one chat model and its KV, not two: a second one unloads the first.
     limit = int(1.6 * weights(model_dir / "chat-a"))
     return ServerProcess(
-        "--model-dir", str(model_dir), "--max-model-memory", str(limit), "--block-size", "16", *extra,
-        cache_dir=work / "cache", log_path=work / "server.log",
+        "--model-dir",
+        str(model_dir),
+        "--max-model-memory",
+        str(limit),
+        "--block-size",
+        "16",
+        *extra,
+        cache_dir=work / "cache",
+        log_path=work / "server.log",
     )
 
 
@@ -51,16 +58,26 @@ def states(server: ServerProcess) -> dict[str, str]:
 
 
 def chat(client: OpenAI, model: str, messages: list[dict]):
-    return client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0)
+    return client.chat.completions.create(
+        model=model, messages=messages, max_tokens=8, temperature=0
+    )
 
 
 def test_models_load_on_demand_and_make_room_for_each_other(model_dir, tmp_path):
     with serve(model_dir, tmp_path) as server:
         client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
-        assert states(server) == {"chat-a": "available", "chat-b": "available", "emb": "available", "rr": "available"}
+        assert states(server) == {
+            "chat-a": "available",
+            "chat-b": "available",
+            "emb": "available",
+            "rr": "available",
+        }
         ask = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello there."}]
         replies: list = []
-        threads = [threading.Thread(target=lambda: replies.append(chat(client, "chat-a", ask))) for _ in range(3)]
+        threads = [
+            threading.Thread(target=lambda: replies.append(chat(client, "chat-a", ask)))
+            for _ in range(3)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -71,29 +88,49 @@ def test_models_load_on_demand_and_make_room_for_each_other(model_dir, tmp_path)
 
         other = chat(client, "chat-b", [{"role": "user", "content": "Hi"}])  # no room for both
         assert other.choices[0].message.content
-        assert states(server) == {"chat-a": "available", "chat-b": "loaded", "emb": "available", "rr": "available"}
+        assert states(server) == {
+            "chat-a": "available",
+            "chat-b": "loaded",
+            "emb": "available",
+            "rr": "available",
+        }
 
-        follow = [*ask, {"role": "assistant", "content": first.choices[0].message.content},
-                  {"role": "user", "content": "And again?"}]
+        follow = [
+            *ask,
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And again?"},
+        ]
         again = chat(client, "chat-a", follow)  # reloaded: its prefix comes back from the SSD tier
         assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
 
         emb = client.embeddings.create(model="emb", input=["Paris", "The quick brown fox."])
-        assert [len(d.embedding) for d in emb.data] == [64, 64] and [d.index for d in emb.data] == [0, 1]
+        assert [len(d.embedding) for d in emb.data] == [64, 64] and [d.index for d in emb.data] == [
+            0,
+            1,
+        ]
         assert abs(math.sqrt(sum(x * x for x in emb.data[0].embedding)) - 1) < 1e-4
         ranked = httpx.post(
             server.base_url + "/v1/rerank",
-            json={"model": "rr", "query": "capital?", "documents": ["Paris", "fox"], "return_documents": True},
+            json={
+                "model": "rr",
+                "query": "capital?",
+                "documents": ["Paris", "fox"],
+                "return_documents": True,
+            },
             timeout=60,
         ).json()
         assert sorted(r["index"] for r in ranked["results"]) == [0, 1]
         assert {r["document"]["text"] for r in ranked["results"]} == {"Paris", "fox"}
-        wrong = httpx.post(server.base_url + "/v1/embeddings", json={"model": "chat-a", "input": "x"}, timeout=30)
+        wrong = httpx.post(
+            server.base_url + "/v1/embeddings", json={"model": "chat-a", "input": "x"}, timeout=30
+        )
         assert wrong.status_code == 400 and "chat model" in wrong.json()["error"]["message"]
         health = httpx.get(server.base_url + "/health", timeout=10).json()
         log = server.read_log()
     assert health["memory"]["held"] <= health["memory"]["max_model_memory"]
-    assert len(re.findall(r"loading chat-a \(chat\)", log)) == 2  # once at first, once after the unload
+    assert (
+        len(re.findall(r"loading chat-a \(chat\)", log)) == 2
+    )  # once at first, once after the unload
     assert "unloading chat-a (least recently used) to make room for chat-b" in log
 
 
@@ -102,7 +139,11 @@ def test_a_pinned_model_is_never_unloaded(model_dir, tmp_path):
         assert states(server)["chat-a"] == "loaded"  # pinned: loaded at start
         r = httpx.post(
             server.base_url + "/v1/chat/completions",
-            json={"model": "chat-b", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+            json={
+                "model": "chat-b",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 4,
+            },
             timeout=60,
         )
         assert r.status_code == 429 and "max_model_memory" in r.json()["error"]["message"]
@@ -113,9 +154,20 @@ def test_a_pinned_model_is_never_unloaded(model_dir, tmp_path):
 def test_the_port_opens_before_the_model_named_at_start_has_loaded(model_dir, tmp_path):
     server = ServerProcess("--model", str(model_dir / "chat-a"), cache_dir=tmp_path / "cache")
     server.proc = subprocess.Popen(  # started by hand: ServerProcess.start waits for "ready"
-        [sys.executable, "-m", "omlx", "serve", "--port", str(server.port),
-         "--model", str(model_dir / "chat-a"), "--paged-ssd-cache-dir", str(tmp_path / "cache")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "omlx",
+            "serve",
+            "--port",
+            str(server.port),
+            "--model",
+            str(model_dir / "chat-a"),
+            "--paged-ssd-cache-dir",
+            str(tmp_path / "cache"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
     )
     try:
         seen: list[tuple[bool, str]] = []
@@ -139,10 +191,18 @@ def test_a_model_that_fails_to_load_is_a_503_naming_its_file(tmp_path):
     broken = tmp_path / "models" / "broken.gguf"
     broken.parent.mkdir()
     broken.write_bytes(b"not a gguf file at all")
-    with ServerProcess("--model", str(broken), cache_dir=tmp_path / "cache", log_path=tmp_path / "server.log") as server:
+    with ServerProcess(
+        "--model", str(broken), cache_dir=tmp_path / "cache", log_path=tmp_path / "server.log"
+    ) as server:
         health = httpx.get(server.base_url + "/health", timeout=10).json()
-        assert health["models"]["broken"]["state"] == "available" and "broken.gguf" in health["models"]["broken"]["error"]
-        r = httpx.post(server.base_url + "/v1/chat/completions",
-                       json={"model": "broken", "messages": [{"role": "user", "content": "Hi"}]}, timeout=60)
+        assert (
+            health["models"]["broken"]["state"] == "available"
+            and "broken.gguf" in health["models"]["broken"]["error"]
+        )
+        r = httpx.post(
+            server.base_url + "/v1/chat/completions",
+            json={"model": "broken", "messages": [{"role": "user", "content": "Hi"}]},
+            timeout=60,
+        )
         assert r.status_code == 503 and "broken.gguf" in r.json()["error"]["message"]
         assert r.json()["error"]["code"] == "model_load_failed"

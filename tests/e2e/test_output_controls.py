@@ -272,7 +272,8 @@ def test_grammar_compile_time_is_a_phase_in_metrics(default_server):
     )
     metrics = httpx.get(default_server.base_url + "/metrics").text
     counts = [
-        line for line in metrics.splitlines()
+        line
+        for line in metrics.splitlines()
         if line.startswith('omlx_request_phase_seconds_count{phase="grammar"}')
     ]
     assert counts and float(counts[0].split()[-1]) >= 1

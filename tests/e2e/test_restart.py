@@ -18,11 +18,16 @@ SYSTEM = "You are an agent working on a repository. " * 20
 
 def chat(server: ServerProcess, messages: list[dict], max_tokens: int = 10):
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
-    return client.chat.completions.create(model="tiny-llama", messages=messages, max_tokens=max_tokens, temperature=0)
+    return client.chat.completions.create(
+        model="tiny-llama", messages=messages, max_tokens=max_tokens, temperature=0
+    )
 
 
 def two_turns(server: ServerProcess) -> list:
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files."}]
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "List the files."},
+    ]
     first = chat(server, messages)
     messages += [
         {"role": "assistant", "content": first.choices[0].message.content},
@@ -33,7 +38,9 @@ def two_turns(server: ServerProcess) -> list:
 
 
 def admin(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "omlx", "admin", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "omlx", "admin", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_restart_restores_from_disk_with_identical_text(tiny_model_dir, tmp_path):
@@ -57,11 +64,25 @@ def test_restart_restores_from_disk_with_identical_text(tiny_model_dir, tmp_path
 
 def test_second_server_on_the_same_folder_fails_fast(tiny_model_dir, tmp_path):
     cache = tmp_path / "cache"
-    with ServerProcess("--model", str(tiny_model_dir), cache_dir=cache, log_path=tmp_path / "a.log"):
+    with ServerProcess(
+        "--model", str(tiny_model_dir), cache_dir=cache, log_path=tmp_path / "a.log"
+    ):
         other = subprocess.run(
-            [sys.executable, "-m", "omlx", "serve", "--model", str(tiny_model_dir), "--port", "1",
-             "--paged-ssd-cache-dir", str(cache)],
-            capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "omlx",
+                "serve",
+                "--model",
+                str(tiny_model_dir),
+                "--port",
+                "1",
+                "--paged-ssd-cache-dir",
+                str(cache),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     assert other.returncode != 0
     assert "lock" in other.stderr.lower() or "already" in other.stderr.lower()
@@ -75,7 +96,14 @@ def test_kill_9_during_a_burst_leaves_a_consistent_cache(tiny_model_dir, tmp_pat
 
     def burst(i: int) -> None:
         try:
-            chat(server, [{"role": "system", "content": SYSTEM * 2}, {"role": "user", "content": f"task {i} " * (i + 3)}], 40)
+            chat(
+                server,
+                [
+                    {"role": "system", "content": SYSTEM * 2},
+                    {"role": "user", "content": f"task {i} " * (i + 3)},
+                ],
+                40,
+            )
         except Exception as exc:  # the kill ends them
             errors.append(exc)
 

@@ -298,7 +298,9 @@ def test_a_tiny_shared_budget_holds_across_both(
             peak = max(peak, index.total_bytes())
             index.close()
         settle(pg_url)
-        evicted = [_metric(s, 'omlx_cache_blocks_evicted_total{model="all",tier="ssd"}') for s in (a, b)]
+        evicted = [
+            _metric(s, 'omlx_cache_blocks_evicted_total{model="all",tier="ssd"}') for s in (a, b)
+        ]
         clean_logs(a, b)
     index = connect_index(pg_url, migrate=False)
     total, count = index.total_bytes(), index.block_count()

@@ -26,8 +26,11 @@ WEATHER_PARAMS = {
 }
 WEATHER_TOOL = {
     "type": "function",
-    "function": {"name": "get_weather", "description": "The weather in a city",
-                 "parameters": WEATHER_PARAMS},
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": WEATHER_PARAMS,
+    },
 }
 
 
@@ -51,9 +54,11 @@ def test_openai_agents_calls_the_tool_then_answers(default_server):
         model=DEFAULT, openai_client=AsyncOpenAI(base_url=base(default_server), api_key="x")
     )
     agent = agents.Agent(
-        name="weather", instructions="Answer briefly.", tools=[get_weather], model=model,
-        model_settings=agents.ModelSettings(tool_choice="required", max_tokens=40,
-                                            temperature=0),
+        name="weather",
+        instructions="Answer briefly.",
+        tools=[get_weather],
+        model=model,
+        model_settings=agents.ModelSettings(tool_choice="required", max_tokens=40, temperature=0),
     )
     agents.set_tracing_disabled(True)
     result = agents.Runner.run_sync(agent, ASK, max_turns=3)
@@ -73,11 +78,13 @@ def test_pydantic_ai_structured_output_is_a_forced_call(default_server):
         city: str = Field(max_length=20)
         celsius: int = Field(ge=-50, le=60)
 
-    model = OpenAIChatModel(DEFAULT, provider=OpenAIProvider(base_url=base(default_server),
-                                                             api_key="x"))
+    model = OpenAIChatModel(
+        DEFAULT, provider=OpenAIProvider(base_url=base(default_server), api_key="x")
+    )
     agent = pydantic_ai.Agent(model, output_type=Weather)
-    result = agent.run_sync("Paris is 21 degrees. Report it.",
-                            model_settings={"max_tokens": 60, "temperature": 0})
+    result = agent.run_sync(
+        "Paris is 21 degrees. Report it.", model_settings={"max_tokens": 60, "temperature": 0}
+    )
     assert isinstance(result.output, Weather) and -50 <= result.output.celsius <= 60
 
 
@@ -90,14 +97,19 @@ def test_instructor_tools_mode_and_partial_streaming(default_server):
         name: str = Field(max_length=20)
         country: str = Field(max_length=20)
 
-    client = instructor.from_openai(OpenAI(base_url=base(default_server), api_key="x"),
-                                    mode=instructor.Mode.TOOLS)
+    client = instructor.from_openai(
+        OpenAI(base_url=base(default_server), api_key="x"), mode=instructor.Mode.TOOLS
+    )
     messages = [{"role": "user", "content": "Paris is in France. Extract the city."}]
-    city = client.chat.completions.create(model=DEFAULT, response_model=City,
-                                          messages=messages, max_tokens=60, temperature=0)
+    city = client.chat.completions.create(
+        model=DEFAULT, response_model=City, messages=messages, max_tokens=60, temperature=0
+    )
     assert isinstance(city, City) and city.name
-    partials = list(client.chat.completions.create_partial(
-        model=DEFAULT, response_model=City, messages=messages, max_tokens=60, temperature=0))
+    partials = list(
+        client.chat.completions.create_partial(
+            model=DEFAULT, response_model=City, messages=messages, max_tokens=60, temperature=0
+        )
+    )
     # The call streams as it forms: partial objects before the whole one.
     assert len(partials) > 2 and partials[-1].name == city.name
     assert any(p.name and p.country is None for p in partials)
@@ -108,8 +120,13 @@ def test_langchain_forced_call_streamed_and_cut(default_server):
     from langchain_openai import ChatOpenAI
 
     def llm(max_tokens: int) -> ChatOpenAI:
-        return ChatOpenAI(model=DEFAULT, base_url=base(default_server), api_key="x",
-                          max_tokens=max_tokens, temperature=0)
+        return ChatOpenAI(
+            model=DEFAULT,
+            base_url=base(default_server),
+            api_key="x",
+            max_tokens=max_tokens,
+            temperature=0,
+        )
 
     bound = llm(60).bind_tools([WEATHER_TOOL], tool_choice="get_weather")
     message = bound.invoke(ASK)
@@ -131,15 +148,25 @@ def test_langchain_forced_call_streamed_and_cut(default_server):
 
 def test_litellm_forced_call_whole_and_streamed(default_server):
     litellm = pytest.importorskip("litellm")
-    args = dict(model=f"openai/{DEFAULT}", api_base=base(default_server), api_key="x",
-                messages=[{"role": "user", "content": ASK}], tools=[WEATHER_TOOL],
-                tool_choice="required", max_tokens=60, temperature=0)
+    args = dict(
+        model=f"openai/{DEFAULT}",
+        api_base=base(default_server),
+        api_key="x",
+        messages=[{"role": "user", "content": ASK}],
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        max_tokens=60,
+        temperature=0,
+    )
     r = litellm.completion(**args)
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and r.choices[0].finish_reason == "tool_calls"
     assert isinstance(json.loads(call.function.arguments)["city"], str)
-    deltas = [tc for chunk in litellm.completion(**args, stream=True)
-              for tc in (chunk.choices[0].delta.tool_calls or [])]
+    deltas = [
+        tc
+        for chunk in litellm.completion(**args, stream=True)
+        for tc in (chunk.choices[0].delta.tool_calls or [])
+    ]
     assert deltas[0].function.name == "get_weather" and len(deltas) > 2
     assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
 
@@ -150,8 +177,9 @@ def test_auto_mode_shows_the_model_its_tools(default_server):
     c = OpenAI(base_url=base(default_server), api_key="x")
     messages = [{"role": "user", "content": ASK}]
     plain = c.chat.completions.create(model=DEFAULT, messages=messages, max_tokens=1)
-    auto = c.chat.completions.create(model=DEFAULT, messages=messages, tools=[WEATHER_TOOL],
-                                     max_tokens=1)
+    auto = c.chat.completions.create(
+        model=DEFAULT, messages=messages, tools=[WEATHER_TOOL], max_tokens=1
+    )
     # The tools are in the prompt (the fallback's system turn), not dropped.
     assert auto.usage.prompt_tokens > plain.usage.prompt_tokens + 50
 
@@ -171,7 +199,9 @@ def test_the_ai_sdk_streams_a_forced_call(default_server):
             pytest.skip(f"npm could not install the AI SDK: {installed.stderr.decode()[-300:]}")
     run = subprocess.run(
         ["node", str(folder / "ai_sdk_tools.mjs"), base(default_server), DEFAULT],
-        capture_output=True, timeout=300, check=True,
+        capture_output=True,
+        timeout=300,
+        check=True,
     )
     out = json.loads(run.stdout)
     assert out["finishReason"] == "tool-calls"

@@ -380,7 +380,9 @@ def test_blocks_of_an_older_block_format_are_collected_never_read(tmp_path: Path
     assert_cache_invariants(tmp_path)
 
 
-def test_vacuum_beside_a_live_server_spares_recently_used_blocks_from_the_budget(tmp_path: Path) -> None:
+def test_vacuum_beside_a_live_server_spares_recently_used_blocks_from_the_budget(
+    tmp_path: Path,
+) -> None:
     """The grace the vacuum announces holds for --max-size eviction too (issue 27)."""
     ns = make_namespace()
     now = time.time()

@@ -385,7 +385,9 @@ def test_an_old_conversation_is_found_among_many_newer_siblings(tmp_path: Path) 
             tier.put(meta, tokens, data)
             _drain(writer)
         assert old[0].key not in {c.key for c in tier.children(root)}  # by recency alone
-        match = best_child(want, [], lambda: tier.children(root, want), lambda m: tier.get(m.key, root))
+        match = best_child(
+            want, [], lambda: tier.children(root, want), lambda m: tier.get(m.key, root)
+        )
         assert match is not None and match.meta.key == old[0].key
         assert match.shared == len(want) and match.tokens == old[1]
     assert_cache_invariants(tmp_path)

@@ -10,6 +10,8 @@ from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.kv_codec import MLXKVCodec
 from omlx.adapters.mlx.loader import load_model
 from omlx.adapters.mlx.memory import CACHE_STEP, KVBudget
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.prefix_cache import PrefixCache
 from omlx.domain.generation import (
     Failed,
     Finished,
@@ -18,8 +20,6 @@ from omlx.domain.generation import (
     SamplingParams,
     TextDelta,
 )
-from omlx.domain.cache.hot_tier import HotTier
-from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.engine_helpers import Run, generate, greedy
 
 
@@ -34,7 +34,9 @@ def make_prefix_cache(model, block_size: int, hot_bytes: int = 1 << 30) -> Prefi
 
 
 def chat(model, text: str) -> list[int]:
-    return model.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True
+    )
 
 
 class Timeline:
@@ -74,7 +76,9 @@ def start(tiny, prefix_cache=None, **config) -> MLXEngine:
 def test_short_request_during_a_long_prefill_gets_its_first_token_first(tiny):
     engine = start(tiny, max_concurrent=4, prefill_step_size=32)
     try:
-        long_prompt = chat(tiny, "Summarise this. " + "The quick brown fox jumps over the lazy dog. " * 120)
+        long_prompt = chat(
+            tiny, "Summarise this. " + "The quick brown fox jumps over the lazy dog. " * 120
+        )
         short_prompt = chat(tiny, "Hello there")
         assert len(long_prompt) > 20 * 32  # a prefill of many chunks
         solo_long = generate(engine, greedy(long_prompt, 8)).text
@@ -132,8 +136,14 @@ def test_running_streams_keep_decoding_while_a_long_prompt_prefills(tiny):
         assert stream.done.wait(30)
         started = timeline.index("prefill", PrefillStarted)
         ended = timeline.index("prefill", TextDelta)
-        tokens_during = sum(1 for n, e in timeline.log[started:ended] if n == "stream" and isinstance(e, Token))
-        chunks = sum(1 for n, e in timeline.log[started:ended] if n == "prefill" and isinstance(e, PrefillProgress))
+        tokens_during = sum(
+            1 for n, e in timeline.log[started:ended] if n == "stream" and isinstance(e, Token)
+        )
+        chunks = sum(
+            1
+            for n, e in timeline.log[started:ended]
+            if n == "prefill" and isinstance(e, PrefillProgress)
+        )
         assert chunks > 10
         assert tokens_during >= chunks - 2  # about one decode step per prefill chunk
     finally:

@@ -28,4 +28,7 @@ def test_convert_refuses_an_unsupported_gguf_in_one_line(tmp_path: Path) -> None
     result = CliRunner().invoke(main, ["convert", str(gguf), str(tmp_path / "out")])
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
-    assert lines == [f"reading {gguf}", "omlx: GGUF architecture 'qwen2' is not supported (only 'llama')"]
+    assert lines == [
+        f"reading {gguf}",
+        "omlx: GGUF architecture 'qwen2' is not supported (only 'llama')",
+    ]

@@ -50,7 +50,9 @@ def direct_embeddings(path, pooling: str, normalize: bool) -> list[list[float]]:
     ("pooling", "mode", "normalize"),
     [("last", "pooling_mode_lasttoken", True), ("mean", "pooling_mode_mean_tokens", False)],
 )
-def test_embeddings_equal_a_direct_forward_pass_and_pooling(tmp_path, runner, pooling, mode, normalize):
+def test_embeddings_equal_a_direct_forward_pass_and_pooling(
+    tmp_path, runner, pooling, mode, normalize
+):
     folder = build_embedding_model(tmp_path / "emb", mode, normalize)
     assert catalog([str(folder)])[0].task == EMBEDDING
     model = load_embedding_model(folder, "emb")
@@ -71,7 +73,9 @@ def test_dimensions_base64_and_token_inputs(tmp_path, runner):
     full = asyncio.run(service.embed("Paris")).vectors[0]
     short = asyncio.run(service.embed("Paris", dimensions=16)).vectors[0]
     norm = math.sqrt(sum(x * x for x in full[:16]))
-    assert len(short) == 16 and all(abs(a - b / norm) < 1e-6 for a, b in zip(short, full[:16], strict=True))
+    assert len(short) == 16 and all(
+        abs(a - b / norm) < 1e-6 for a, b in zip(short, full[:16], strict=True)
+    )
     packed = asyncio.run(service.embed(["Paris"], encoding="base64")).vectors[0]
     assert list(struct.unpack("<64f", base64.b64decode(packed))) == pytest.approx(full, abs=1e-7)
     tokens = model.tokenizer.encode("Paris")
@@ -92,16 +96,27 @@ def test_rerank_scores_are_the_yes_no_logits_computed_directly(tmp_path, runner)
     documents = ["Paris is the capital of France.", "The quick brown fox.", "def add(a, b)"]
     ranked, tokens = asyncio.run(RerankService(runner, model).rank("capital of France?", documents))
     raw, tokenizer = mlx_lm_load(str(folder))
-    yes, no = tokenizer.encode(YES, add_special_tokens=False)[0], tokenizer.encode(NO, add_special_tokens=False)[0]
+    yes, no = (
+        tokenizer.encode(YES, add_special_tokens=False)[0],
+        tokenizer.encode(NO, add_special_tokens=False)[0],
+    )
     want = []
     for document in documents:
-        prompt = RERANK_OMLX_JSON["prefix"] + RERANK_OMLX_JSON["template"].format(
-            query="capital of France?", document=document, instruction=RERANK_OMLX_JSON["instruction"]
-        ) + RERANK_OMLX_JSON["suffix"]
+        prompt = (
+            RERANK_OMLX_JSON["prefix"]
+            + RERANK_OMLX_JSON["template"].format(
+                query="capital of France?",
+                document=document,
+                instruction=RERANK_OMLX_JSON["instruction"],
+            )
+            + RERANK_OMLX_JSON["suffix"]
+        )
         logits = raw(mx.array([tokenizer.encode(prompt)]))[0, -1]
         want.append(1 / (1 + math.exp(-(logits[yes] - logits[no]).item())))
     assert [r.index for r in ranked] == sorted(range(3), key=lambda i: -want[i])
     assert [r.score for r in ranked] == pytest.approx(sorted(want, reverse=True), abs=1e-5)
     assert tokens > 0
-    top, _ = asyncio.run(RerankService(runner, model).rank("capital of France?", documents, top_n=1))
+    top, _ = asyncio.run(
+        RerankService(runner, model).rank("capital of France?", documents, top_n=1)
+    )
     assert len(top) == 1 and top[0].index == ranked[0].index

@@ -29,7 +29,9 @@ def engine(tiny):
 
 
 def chat_tokens(model, text: str) -> list[int]:
-    return model.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True
+    )
 
 
 def reference_tokens(model, prompt: list[int], n: int) -> list[int]:
@@ -46,8 +48,12 @@ def test_greedy_equals_mlx_lm_token_for_token(tiny, engine):
     expected = reference_tokens(tiny, prompt, 24)
     run = generate(engine, greedy(prompt, 24))
     ids = tiny.tokenizer.encode(run.text, add_special_tokens=False)
-    assert run.finished.completion_tokens == len([t for t in expected if t not in tiny.tokenizer.eos_token_ids])
-    assert run.text == tiny.tokenizer.decode([t for t in expected if t not in tiny.tokenizer.eos_token_ids])
+    assert run.finished.completion_tokens == len(
+        [t for t in expected if t not in tiny.tokenizer.eos_token_ids]
+    )
+    assert run.text == tiny.tokenizer.decode(
+        [t for t in expected if t not in tiny.tokenizer.eos_token_ids]
+    )
     assert ids  # the text is not empty
 
 
@@ -63,7 +69,9 @@ def test_stop_string_cuts_the_text(tiny, engine):
 
 def test_seeded_sampling_is_reproducible(tiny, engine):
     prompt = chat_tokens(tiny, "Write a word")
-    request = GenerationRequest(tuple(prompt), 12, SamplingParams(temperature=1.0, top_p=0.9, seed=7))
+    request = GenerationRequest(
+        tuple(prompt), 12, SamplingParams(temperature=1.0, top_p=0.9, seed=7)
+    )
     first = generate(engine, request).text
     second = generate(engine, request).text
     assert first == second
@@ -139,7 +147,9 @@ class _CountingModel:
         return self.model(*args, **kwargs)
 
 
-def _first_token_step_and_tokens(model, prompt: list[int], fused: bool) -> tuple[int, int, list[int]]:
+def _first_token_step_and_tokens(
+    model, prompt: list[int], fused: bool
+) -> tuple[int, int, list[int]]:
     """The step that hands out the first token, the forward passes run by then, the tokens."""
     counting = _CountingModel(model)
     generator = FusingBatchGenerator(counting, fuse=fused, in_order=fused, prefill_step_size=256)
@@ -162,8 +172,12 @@ def test_the_first_token_comes_one_pass_sooner_with_the_same_tokens(tiny):
     """mlx-lm's batcher: prompt chunk, last token alone, then token 1 handed out a pass
     late; fused and in order: the chunk with its last token, then token 1."""
     prompt = chat_tokens(tiny, "What is the capital of France?")
-    fused_first, fused_passes, fused_tokens = _first_token_step_and_tokens(tiny.model, prompt, fused=True)
-    plain_first, plain_passes, plain_tokens = _first_token_step_and_tokens(tiny.model, prompt, fused=False)
+    fused_first, fused_passes, fused_tokens = _first_token_step_and_tokens(
+        tiny.model, prompt, fused=True
+    )
+    plain_first, plain_passes, plain_tokens = _first_token_step_and_tokens(
+        tiny.model, prompt, fused=False
+    )
     assert (fused_first, plain_first) == (2, 3)
     assert (fused_passes, plain_passes) == (1, 3)
     assert fused_tokens == plain_tokens and len(fused_tokens) == 8

@@ -64,8 +64,12 @@ def test_a_json_schema(grammars, tokenizer):
 def forced(fmt, name="get_weather", parameters=CITY, several=False, **kw) -> OutputGrammar:
     shape = CallShape(name, fmt.before(name), parameters, fmt.after, fmt.pairs)
     return OutputGrammar(
-        calls=(shape,), opening=fmt.opening, between=fmt.between, closing=fmt.closing,
-        several_calls=several, **kw,
+        calls=(shape,),
+        opening=fmt.opening,
+        between=fmt.between,
+        closing=fmt.closing,
+        several_calls=several,
+        **kw,
     )
 
 
@@ -89,23 +93,43 @@ def test_an_open_reasoning_section_is_closed_first(grammars, tokenizer):
 
 # A forced get_weather(city=Paris) in each family's syntax, as its grammar must allow it.
 FORCED = {
-    "hermes": (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+    "hermes": (
+        HERMES,
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    ),
     "llama3": (formats.LLAMA3, '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
-    "mistral": (formats.MISTRAL, '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+    "mistral": (
+        formats.MISTRAL,
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    ),
     "mistral-args": (formats.MISTRAL_ARGS, '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'),
-    "harmony": (formats.HARMONY, "<|channel|>commentary to=functions.get_weather <|constrain|>json"
-                                 '<|message|>{"city": "Paris"}<|call|>'),
-    "deepseek": (formats.DEEPSEEK, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
-                                   'get_weather\n```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜>'
-                                   "<｜tool▁calls▁end｜>"),
-    "deepseek-v31": (formats.DEEPSEEK_V31, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather"
-                                           '<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜>'
-                                           "<｜tool▁calls▁end｜>"),
-    "glm": (formats.GLM, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
-                         "</arg_value>\n</tool_call>"),
+    "harmony": (
+        formats.HARMONY,
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"city": "Paris"}<|call|>',
+    ),
+    "deepseek": (
+        formats.DEEPSEEK,
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+        'get_weather\n```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜>'
+        "<｜tool▁calls▁end｜>",
+    ),
+    "deepseek-v31": (
+        formats.DEEPSEEK_V31,
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather"
+        '<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜>'
+        "<｜tool▁calls▁end｜>",
+    ),
+    "glm": (
+        formats.GLM,
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
+        "</arg_value>\n</tool_call>",
+    ),
     "gemma4": (formats.GEMMA4, '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'),
-    "function-gemma": (formats.FUNCTION_GEMMA, "<start_function_call>call:get_weather{city:<escape>"
-                                               "Paris<escape>}<end_function_call>"),
+    "function-gemma": (
+        formats.FUNCTION_GEMMA,
+        "<start_function_call>call:get_weather{city:<escape>Paris<escape>}<end_function_call>",
+    ),
 }
 
 
@@ -118,18 +142,29 @@ def test_each_familys_forced_call_is_its_own_syntax_and_reads_back(grammars, tok
     assert not accepts(grammars, tokenizer, g, "Sure. " + text)
     splitter = OutputSplitter(OutputFormat(None, fmt))
     _, _, calls = collect(splitter.feed(text) + splitter.finish())
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
 
 
 def test_a_closed_schema_ends_the_arguments_where_an_open_one_goes_on(grammars, tokenizer):
-    extra = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "x": 1}}\n</tool_call>'
-    assert not accepts(grammars, tokenizer, forced(HERMES, parameters=json.dumps(closed(json.loads(CITY)))), extra)
+    extra = (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "x": 1}}\n</tool_call>'
+    )
+    assert not accepts(
+        grammars, tokenizer, forced(HERMES, parameters=json.dumps(closed(json.loads(CITY)))), extra
+    )
     assert accepts(grammars, tokenizer, forced(HERMES), extra)  # as the client wrote it: open
 
 
 def test_a_special_token_marker_is_matched_as_that_token(grammars, tokenizer):
-    g = OutputGrammar(calls=(CallShape("f", ("<|im_start|>", '{"name": "f", "arguments": '), "{}",
-                                       ("}", "<|endoftext|>")),))
+    g = OutputGrammar(
+        calls=(
+            CallShape(
+                "f", ("<|im_start|>", '{"name": "f", "arguments": '), "{}", ("}", "<|endoftext|>")
+            ),
+        )
+    )
     assert "<[" in grammars._literal("<|im_start|>")
     assert accepts(
         grammars, tokenizer, g, '<|im_start|>{"name": "f", "arguments": {}}<|endoftext|>'
@@ -138,21 +173,32 @@ def test_a_special_token_marker_is_matched_as_that_token(grammars, tokenizer):
 
 def test_a_refusal_gives_llguidances_whole_reason(grammars):
     with pytest.raises(GrammarError) as err:
-        grammars.constraint(OutputGrammar(json_schema=json.dumps({"type": "string", "pattern": "(a)\\1"})))
+        grammars.constraint(
+            OutputGrammar(json_schema=json.dumps({"type": "string", "pattern": "(a)\\1"}))
+        )
     assert str(err.value) == (
         "failed to compile JSON schema: regex parse error in pattern '(a)\\1': "
         "backreferences are not supported"
     )
 
 
-OBJ_A = {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "string"}},
-         "required": ["kind"]}
-OBJ_B = {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "integer"}},
-         "required": ["kind"]}
+OBJ_A = {
+    "type": "object",
+    "properties": {"kind": {"const": "a"}, "x": {"type": "string"}},
+    "required": ["kind"],
+}
+OBJ_B = {
+    "type": "object",
+    "properties": {"kind": {"const": "b"}, "y": {"type": "integer"}},
+    "required": ["kind"],
+}
 
 
 def test_an_exclusive_one_of_is_enforced(grammars, tokenizer):
-    tagged = {"oneOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}], "$defs": {"A": OBJ_A, "B": OBJ_B}}
+    tagged = {
+        "oneOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}],
+        "$defs": {"A": OBJ_A, "B": OBJ_B},
+    }
     g = OutputGrammar(json_schema=json.dumps(tagged))
     assert accepts(grammars, tokenizer, g, '{"kind": "a", "x": "hi"}')
     assert accepts(grammars, tokenizer, g, '{"kind": "b", "y": 2}')
@@ -162,8 +208,12 @@ def test_an_exclusive_one_of_is_enforced(grammars, tokenizer):
 
 
 def test_a_one_of_that_may_match_twice_is_refused_with_what_to_change(grammars):
-    loose = {"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}}},
-                       {"type": "object", "properties": {"b": {"type": "string"}}}]}
+    loose = {
+        "oneOf": [
+            {"type": "object", "properties": {"a": {"type": "string"}}},
+            {"type": "object", "properties": {"b": {"type": "string"}}},
+        ]
+    }
     with pytest.raises(GrammarError) as err:
         grammars.constraint(OutputGrammar(json_schema=json.dumps(loose)))
     assert "coerce_one_of" not in str(err.value) and "use anyOf" in str(err.value)
@@ -222,7 +272,10 @@ def one_key_objects(n: int) -> dict:
 
 @pytest.mark.parametrize(
     "schema",
-    [{"$ref": "#"}, {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}],
+    [
+        {"$ref": "#"},
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    ],
     ids=["itself", "each-other"],
 )
 def test_a_schema_that_only_refers_to_itself_is_refused_at_compile(grammars, schema):
@@ -231,9 +284,18 @@ def test_a_schema_that_only_refers_to_itself_is_refused_at_compile(grammars, sch
 
 
 def test_a_recursive_schema_with_a_base_case_is_served(grammars, tokenizer):
-    tree = {"$defs": {"n": {"type": "object", "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}}}},
-            "$ref": "#/$defs/n"}
-    assert accepts(grammars, tokenizer, OutputGrammar(json_schema=json.dumps(tree)), '{"c": [{"c": []}]}')
+    tree = {
+        "$defs": {
+            "n": {
+                "type": "object",
+                "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+            }
+        },
+        "$ref": "#/$defs/n",
+    }
+    assert accepts(
+        grammars, tokenizer, OutputGrammar(json_schema=json.dumps(tree)), '{"c": [{"c": []}]}'
+    )
 
 
 def test_an_anyof_of_thousands_is_refused_as_too_large(grammars):

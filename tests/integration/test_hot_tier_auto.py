@@ -26,10 +26,14 @@ GB = 10**9
 )
 def test_the_hot_tier_of_a_loaded_model(tmp_path: Path, caplog, flags, expected) -> None:
     build_tiny_model(tmp_path / "models" / "tiny")
-    settings = load_settings(env={}, flags={
-        "model_dir": str(tmp_path / "models"), "paged_ssd_cache_dir": str(tmp_path / "cache"),
-        **flags,
-    })
+    settings = load_settings(
+        env={},
+        flags={
+            "model_dir": str(tmp_path / "models"),
+            "paged_ssd_cache_dir": str(tmp_path / "cache"),
+            **flags,
+        },
+    )
     with caplog.at_level(logging.INFO, logger="omlx.app.model_loader"):
         container = bootstrap(settings)
         served = asyncio.run(container.pool.acquire("tiny"))
@@ -37,7 +41,9 @@ def test_the_hot_tier_of_a_loaded_model(tmp_path: Path, caplog, flags, expected)
         per_token = served.model.kv_cost.per_token
         hot = served.prefix_cache.stats().hot
         assert hot.max_bytes == expected(per_token)
-        line = next(r.getMessage() for r in caplog.records if "prefix cache of tiny" in r.getMessage())
+        line = next(
+            r.getMessage() for r in caplog.records if "prefix cache of tiny" in r.getMessage()
+        )
         if "hot_cache_max_size" in flags:
             assert "hot tier 64MB" in line
         else:  # 131,072 tokens of the tiny model are far under the 1.5 GB cap: the floor

@@ -21,13 +21,17 @@ SYSTEM = "You are a careful coding assistant. " * 12
 @pytest.fixture(scope="module")
 def wide_tiny(tmp_path_factory):
     """A tiny llama whose head_dim (32) a quantization group divides."""
-    return load_model(str(build_tiny_model(tmp_path_factory.mktemp("wide") / "tiny", hidden_size=128)))
+    return load_model(
+        str(build_tiny_model(tmp_path_factory.mktemp("wide") / "tiny", hidden_size=128))
+    )
 
 
 def miss_then_hit(model, quant: KVQuant | None, max_tokens: int = 200):
     hot = HotTier(1 << 30)
     # No kept finished caches: the hit must come from the (quantized) blocks.
-    cache = PrefixCache(namespace=model.namespace(16, quant), codec=MLXKVCodec(model.layout, quant), hot=hot)
+    cache = PrefixCache(
+        namespace=model.namespace(16, quant), codec=MLXKVCodec(model.layout, quant), hot=hot
+    )
     engine = MLXEngine(model, cache, EngineConfig())
     engine.start()
     try:
@@ -52,12 +56,14 @@ def test_a_hit_restores_quantized_blocks_and_stays_close_to_the_miss(wide_tiny, 
     prompt, miss, hit, hot = miss_then_hit(wide_tiny, quant)
     assert miss.finished.cached_tokens == 0
     assert hit.finished.cached_tokens == len(prompt) - 1
-    blocks = [hot.get(k) for k in hot.keys()]  # what RAM holds
+    blocks = [hot.get(k) for k in hot.keys()]  # noqa: SIM118 (a HotTier, not a dict)
     assert blocks and all(isinstance(b.payload, QuantizedKVBlock) for b in blocks)
     assert all(b.payload.quant == quant for b in blocks)
     # The measured agreement on this model (docs/benchmarks.md has the default model's).
     a, b = token_ids(miss), token_ids(hit)
-    lead = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    lead = next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
     print(f"kv_bits {bits}: {lead} of {len(a)} pieces equal before the first difference")
     assert lead >= (len(a) // 2 if bits == 8 else 8)
 

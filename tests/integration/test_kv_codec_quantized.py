@@ -45,7 +45,10 @@ def reference(cache: list[KVCache], quant: KVQuant, n: int) -> list[tuple[mx.arr
         for x in (c.keys[..., :n, :], c.values[..., :n, :]):
             w, s, b = mx.quantize(x, group_size=quant.group_size, bits=quant.bits)
             if x.dtype == mx.float32:
-                s, b = s.astype(mx.float16).astype(mx.float32), b.astype(mx.float16).astype(mx.float32)
+                s, b = (
+                    s.astype(mx.float16).astype(mx.float32),
+                    b.astype(mx.float16).astype(mx.float32),
+                )
             sides.append(mx.dequantize(w, s, b, group_size=quant.group_size, bits=quant.bits))
         out.append((sides[0].astype(x.dtype), sides[1].astype(x.dtype)))
     return out
@@ -75,10 +78,15 @@ def test_quantized_blocks_round_trip_files_and_ram_alike(bits: int, dtype: mx.Dt
         assert mx.array_equal(x.values[..., :12, :], y.values[..., :12, :])
         assert mx.array_equal(x.keys[..., :12, :], k) and mx.array_equal(x.values[..., :12, :], v)
     # Close to the original, as the bit width allows.
-    err = max(float(mx.abs(x.keys[..., :12, :] - c.keys[..., :12, :]).max()) for x, c in zip(a, cache))
+    err = max(
+        float(mx.abs(x.keys[..., :12, :] - c.keys[..., :12, :]).max())
+        for x, c in zip(a, cache, strict=False)
+    )
     assert err < (0.05 if bits == 8 else 0.6)
     # A block's leading positions (token-granular restore) are cut from codes, scales, biases.
-    tail = codec.truncate(codec.decode(block_file(codec, codec.split(cache, 12, 14), [1, 2])).payload, 1)
+    tail = codec.truncate(
+        codec.decode(block_file(codec, codec.split(cache, 12, 14), [1, 2])).payload, 1
+    )
     restored = codec.assemble([*from_disk, tail])
     assert restored[0].offset == 13
     assert mx.array_equal(restored[0].keys[..., :12, :], b[0].keys[..., :12, :])
@@ -115,7 +123,7 @@ def test_a_quantized_file_missing_a_part_or_with_bad_shapes_is_refused() -> None
     data = block_file(codec, codec.split(make_cache(4, mx.float32), 0, 4), [1, 2, 3, 4])
     tensors, metadata = decode_block(data)
     missing = {k: v for k, v in tensors.items() if k != "v_biases.2"}
-    with pytest.raises(ValueError, match="v_biases.2"):
+    with pytest.raises(ValueError, match=r"v_biases\.2"):
         codec.decode(bytes(encode_block(missing, metadata)))
     with pytest.raises(ValueError, match="do not fit"):
         codec.decode(bytes(encode_block(tensors, {**metadata, "kv_bits": "8"})))

@@ -38,16 +38,24 @@ def measure_two_cycles(root: str) -> None:
     from tests.tiny_model import build_tiny_model
 
     # ~120 MB of float32 weights: large against RSS noise, quick to build and load.
-    build_tiny_model(Path(root) / "models" / "wide", layers=8, hidden_size=512, intermediate_size=2048)
-    settings = load_settings(env={}, flags={
-        "model_dir": f"{root}/models", "paged_ssd_cache_dir": f"{root}/cache",
-    })
+    build_tiny_model(
+        Path(root) / "models" / "wide", layers=8, hidden_size=512, intermediate_size=2048
+    )
+    settings = load_settings(
+        env={},
+        flags={
+            "model_dir": f"{root}/models",
+            "paged_ssd_cache_dir": f"{root}/cache",
+        },
+    )
     container = bootstrap(settings)
 
     async def one_request() -> None:
         served = await container.pool.acquire("wide")
         g = served.generation
-        request = g.build_request(g.encode_text("hello " * 200), Sampling(max_tokens=4, temperature=0))
+        request = g.build_request(
+            g.encode_text("hello " * 200), Sampling(max_tokens=4, temperature=0)
+        )
         await g.complete(request)
 
     cycles = []
@@ -56,7 +64,9 @@ def measure_two_cycles(root: str) -> None:
             asyncio.run(one_request())
             loaded = {"rss": rss_bytes(), "mlx": mx.get_active_memory()}
             assert container.pool.unload("wide", force=True)
-            cycles.append({"loaded": loaded, "unloaded": {"rss": rss_bytes(), "mlx": mx.get_active_memory()}})
+            cycles.append(
+                {"loaded": loaded, "unloaded": {"rss": rss_bytes(), "mlx": mx.get_active_memory()}}
+            )
     finally:
         container.close()
     print(json.dumps(cycles))
@@ -65,8 +75,16 @@ def measure_two_cycles(root: str) -> None:
 def test_unloading_a_model_gives_its_weights_back(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = subprocess.run(
-        [sys.executable, "-c", f"from tests.integration.test_pool_memory import measure_two_cycles as m; m({str(tmp_path)!r})"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            f"from tests.integration.test_pool_memory import measure_two_cycles as m; m({str(tmp_path)!r})",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     cycles = json.loads(run.stdout.strip().splitlines()[-1])
@@ -78,4 +96,7 @@ def test_unloading_a_model_gives_its_weights_back(tmp_path):
         # And the pages leave the process, not only MLX's books.
         assert c["loaded"]["rss"] - c["unloaded"]["rss"] > 0.8 * weights, (cycles, weights)
     # A model kept alive by the second cycle would add all of its weights.
-    assert cycles[1]["unloaded"]["rss"] < cycles[0]["unloaded"]["rss"] + 0.5 * weights, (cycles, weights)
+    assert cycles[1]["unloaded"]["rss"] < cycles[0]["unloaded"]["rss"] + 0.5 * weights, (
+        cycles,
+        weights,
+    )

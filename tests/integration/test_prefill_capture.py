@@ -17,10 +17,10 @@ from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.kv_codec import MLXKVCodec, _groups
 from omlx.adapters.mlx.loader import load_model
-from omlx.domain.generation import PrefillProgress, TextDelta
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.keys import chain_keys
 from omlx.domain.cache.prefix_cache import PrefixCache
+from omlx.domain.generation import PrefillProgress, TextDelta
 from tests.engine_helpers import Run, generate, greedy, submit
 
 BLOCK, STEP = 16, 64
@@ -126,7 +126,9 @@ def test_a_fused_last_token_keeps_the_same_blocks_and_text(tiny):
     stored, texts, fused_rows = [], [], []
     for fuse in (True, False):
         cache = cache_for(tiny)
-        engine = MLXEngine(tiny, cache, EngineConfig(prefill_step_size=STEP, fuse_last_token=fuse, warm_up=False))  # warm-up rows would count
+        engine = MLXEngine(
+            tiny, cache, EngineConfig(prefill_step_size=STEP, fuse_last_token=fuse, warm_up=False)
+        )  # warm-up rows would count
         engine.start()
         try:
             texts.append(generate(engine, greedy(tokens, 8)).text)
@@ -139,7 +141,10 @@ def test_a_fused_last_token_keeps_the_same_blocks_and_text(tiny):
     keys = chain_keys(stored[0].namespace.digest, tokens, BLOCK)
     for key in keys:
         a, b = (_groups(c.hot.get(key).payload)[0] for c in stored)
-        assert mx.allclose(a.keys, b.keys, atol=1e-4).item() and mx.allclose(a.values, b.values, atol=1e-4).item()
+        assert (
+            mx.allclose(a.keys, b.keys, atol=1e-4).item()
+            and mx.allclose(a.values, b.values, atol=1e-4).item()
+        )
 
 
 def test_a_fused_final_chunk_keeps_its_blocks_before_the_request_ends(tiny):

@@ -81,7 +81,9 @@ def run_conversation(
     keep_finished: int = 2,
     engines: list | None = None,
 ):
-    cache = make_prefix_cache(model, block_size, keep_finished=keep_finished) if block_size else None
+    cache = (
+        make_prefix_cache(model, block_size, keep_finished=keep_finished) if block_size else None
+    )
     config = EngineConfig(max_concurrent=4, prefill_step_size=64)
     engine = MLXEngine(model, cache, config)
     if engines is not None:
@@ -145,7 +147,11 @@ def test_two_branches_continue_from_one_kept_cache_to_their_own_outputs(tiny):
                 add_generation_prompt=True,
             )
             texts = [generate(engine, greedy(trunk, 6)).text]
-            for branch in ([5, 6, 7, 8], [9, 10], [5, 6, 7, 8]):  # two branches, then the first again
+            for branch in (
+                [5, 6, 7, 8],
+                [9, 10],
+                [5, 6, 7, 8],
+            ):  # two branches, then the first again
                 texts.append(generate(engine, greedy([*trunk, *branch], 6)).text)
             return texts, cache.stats().continued_requests
         finally:

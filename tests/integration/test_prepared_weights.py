@@ -56,13 +56,20 @@ def test_the_copy_loads_the_very_model_the_gguf_gives(gguf_file: Path, tmp_path:
     assert second.config == first.config
     assert second.namespace(64) == first.namespace(64)  # the same cache namespace: KV reused
     assert second.tokenizer.eos_token_ids == first.tokenizer.eos_token_ids == {2}
-    assert second.tokenizer.encode("The quick brown fox") == first.tokenizer.encode("The quick brown fox")
+    assert second.tokenizer.encode("The quick brown fox") == first.tokenizer.encode(
+        "The quick brown fox"
+    )
     assert second.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True) == (
         first.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True)
     )
-    assert mx.array_equal(_logits(second.model, second.tokenizer), _logits(first.model, first.tokenizer)).item()
+    assert mx.array_equal(
+        _logits(second.model, second.tokenizer), _logits(first.model, first.tokenizer)
+    ).item()
     manifest = json.loads((folder / MANIFEST).read_text())
-    assert manifest["source"] == str(gguf_file) and manifest["weights_bytes"] == (folder / WEIGHTS_FILE).stat().st_size
+    assert (
+        manifest["source"] == str(gguf_file)
+        and manifest["weights_bytes"] == (folder / WEIGHTS_FILE).stat().st_size
+    )
 
 
 def test_the_budget_keeps_the_most_recently_loaded_copies(tmp_path: Path) -> None:
@@ -90,7 +97,9 @@ def test_a_copy_larger_than_the_budget_is_not_written(gguf_file: Path, tmp_path:
     assert store.copies() == []
 
 
-def test_an_unreadable_copy_is_removed_and_the_gguf_loads_instead(gguf_file: Path, tmp_path: Path) -> None:
+def test_an_unreadable_copy_is_removed_and_the_gguf_loads_instead(
+    gguf_file: Path, tmp_path: Path
+) -> None:
     store = PreparedWeights(tmp_path / "prepared", max_bytes=10**9)
     first = load_model(str(gguf_file), prepared=store)
     folder = first.extra.pop("write_prepared_copy")(lambda: True)
@@ -101,15 +110,24 @@ def test_an_unreadable_copy_is_removed_and_the_gguf_loads_instead(gguf_file: Pat
 
     assert not folder.exists()
     assert "write_prepared_copy" in again.extra  # dequantized again, so it offers a new copy
-    assert mx.array_equal(_logits(again.model, again.tokenizer), _logits(first.model, first.tokenizer)).item()
+    assert mx.array_equal(
+        _logits(again.model, again.tokenizer), _logits(first.model, first.tokenizer)
+    ).item()
 
 
-def test_an_abandoned_or_crashed_write_leaves_nothing_that_loads(gguf_file: Path, tmp_path: Path) -> None:
+def test_an_abandoned_or_crashed_write_leaves_nothing_that_loads(
+    gguf_file: Path, tmp_path: Path
+) -> None:
     root = tmp_path / "prepared"
     store = PreparedWeights(root, max_bytes=10**9)
     loaded = load_gguf(gguf_file)
     calls = []
-    assert store.keep("e" * 64, loaded, gguf_file, proceed=lambda: not calls.append(1) and len(calls) <= 3) is None
+    assert (
+        store.keep(
+            "e" * 64, loaded, gguf_file, proceed=lambda: not calls.append(1) and len(calls) <= 3
+        )
+        is None
+    )
     assert list(root.iterdir()) == []  # nothing of the abandoned write
     assert store.load("e" * 64) is None
 
@@ -125,11 +143,16 @@ def test_an_abandoned_or_crashed_write_leaves_nothing_that_loads(gguf_file: Path
 
 
 def test_the_server_writes_the_copy_when_quiet_and_the_next_start_loads_it(
-    gguf_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    gguf_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(model_loader, "_QUIET_BEFORE_CHORES_S", 0.3)
     monkeypatch.setattr(pool, "IN_USE_GRACE_S", 0.3)
-    settings = load_settings(env={}, flags={"model": str(gguf_file), "paged_ssd_cache_dir": str(tmp_path / "cache")})
+    settings = load_settings(
+        env={}, flags={"model": str(gguf_file), "paged_ssd_cache_dir": str(tmp_path / "cache")}
+    )
     copies = tmp_path / "cache" / PREPARED_DIR
 
     def reply() -> tuple[str, int]:
@@ -137,7 +160,9 @@ def test_the_server_writes_the_copy_when_quiet_and_the_next_start_loads_it(
         try:
             served = container.pool.loaded()[0]
             g = served.generation
-            request = g.build_request(g.encode_text("The quick brown fox"), Sampling(max_tokens=6, temperature=0))
+            request = g.build_request(
+                g.encode_text("The quick brown fox"), Sampling(max_tokens=6, temperature=0)
+            )
             result = asyncio.run(g.complete(request))
             deadline = time.monotonic() + 30
             while not any(copies.glob(f"*/{MANIFEST}")) and time.monotonic() < deadline:
@@ -159,8 +184,14 @@ def test_the_server_writes_the_copy_when_quiet_and_the_next_start_loads_it(
     assert _admin("cache", "verify", "--cache-dir", cache).exit_code == 0
     report = json.loads(_admin("cache", "stats", "--json", "--cache-dir", cache).stdout)
     assert report["prepared_weights"]["copies"] == 1
-    assert report["prepared_weights"]["nbytes"] > (next(copies.glob(f"*/{WEIGHTS_FILE}"))).stat().st_size
-    assert "prepared:     1 float32 GGUF copies" in _admin("cache", "stats", "--cache-dir", cache).output
+    assert (
+        report["prepared_weights"]["nbytes"]
+        > (next(copies.glob(f"*/{WEIGHTS_FILE}"))).stat().st_size
+    )
+    assert (
+        "prepared:     1 float32 GGUF copies"
+        in _admin("cache", "stats", "--cache-dir", cache).output
+    )
     assert len(list(copies.glob(f"*/{MANIFEST}"))) == 1
 
 
@@ -168,7 +199,9 @@ def test_an_unload_during_the_wait_stops_the_writer(
     gguf_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(model_loader, "_QUIET_BEFORE_CHORES_S", 60.0)
-    settings = load_settings(env={}, flags={"model": str(gguf_file), "paged_ssd_cache_dir": str(tmp_path / "cache")})
+    settings = load_settings(
+        env={}, flags={"model": str(gguf_file), "paged_ssd_cache_dir": str(tmp_path / "cache")}
+    )
     container = bootstrap(settings)
     started = time.monotonic()
     container.close()  # unloads: its closer stops the waiting writer and joins it

@@ -40,7 +40,9 @@ def many_blocks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     index, store = open_index(folder), FileBlockStore(folder)
     index.upsert_namespace(ns)
     chain = make_chain(ns, BLOCKS + 3, kv_bytes=64)
-    blocks = [record_block(store, index, ns, m, d, 1.0 + i) for i, (m, _, d) in enumerate(chain[:BLOCKS])]
+    blocks = [
+        record_block(store, index, ns, m, d, 1.0 + i) for i, (m, _, d) in enumerate(chain[:BLOCKS])
+    ]
     index.close()
     for b in blocks[:2]:
         store.delete(b.relpath)  # rows without files
@@ -107,8 +109,16 @@ def test_a_long_prefill_logs_its_progress(
         rng = random.Random(1)
         long_prompt = [rng.randrange(3, 300) for _ in range(1500)]
         with caplog.at_level(logging.INFO, logger="omlx.app.progress"):
-            done = asyncio.run(svc.complete(svc.build_request(long_prompt, Sampling(max_tokens=2, temperature=0.0))))
-            short = asyncio.run(svc.complete(svc.build_request(long_prompt[:500], Sampling(max_tokens=2, temperature=0.0))))
+            done = asyncio.run(
+                svc.complete(
+                    svc.build_request(long_prompt, Sampling(max_tokens=2, temperature=0.0))
+                )
+            )
+            short = asyncio.run(
+                svc.complete(
+                    svc.build_request(long_prompt[:500], Sampling(max_tokens=2, temperature=0.0))
+                )
+            )
     finally:
         engine.stop()
     assert done.prompt_tokens == 1500 and short.prompt_tokens == 500
@@ -140,10 +150,14 @@ def test_the_weight_digest_counts_bytes(
     monkeypatch.setenv("OMLX_PROGRESS_INTERVAL", "0")
     log = logging.getLogger("omlx.test.digest")
     with caplog.at_level(logging.INFO, logger="omlx.test.digest"):
-        first = weights_digest(files, cache, lambda label, total: for_log(log, label, total, "bytes"))
+        first = weights_digest(
+            files, cache, lambda label, total: for_log(log, label, total, "bytes")
+        )
         caplog_first = [r.getMessage() for r in caplog.records]
         caplog.clear()
-        again = weights_digest(files, cache, lambda label, total: for_log(log, label, total, "bytes"))
+        again = weights_digest(
+            files, cache, lambda label, total: for_log(log, label, total, "bytes")
+        )
     assert first == again == weights_digest(files)
     assert set(remembered.values()) == {file_sha256(p) for p in files}
     assert caplog_first[0].startswith("digesting weights: 4.2 MB/8.4 MB (50%), ")

@@ -14,13 +14,28 @@ from tests.agent_model import build_agent_model
 from tests.tiny_model import build_tokenizer
 
 # Text that stresses merges at the seams: spaces, newlines, digits, code, non-ASCII.
-PIECES = ["def f(x):\n    return x + 1\n", "  ", "\n\n", "12345", "naïve café ", "<not special>",
-          "Hello there. ", "tool_call", "\t", "ünïcödé ✓ ", "a" * 40, " the quick brown fox "]
+PIECES = [
+    "def f(x):\n    return x + 1\n",
+    "  ",
+    "\n\n",
+    "12345",
+    "naïve café ",
+    "<not special>",
+    "Hello there. ",
+    "tool_call",
+    "\t",
+    "ünïcödé ✓ ",
+    "a" * 40,
+    " the quick brown fox ",
+]
 ROLES = ["system", "user", "assistant", "tool"]
 
 
 def render(turns: list[tuple[str, str]]) -> str:
-    return "".join(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in turns) + "<|im_start|>assistant\n"
+    return (
+        "".join(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in turns)
+        + "<|im_start|>assistant\n"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +43,10 @@ def tokenizers(tmp_path_factory) -> dict[str, Tokenizer]:
     root = tmp_path_factory.mktemp("tokenizers")
     build_tokenizer(root)
     agent = build_agent_model(root / "agent")
-    found = {"tiny": Tokenizer.from_file(str(root / "tokenizer.json")),
-             "agent": Tokenizer.from_file(str(agent / "tokenizer.json"))}
+    found = {
+        "tiny": Tokenizer.from_file(str(root / "tokenizer.json")),
+        "agent": Tokenizer.from_file(str(agent / "tokenizer.json")),
+    }
     smollm = Path("/tmp/omlx-bench/smollm2-mlx/tokenizer.json")  # made by bench/ when it exists
     if smollm.exists():
         found["smollm2"] = Tokenizer.from_file(str(smollm))
@@ -40,8 +57,13 @@ text_piece = st.lists(st.sampled_from(PIECES), min_size=1, max_size=30).map("".j
 turn = st.tuples(st.sampled_from(ROLES), text_piece)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(history=st.lists(turn, min_size=1, max_size=12), growth=st.lists(st.lists(turn, min_size=1, max_size=3), min_size=1, max_size=4))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    history=st.lists(turn, min_size=1, max_size=12),
+    growth=st.lists(st.lists(turn, min_size=1, max_size=3), min_size=1, max_size=4),
+)
 def test_growing_conversations_encode_as_a_whole(tokenizers, history, growth):
     filler = [("system", "You are a careful coding assistant. " * (MIN_REUSE_CHARS // 30))]
     for tok in tokenizers.values():
@@ -87,7 +109,9 @@ def test_the_fast_backend_is_found_behind_mlx_lm_and_hugging_face_wrappers(tmp_p
     backend = fast_backend(wrapper)
     assert backend is not None
     text = render([("system", "x " * 2000), ("user", "hi")])
-    assert PrefixReusingEncoder(backend).encode(text) == list(wrapper.encode(text, add_special_tokens=False))
+    assert PrefixReusingEncoder(backend).encode(text) == list(
+        wrapper.encode(text, add_special_tokens=False)
+    )
 
 
 def test_encoding_releases_the_gil_so_other_threads_run(tokenizers):

@@ -17,7 +17,9 @@ def run(model, cold: FakeColdSource, prompts: list[list[int]]) -> list[tuple[int
     """Each prompt through a fresh engine and hot tier over ``cold``: (cached tokens, tier)."""
     codec = MLXKVCodec(model.layout)  # as the model loader wires it
     layout = model.layout.domain if model.layout is not None else None
-    cache = PrefixCache(namespace=model.namespace(16), codec=codec, hot=HotTier(1 << 30), cold=cold, layout=layout)
+    cache = PrefixCache(
+        namespace=model.namespace(16), codec=codec, hot=HotTier(1 << 30), cold=cold, layout=layout
+    )
     engine = MLXEngine(model, cache, EngineConfig())
     engine.start()
     try:

@@ -34,13 +34,18 @@ from tests.postgres import PostgresServer, find_bindir
 
 def turn(i: int, at: float, previous: str | None) -> StoredResponse:
     response = {"id": f"r{i}", "output": [{"id": f"out{i}", "text": f"answer {i} " * 20}]}
-    return StoredResponse(f"r{i}", at, response, [{"id": f"in{i}", "text": f"question {i} " * 20}], previous)
+    return StoredResponse(
+        f"r{i}", at, response, [{"id": f"in{i}", "text": f"question {i} " * 20}], previous
+    )
 
 
 def whole(n: int) -> list[dict]:
     items = []
     for i in range(n):
-        items += [{"id": f"in{i}", "text": f"question {i} " * 20}, {"id": f"out{i}", "text": f"answer {i} " * 20}]
+        items += [
+            {"id": f"in{i}", "text": f"question {i} " * 20},
+            {"id": f"out{i}", "text": f"answer {i} " * 20},
+        ]
     return items
 
 
@@ -110,7 +115,12 @@ def test_migration_0012_keeps_rows_written_before_as_whole_chains(tmp_path):
     with sqlite3.connect(db) as conn:
         conn.execute(
             "INSERT INTO responses (id, created_at, response, input_items) VALUES (?, ?, ?, ?)",
-            ("old", time.time(), '{"id": "old", "output": [{"id": "o"}]}', '[{"id": "a"}, {"id": "b"}]'),
+            (
+                "old",
+                time.time(),
+                '{"id": "old", "output": [{"id": "o"}]}',
+                '[{"id": "a"}, {"id": "b"}]',
+            ),
         )
     upgrade(db)
     with sqlite3.connect(db) as conn:
@@ -141,8 +151,12 @@ def test_a_postgresql_outage_is_named_and_nothing_stored_is_lost(own_postgres):
     store = SqlResponseStore(index.engine, Retention())
     store.put(turn(0, time.time(), None))
     own_postgres.stop()
-    for call in (lambda: store.get("r0"), lambda: store.chain("r0"), lambda: store.delete("r0"),
-                 lambda: store.put(turn(1, time.time(), "r0"))):
+    for call in (
+        lambda: store.get("r0"),
+        lambda: store.chain("r0"),
+        lambda: store.delete("r0"),
+        lambda: store.put(turn(1, time.time(), "r0")),
+    ):
         started = time.monotonic()
         with pytest.raises(IndexUnavailable, match="unreachable"):
             call()

@@ -50,14 +50,21 @@ class Oracle:
     method = LOOKUP
     free = False
 
-    def __init__(self, references: Sequence[Sequence[int]], vocab: int, wrong_every: int = 4) -> None:
+    def __init__(
+        self, references: Sequence[Sequence[int]], vocab: int, wrong_every: int = 4
+    ) -> None:
         self.references = [list(r) for r in references]
         self.vocab = vocab
         self.wrong_every = wrong_every
         self.calls = 0
 
     def propose(
-        self, uid: int, tokens: Sequence[int], pending: int, limit: int, choose: Callable[[int], int]
+        self,
+        uid: int,
+        tokens: Sequence[int],
+        pending: int,
+        limit: int,
+        choose: Callable[[int], int],
     ) -> list[int]:
         self.calls += 1
         context = [*tokens, pending]
@@ -85,9 +92,13 @@ def tiny(tiny_model_dir):
     return load_model(str(tiny_model_dir))
 
 
-def started(model, config: SpeculationConfig | None = None, proposer=None, prefix_cache=None, **kw) -> MLXEngine:
+def started(
+    model, config: SpeculationConfig | None = None, proposer=None, prefix_cache=None, **kw
+) -> MLXEngine:
     engine = MLXEngine(
-        model, prefix_cache, EngineConfig(max_concurrent=4, prefill_step_size=32, speculation=config, **kw),
+        model,
+        prefix_cache,
+        EngineConfig(max_concurrent=4, prefill_step_size=32, speculation=config, **kw),
         proposer=proposer,
     )
     engine.start()
@@ -102,7 +113,9 @@ def plain(tiny):
 
 
 def prompt_of(model, text: str) -> list[int]:
-    return model.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True
+    )
 
 
 def tokens_of(run) -> list[int]:
@@ -133,7 +146,9 @@ def test_drafts_partly_wrong_never_change_the_greedy_tokens(tiny, plain, wrong_e
     prompts = [prompt_of(tiny, t) for t in TOPICS[:5]]
     plain_runs_ = [generate(plain, _greedy(p, 32, logprobs=0)) for p in prompts]
     expected = [tokens_of(r) for r in plain_runs_]
-    oracle = Oracle([[*p, *e] for p, e in zip(prompts, expected, strict=True)], len(tiny.tokenizer), wrong_every)
+    oracle = Oracle(
+        [[*p, *e] for p, e in zip(prompts, expected, strict=True)], len(tiny.tokenizer), wrong_every
+    )
     engine = started(tiny, FORCED, oracle)
     try:
         runs = [generate(engine, _greedy(p, 32, logprobs=0)) for p in prompts]
@@ -193,10 +208,15 @@ def test_batched_rows_with_and_without_drafts(tiny, plain):
 
 
 def test_a_grammar_constrained_request_with_drafts(tiny, plain):
-    grammars = LLGuidanceCompiler(tiny.tokenizer, sorted(tiny.tokenizer.eos_token_ids), tiny.config["vocab_size"])
+    grammars = LLGuidanceCompiler(
+        tiny.tokenizer, sorted(tiny.tokenizer.eos_token_ids), tiny.config["vocab_size"]
+    )
     schema = {
         "type": "object",
-        "properties": {"n": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "properties": {
+            "n": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
         "required": ["n", "tags"],
         "additionalProperties": False,
     }
@@ -269,7 +289,10 @@ def test_blocks_stored_after_a_speculative_turn_equal_a_plain_turns(tiny, plain)
     for key, block in blocks_plain.items():
         other = blocks_spec[key]
         assert other.tokens == block.tokens
-        for a, b in ((block.payload.keys, other.payload.keys), (block.payload.values, other.payload.values)):
+        for a, b in (
+            (block.payload.keys, other.payload.keys),
+            (block.payload.values, other.payload.values),
+        ):
             assert a.shape == b.shape and mx.allclose(a, b, atol=1e-4).item()
 
 
@@ -318,7 +341,9 @@ def test_a_draft_model_with_another_tokenizer_is_refused_by_name(tiny):
         def get_vocab(self):
             return {f"piece{i}": i for i in range(100)}
 
-    with pytest.raises(TokenizerMismatch, match="draft model small does not share the tokenizer of tiny"):
+    with pytest.raises(
+        TokenizerMismatch, match="draft model small does not share the tokenizer of tiny"
+    ):
         check_same_tokenizer(Other(), tiny.tokenizer, "small", "tiny")
 
 

@@ -46,6 +46,7 @@ def _put(
     """File first, row second: the way the writer records a block."""
     return record_block(FileBlockStore(tmp_path), index, ns, meta, data, at)
 
+
 def test_pragmas_on_every_connection(tmp_path: Path) -> None:
     engine = make_engine(index_path(tmp_path))
     seen: list[tuple[object, ...]] = []
@@ -301,7 +302,9 @@ def test_first_writer_wins(tmp_path: Path, index_url: str) -> None:
     assert index.add_block(replace(first, key="ab" * 32, parent_key=first.key)) is True
     index.remove_blocks(["ab" * 32])
     # A second writer's row for the same key (its own file, other bytes) changes nothing.
-    rival = replace(first, nbytes=len(other_data), checksum="0" * 64, relpath="x/y/z", last_access=9.0)
+    rival = replace(
+        first, nbytes=len(other_data), checksum="0" * 64, relpath="x/y/z", last_access=9.0
+    )
     assert index.add_block(rival) is False
     assert index.get_blocks([meta.key]) == {meta.key: first}
     assert index.block_count() == 1
@@ -314,7 +317,8 @@ def test_evict_plans_on_the_total_and_respects_the_lease(tmp_path: Path, index_u
     ns = make_namespace()
     index.upsert_namespace(ns)
     blocks = [
-        _put(tmp_path, index, ns, m, d, at=float(i)) for i, (m, _, d) in enumerate(make_chain(ns, 6))
+        _put(tmp_path, index, ns, m, d, at=float(i))
+        for i, (m, _, d) in enumerate(make_chain(ns, 6))
     ]
     seen: list[tuple[int, list[str]]] = []
 
@@ -415,7 +419,11 @@ def test_unreachable_postgres_is_unavailable_fast() -> None:
     with pytest.raises(IndexUnavailable, match="unreachable"):
         index.get_blocks(["ab" * 32])
     started = time.monotonic()
-    for call in (lambda: index.get_blocks(["ab"]), lambda: index.touch({"ab": 1.0}), index.total_bytes):
+    for call in (
+        lambda: index.get_blocks(["ab"]),
+        lambda: index.touch({"ab": 1.0}),
+        index.total_bytes,
+    ):
         with pytest.raises(IndexUnavailable):
             call()
     assert time.monotonic() - started < 0.5  # failing fast, not one connect timeout each

@@ -25,7 +25,6 @@ from omlx.app.settings import Settings
 from omlx.app.startup_errors import StartupError, check_cache_folder
 from tests.server_process import free_port
 
-
 # The start-up's own INFO log lines (which BLAS it loaded) come before the mistake is found;
 # what is said about the mistake is every other line.
 _INFO_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO) ")
@@ -49,7 +48,9 @@ def assert_one_line(code: int, lines: list[str], *needles: str) -> None:
 def test_a_cache_folder_under_a_file(tmp_path):
     (tmp_path / "afile").write_text("x")
     code, lines = serve(tmp_path / "afile" / "cache")
-    assert_one_line(code, lines, f"is under {tmp_path / 'afile'}, which is a file", "--paged-ssd-cache-dir")
+    assert_one_line(
+        code, lines, f"is under {tmp_path / 'afile'}, which is a file", "--paged-ssd-cache-dir"
+    )
 
 
 def test_a_cache_folder_that_is_a_file(tmp_path):
@@ -64,7 +65,9 @@ def mounted_tmpfs(options: str) -> Iterator[Path]:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs root")
     folder = Path(tempfile.mkdtemp(prefix="omlx-fault-"))
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True
+    )
     if done.returncode != 0:
         folder.rmdir()
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
@@ -78,7 +81,12 @@ def mounted_tmpfs(options: str) -> Iterator[Path]:
 def test_a_read_only_cache_folder():
     with mounted_tmpfs("ro,size=1m") as folder:
         code, lines = serve(folder)
-    assert_one_line(code, lines, f"the cache folder {folder} is read-only (EROFS", "writable --paged-ssd-cache-dir")
+    assert_one_line(
+        code,
+        lines,
+        f"the cache folder {folder} is read-only (EROFS",
+        "writable --paged-ssd-cache-dir",
+    )
 
 
 def test_a_cache_folder_the_user_cannot_write(tmp_path):
@@ -102,7 +110,7 @@ def test_a_cache_folder_the_user_cannot_write(tmp_path):
             check_cache_folder(base / "new" / "cache")
         except StartupError as exc:
             message = str(exc)
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        except BaseException as exc:
             message = f"unexpected {type(exc).__name__}: {exc}"
         os.write(write, message.encode())
         os._exit(0)
@@ -111,7 +119,9 @@ def test_a_cache_folder_the_user_cannot_write(tmp_path):
     message = os.read(read, 4096).decode()
     os.close(read)
     shutil.rmtree(base, ignore_errors=True)
-    assert message.startswith(f"the cache folder {cache} is not writable by this user (EACCES"), message
+    assert message.startswith(f"the cache folder {cache} is not writable by this user (EACCES"), (
+        message
+    )
     assert "--paged-ssd-cache-dir" in message
 
 
@@ -138,4 +148,8 @@ def test_a_damaged_index_is_moved_aside_and_a_new_one_made(tmp_path, caplog, dam
     moved = sorted(tmp_path.glob("index.db.damaged-*"))
     assert moved and moved[0].suffix != "-wal"
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and f"the index {db} is damaged" in warnings[0] and str(moved[0]) in warnings[0]
+    assert (
+        len(warnings) == 1
+        and f"the index {db} is damaged" in warnings[0]
+        and str(moved[0]) in warnings[0]
+    )

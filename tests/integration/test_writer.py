@@ -237,7 +237,11 @@ def test_tick_flushes_recency_on_the_writer_thread(tmp_path: Path) -> None:
     ("error", "reason", "said"),
     [
         (OSError(errno.ENOSPC, "No space left on device"), "no_space", "out of space (ENOSPC"),
-        (OSError(errno.EROFS, "Read-only file system"), "read_only", "read-only or not writable (EROFS"),
+        (
+            OSError(errno.EROFS, "Read-only file system"),
+            "read_only",
+            "read-only or not writable (EROFS",
+        ),
         (PermissionError(errno.EACCES, "Permission denied"), "read_only", "not writable (EACCES"),
     ],
     ids=["full", "read-only", "permission"],
@@ -266,12 +270,16 @@ def test_a_disk_fault_is_one_warning_per_episode_and_one_recovery_line(
     assert "written again (20 writes dropped" in warnings[1].getMessage()
     assert not any(r.exc_info for r in caplog.records)  # no traceback
     stats = writer.stats()
-    assert stats[f"dropped_{reason}"] == 20 and stats["written"] == 5 and stats["dropped_error"] == 0
+    assert (
+        stats[f"dropped_{reason}"] == 20 and stats["written"] == 5 and stats["dropped_error"] == 0
+    )
     index.close()
     assert_cache_invariants(tmp_path)
 
 
-def test_a_full_index_database_is_the_same_episode(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_full_index_database_is_the_same_episode(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """SQLite's own 'database or disk is full' (the row after the file) is no_space too."""
     import sqlite3
 

@@ -175,8 +175,13 @@ def test_metrics_read_cache_tiers_at_scrape_time():
     assert got[("omlx_cache_blocks_written_total", (shared, ("tier", "ssd")))] == 4
     assert got[("omlx_cache_bytes_written_total", (shared, ("tier", "ssd")))] == 400
     assert got[("omlx_cache_blocks_evicted_total", (m, ("tier", "hot")))] == 2
-    assert got[("omlx_cache_blocks_dropped_total", (shared, ("reason", "no_space"), ("tier", "ssd")))] == 2
-    assert got[("omlx_cache_blocks_rejected_total", (m, ("reason", "corrupt"), ("tier", "ssd")))] == 1
+    assert (
+        got[("omlx_cache_blocks_dropped_total", (shared, ("reason", "no_space"), ("tier", "ssd")))]
+        == 2
+    )
+    assert (
+        got[("omlx_cache_blocks_rejected_total", (m, ("reason", "corrupt"), ("tier", "ssd")))] == 1
+    )
     assert got[("omlx_cache_bytes", (m, ("tier", "hot")))] == 300
     assert got[("omlx_cache_write_queue_blocks", (shared,))] == 1
 
@@ -215,9 +220,9 @@ def test_openapi_documents_each_route_and_its_bodies():
         "application/json",
         "text/event-stream",
     }
-    assert responses["responses"]["400"]["content"]["application/json"]["schema"][
-        "$ref"
-    ].endswith("/OpenAIErrorResponse")
+    assert responses["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/OpenAIErrorResponse"
+    )
     chat = ops[("post", "/v1/chat/completions")]
     assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "/ChatCompletionRequest"

@@ -108,15 +108,22 @@ def test_a_template_names_its_family_before_mlx_lm_does():
 def test_a_call_streams_its_name_then_its_arguments_as_written():
     splitter = OutputSplitter(FMT)
     out = []
-    for part in ["<tool_", 'call>\n{"name": "get_', 'weather", "arguments": {"ci', 'ty": "Pa',
-                 'ris"}}\n</tool_call>']:
+    for part in [
+        "<tool_",
+        'call>\n{"name": "get_',
+        'weather", "arguments": {"ci',
+        'ty": "Pa',
+        'ris"}}\n</tool_call>',
+    ]:
         out.append(splitter.feed(part))
     out.append(splitter.finish())
     assert out[:2] == [[], []]  # no name yet
     assert out[2] == [ToolCallStart(0, "get_weather"), ToolCallArgs(0, '{"ci')]
     assert out[3] == [ToolCallArgs(0, 'ty": "Pa')]
-    assert out[4] == [ToolCallArgs(0, 'ris"}'),
-                      ToolCallPiece("get_weather", '{"city": "Paris"}', 0, True, True)]
+    assert out[4] == [
+        ToolCallArgs(0, 'ris"}'),
+        ToolCallPiece("get_weather", '{"city": "Paris"}', 0, True, True),
+    ]
 
 
 def test_a_call_cut_inside_its_arguments_is_a_partial_call():

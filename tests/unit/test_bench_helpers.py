@@ -79,7 +79,15 @@ def test_plots_write_pngs(tmp_path: Path) -> None:
     lines = plots.line_panels(
         tmp_path / "lines.png",
         "title",
-        [{"x": [10, 100], "series": {"a": [s([1.0]), None]}, "xlabel": "rows", "ylabel": "ms", "logx": True}],
+        [
+            {
+                "x": [10, 100],
+                "series": {"a": [s([1.0]), None]},
+                "xlabel": "rows",
+                "ylabel": "ms",
+                "logx": True,
+            }
+        ],
     )
     for path in (bars, lines):
         assert path is not None and path.read_bytes()[:8] == PNG_MAGIC
@@ -113,9 +121,15 @@ def _trial(peer: str, round_: int, ttfts: dict[str, float], startup: float) -> d
 def test_agent_loop_summary_rows_ratios_and_verdicts() -> None:
     names = agent_loop.phase_names(3)
     assert names[0] == "cold first turn" and names[-1] == "first request after a restart"
-    assert [n for n in names if n.startswith("follow-up")] == ["follow-up turn 1", "follow-up turn 2"]
+    assert [n for n in names if n.startswith("follow-up")] == [
+        "follow-up turn 1",
+        "follow-up turn 2",
+    ]
     omlx = dict.fromkeys(names, 0.2) | {"cold first turn": 10.0}
-    mlx = dict.fromkeys(names, 0.4) | {"cold first turn": 20.0, "first request after a restart": 20.0}
+    mlx = dict.fromkeys(names, 0.4) | {
+        "cold first turn": 20.0,
+        "first request after a restart": 20.0,
+    }
     trials = [
         _trial("omlx", 0, omlx, 3.0),
         _trial("mlx_lm.server", 0, mlx, 2.0),
@@ -131,7 +145,10 @@ def test_agent_loop_summary_rows_ratios_and_verdicts() -> None:
     assert result["rows"]["first start on a new cache folder"]["omlx"]["median"] == 5.0
     json.dumps(result)  # what the bench writes must be JSON
     verdicts = agent_loop.verdicts(result, 3)
-    assert any(v.startswith("follow-up turns, worst omlx/mlx_lm.server: 1.00") and "MISSED" in v for v in verdicts)
+    assert any(
+        v.startswith("follow-up turns, worst omlx/mlx_lm.server: 1.00") and "MISSED" in v
+        for v in verdicts
+    )
     assert any(v.startswith("cold turn") and "MET" in v for v in verdicts)
     assert any(v.startswith("start-up") and "MISSED" in v for v in verdicts)
     assert not any("llama.cpp" in v for v in verdicts)  # a peer left out gives no verdict
@@ -140,7 +157,9 @@ def test_agent_loop_summary_rows_ratios_and_verdicts() -> None:
 def test_index_scale_keys_chain_and_log_times() -> None:
     assert len(index_scale.key(0)) == 64 and index_scale.key(0) != index_scale.key(1)
     assert index_scale.key(5) == index_scale.key(5)
-    t = index_scale.log_time("2026-12-01 10:51:14,943 INFO omlx.app.bootstrap: cache folder reconciled")
+    t = index_scale.log_time(
+        "2026-12-01 10:51:14,943 INFO omlx.app.bootstrap: cache folder reconciled"
+    )
     assert t % 1 == pytest.approx(0.943, abs=1e-3)
     later = index_scale.log_time("INFO - 2026-12-01 10:51:15,943 - omlx.app.bootstrap - reconciled")
     assert later - t == pytest.approx(1.0)

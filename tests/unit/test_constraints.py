@@ -14,7 +14,9 @@ from omlx.app.output import OutputFormat
 from omlx.app.tool_calls import HERMES, formats, opaque_format
 
 QWEN = OutputFormat(("<think>", "</think>"), HERMES)
-CODER = OutputFormat(None, opaque_format("<tool_call>", "</tool_call>", qwen3_coder.parse_tool_call))
+CODER = OutputFormat(
+    None, opaque_format("<tool_call>", "</tool_call>", qwen3_coder.parse_tool_call)
+)
 PLAIN = OutputFormat()
 TOOLS = [
     {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}},
@@ -46,7 +48,9 @@ def test_a_named_call_in_a_hermes_model_uses_its_markers():
     assert [c.name for c in g.calls] == ["b"]
     # No parameters: no arguments at all (closed).
     assert json.loads(g.calls[0].parameters) == {
-        "type": "object", "properties": {}, "additionalProperties": False
+        "type": "object",
+        "properties": {},
+        "additionalProperties": False,
     }
     assert g.calls[0].before == ("<tool_call>", "\n", '{"name": "b", "arguments": ')
     assert g.calls[0].after == ("}", "\n", "</tool_call>") and not g.several_calls
@@ -88,8 +92,12 @@ def test_forced_arguments_are_closed_unless_the_schema_opens_them():
     assert out["properties"]["where"]["additionalProperties"] is False
     assert out["properties"]["tags"]["additionalProperties"] == {"type": "string"}  # kept
     assert "additionalProperties" not in out["allOf"][0]  # each branch adds its own keys
-    g, _ = grammar(QWEN, tool_mode="function", tool_name="a",
-                   tools=[{"type": "function", "function": {"name": "a", "parameters": schema}}])
+    g, _ = grammar(
+        QWEN,
+        tool_mode="function",
+        tool_name="a",
+        tools=[{"type": "function", "function": {"name": "a", "parameters": schema}}],
+    )
     assert json.loads(g.calls[0].parameters) == out
 
 

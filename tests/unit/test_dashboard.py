@@ -12,8 +12,8 @@ from omlx.app.api.dashboard import RequestSeries
 from omlx.app.request_log import RequestLog, current_api
 from omlx.domain.generation import Finished
 from tests.fakes import FakeColdSource
-from tests.unit.test_cache_header import FIRST, TURN2, CachingEngine
 from tests.unit.api_fakes import MODEL, FakeEngine, fake_container, reply
+from tests.unit.test_cache_header import FIRST, TURN2, CachingEngine
 from tests.unit.test_prefix_cache import make, seq, serve
 
 HI = [{"role": "user", "content": "hi"}]
@@ -97,7 +97,10 @@ def test_the_page_asks_a_browser_for_the_key_and_takes_it_as_basic_credentials()
         state = c.get("/v1/dashboard/state", headers=basic("k1"))
         unknown_file = c.get("/dashboard/static/secrets.txt", headers=BEARER)
         garbled = c.get("/v1/dashboard/state", headers={"Authorization": "Basic %%%"})
-        no_password = c.get("/v1/dashboard/state", headers={"Authorization": "Basic " + base64.b64encode(b"k1").decode()})
+        no_password = c.get(
+            "/v1/dashboard/state",
+            headers={"Authorization": "Basic " + base64.b64encode(b"k1").decode()},
+        )
         action_refused = c.post(f"/v1/dashboard/models/{MODEL}/clear-cache", json={})
         action = c.post(f"/v1/dashboard/models/{MODEL}/clear-cache", json={}, headers=basic("k1"))
         assert c.get("/health").status_code == 200
@@ -108,7 +111,9 @@ def test_the_page_asks_a_browser_for_the_key_and_takes_it_as_basic_credentials()
     assert "default-src 'self'" in page.headers["content-security-policy"]
     assert '<script src="/dashboard/static/dashboard.js"' in page.text
     assert script.status_code == 200 and "fetch(" in script.text
-    assert state_refused.status_code == 401 and state_refused.headers["www-authenticate"] == "Bearer"
+    assert (
+        state_refused.status_code == 401 and state_refused.headers["www-authenticate"] == "Bearer"
+    )
     assert state.status_code == 200
     assert unknown_file.status_code == 404
     assert garbled.status_code == no_password.status_code == action_refused.status_code == 401
@@ -118,8 +123,15 @@ def test_the_page_asks_a_browser_for_the_key_and_takes_it_as_basic_credentials()
 def test_the_state_lists_finished_requests_by_api_and_the_served_model():
     engine = FakeEngine(reply("a", "b", "c", cached=3))
     with TestClient(create_app(fake_container(engine))) as c:
-        assert c.post("/v1/chat/completions", json={"model": MODEL, "messages": HI}).status_code == 200
-        assert c.post("/v1/messages", json={"model": MODEL, "messages": HI, "max_tokens": 4}).status_code == 200
+        assert (
+            c.post("/v1/chat/completions", json={"model": MODEL, "messages": HI}).status_code == 200
+        )
+        assert (
+            c.post(
+                "/v1/messages", json={"model": MODEL, "messages": HI, "max_tokens": 4}
+            ).status_code
+            == 200
+        )
         state = c.get("/v1/dashboard/state").json()
         spec = c.get("/schema/openapi.json").json()
     (model,) = state["models"]
@@ -135,20 +147,28 @@ def test_the_state_lists_finished_requests_by_api_and_the_served_model():
     assert state["pins"] == {}  # nor pins
     # The state is documented; the page and the actions are not API operations.
     assert "/v1/dashboard/state" in spec["paths"]
-    assert not [p for p in spec["paths"] if p.startswith("/dashboard") or "unload" in p or "vacuum" in p]
+    assert not [
+        p for p in spec["paths"] if p.startswith("/dashboard") or "unload" in p or "vacuum" in p
+    ]
 
 
 def test_actions_take_json_only_and_refuse_by_name():
     container = fake_container(pin_models=())
     with TestClient(create_app(container)) as c:
-        form = c.post(f"/v1/dashboard/models/{MODEL}/unload", content=b"{}", headers={"content-type": "text/plain"})
+        form = c.post(
+            f"/v1/dashboard/models/{MODEL}/unload",
+            content=b"{}",
+            headers={"content-type": "text/plain"},
+        )
         unknown = c.post("/v1/dashboard/models/nope/unload", json={})
         bad_size = c.post("/v1/dashboard/vacuum", json={"max_size": "lots"})
         no_ssd = c.post("/v1/dashboard/vacuum", json={"max_size": "1GB"})
         extra = c.post("/v1/dashboard/vacuum", json={"max_size": "1GB", "dry_run": True})
         # Just added, and no request has reached it yet: in use for a few seconds (pool.py).
         busy = c.post(f"/v1/dashboard/models/{MODEL}/unload", json={})
-        assert c.post("/v1/chat/completions", json={"model": MODEL, "messages": HI}).status_code == 200
+        assert (
+            c.post("/v1/chat/completions", json={"model": MODEL, "messages": HI}).status_code == 200
+        )
         unloaded = c.post(f"/v1/dashboard/models/{MODEL}/unload", json={})
         again = c.post(f"/v1/dashboard/models/{MODEL}/unload", json={})
     assert form.status_code == 400 and form.json()["error"]["param"] == "content-type"
@@ -212,7 +232,15 @@ def test_a_request_that_missed_lists_where_it_diverged_from_its_cache_report():
         first = c.post("/v1/chat/completions", json={"model": MODEL, "messages": FIRST})
         turn2 = c.post("/v1/chat/completions", json={"model": MODEL, "messages": TURN2})
         again = c.post("/v1/chat/completions", json={"model": MODEL, "messages": TURN2})
-        edited = c.post("/v1/messages", json={"model": MODEL, "messages": changed[1:], "system": changed[0]["content"], "max_tokens": 4})
+        edited = c.post(
+            "/v1/messages",
+            json={
+                "model": MODEL,
+                "messages": changed[1:],
+                "system": changed[0]["content"],
+                "max_tokens": 4,
+            },
+        )
         requests = c.get("/v1/dashboard/state").json()["requests"]
         recent = c.get("/v1/cache/recent").json()["data"]
     assert all(r.status_code == 200 for r in (first, turn2, again, edited))
@@ -237,13 +265,26 @@ def test_a_request_that_missed_lists_where_it_diverged_from_its_cache_report():
 def test_the_state_lists_pins_with_their_ttl_and_the_page_unpins_them():
     engine = CachingEngine()
     with TestClient(create_app(fake_container(engine, api_key="k1"))) as c:
-        assert c.post("/v1/chat/completions", json={"model": MODEL, "messages": FIRST}, headers=BEARER).status_code == 200
-        made = c.post("/v1/cache/pins", json={"model": MODEL, "messages": FIRST, "ttl_seconds": 600}, headers=BEARER)
+        assert (
+            c.post(
+                "/v1/chat/completions", json={"model": MODEL, "messages": FIRST}, headers=BEARER
+            ).status_code
+            == 200
+        )
+        made = c.post(
+            "/v1/cache/pins",
+            json={"model": MODEL, "messages": FIRST, "ttl_seconds": 600},
+            headers=BEARER,
+        )
         assert made.status_code == 201, made.text
         pin = made.json()
         (shown,) = c.get("/v1/dashboard/state", headers=basic("k1")).json()["pins"][MODEL]
         refused = c.post(f"/v1/dashboard/pins/{pin['id']}/unpin", json={})
-        form = c.post(f"/v1/dashboard/pins/{pin['id']}/unpin", content=b"{}", headers={**BEARER, "content-type": "text/plain"})
+        form = c.post(
+            f"/v1/dashboard/pins/{pin['id']}/unpin",
+            content=b"{}",
+            headers={**BEARER, "content-type": "text/plain"},
+        )
         unpinned = c.post(f"/v1/dashboard/pins/{pin['id']}/unpin", json={}, headers=basic("k1"))
         gone = c.post(f"/v1/dashboard/pins/{pin['id']}/unpin", json={}, headers=BEARER)
         after = c.get("/v1/dashboard/state", headers=BEARER).json()["pins"][MODEL]
@@ -254,7 +295,11 @@ def test_the_state_lists_pins_with_their_ttl_and_the_page_unpins_them():
     assert 590 < shown["ttl_left_s"] <= 600
     assert refused.status_code == 401
     assert form.status_code == 400 and form.json()["error"]["param"] == "content-type"
-    assert unpinned.status_code == 200 and unpinned.json() == {"id": pin["id"], "model": MODEL, "deleted": True}
+    assert unpinned.status_code == 200 and unpinned.json() == {
+        "id": pin["id"],
+        "model": MODEL,
+        "deleted": True,
+    }
     assert gone.status_code == 404
     assert after == [] and listed == []
     assert not engine.prefix_cache.pins.pins()

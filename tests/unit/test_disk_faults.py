@@ -8,14 +8,23 @@ import sqlite3
 
 from sqlalchemy.exc import OperationalError
 
-from omlx.adapters.disk_faults import DAMAGED, IO_ERROR, NO_SPACE, READ_ONLY, FaultEpisodes, fault_of
+from omlx.adapters.disk_faults import (
+    DAMAGED,
+    IO_ERROR,
+    NO_SPACE,
+    READ_ONLY,
+    FaultEpisodes,
+    fault_of,
+)
 
 
 def test_faults_are_named_from_oserrors_and_sqlite_messages():
     assert fault_of(OSError(errno.ENOSPC, "No space left on device")) == NO_SPACE
     assert fault_of(OSError(errno.EROFS, "Read-only file system")) == READ_ONLY
     assert fault_of(PermissionError(errno.EACCES, "Permission denied")) == READ_ONLY
-    wrapped = OperationalError("INSERT", {}, sqlite3.OperationalError("attempt to write a readonly database"))
+    wrapped = OperationalError(
+        "INSERT", {}, sqlite3.OperationalError("attempt to write a readonly database")
+    )
     assert fault_of(wrapped) == READ_ONLY
     try:
         try:
@@ -26,7 +35,10 @@ def test_faults_are_named_from_oserrors_and_sqlite_messages():
         assert fault_of(outer) == NO_SPACE
     assert fault_of(ValueError("bad block")) is None
     assert fault_of(OSError(errno.EIO, "I/O error")) == IO_ERROR
-    assert fault_of(OperationalError("COMMIT", {}, sqlite3.OperationalError("disk I/O error"))) == IO_ERROR
+    assert (
+        fault_of(OperationalError("COMMIT", {}, sqlite3.OperationalError("disk I/O error")))
+        == IO_ERROR
+    )
     assert fault_of(OSError(errno.ENOENT, "No such file")) is None
     malformed = sqlite3.DatabaseError("database disk image is malformed")
     assert fault_of(OperationalError("SELECT", {}, malformed)) == DAMAGED
@@ -43,7 +55,9 @@ def test_one_warning_per_episode_one_recovery_line_and_no_flapping(caplog):
         for _ in range(3):  # back within the quiet time: the same trouble, said already
             episodes.failed(NO_SPACE, "no room")
             episodes.succeeded()
-        episodes.failed(READ_ONLY, OSError(errno.EROFS, "Read-only file system"))  # a new kind: said
+        episodes.failed(
+            READ_ONLY, OSError(errno.EROFS, "Read-only file system")
+        )  # a new kind: said
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
         "cache folder /x: out of space (ENOSPC: No space left on device); blocks are not written until there is room",
@@ -75,8 +89,14 @@ def test_a_temp_file_a_failed_write_could_not_remove_goes_at_the_next_write(tmp_
 
     store = FileBlockStore(tmp_path)
     real_replace, real_unlink = os.replace, Path.unlink
-    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(PermissionError(errno.EPERM, "immutable")))
-    monkeypatch.setattr(Path, "unlink", lambda *a, **k: (_ for _ in ()).throw(PermissionError(errno.EPERM, "immutable")))
+    monkeypatch.setattr(
+        os, "replace", lambda *a: (_ for _ in ()).throw(PermissionError(errno.EPERM, "immutable"))
+    )
+    monkeypatch.setattr(
+        Path,
+        "unlink",
+        lambda *a, **k: (_ for _ in ()).throw(PermissionError(errno.EPERM, "immutable")),
+    )
     try:
         store.write("m/ab/abc.safetensors", b"x" * 10)
     except PermissionError:

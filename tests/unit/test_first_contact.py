@@ -69,7 +69,9 @@ def _config_error(tmp_path: Path, text: str) -> str:
 
 
 def test_a_misspelt_key_names_the_file_and_the_nearest_key(tmp_path: Path):
-    assert "unknown setting 'prot' (did you mean 'port'?)" in _config_error(tmp_path, "prot = 9000\n")
+    assert "unknown setting 'prot' (did you mean 'port'?)" in _config_error(
+        tmp_path, "prot = 9000\n"
+    )
     assert "(did you mean 'block_size'?)" in _config_error(tmp_path, "block-size = 32\n")
 
 
@@ -86,7 +88,9 @@ def test_a_wrong_type_says_what_was_expected_without_msgspec_paths(tmp_path: Pat
 def test_bad_toml_and_bad_values_name_the_file(tmp_path: Path):
     assert "not valid TOML" in _config_error(tmp_path, "port 9000\n")
     assert "block_size must be between" in _config_error(tmp_path, "block_size = 0\n")
-    assert "hot_cache_max_size: bad size" in _config_error(tmp_path, 'hot_cache_max_size = "lots"\n')
+    assert "hot_cache_max_size: bad size" in _config_error(
+        tmp_path, 'hot_cache_max_size = "lots"\n'
+    )
 
 
 def test_environment_and_flag_mistakes_name_the_variable_or_flag():
@@ -160,7 +164,10 @@ def test_configure_logging_routes_uvicorn_and_quiets_alembic():
     try:
         configure_logging("info")
         assert logging.getLogger("alembic").getEffectiveLevel() == logging.WARNING
-        assert logging.getLogger("uvicorn.error").propagate and not logging.getLogger("uvicorn.error").handlers
+        assert (
+            logging.getLogger("uvicorn.error").propagate
+            and not logging.getLogger("uvicorn.error").handlers
+        )
         configure_logging("debug")
         assert logging.getLogger("alembic").getEffectiveLevel() == logging.DEBUG
     finally:

@@ -42,12 +42,14 @@ def test_a_body_nested_too_deeply_is_a_400_in_the_route_envelope(path, template,
 def test_a_schema_nested_500_objects_deep_is_refused_not_a_500():
     schema = '{"type": "string"}'
     for _ in range(500):
-        schema = '{"type": "object", "properties": {"a": %s}}' % schema
-    fmt = '{"type": "json_schema", "json_schema": {"name": "deep", "schema": %s}}' % schema
+        schema = f'{{"type": "object", "properties": {{"a": {schema}}}}}'
+    fmt = f'{{"type": "json_schema", "json_schema": {{"name": "deep", "schema": {schema}}}}}'
     body = '{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "response_format": %s}'
     with TestClient(create_app(fake_container())) as c:
         r = c.post(
-            "/v1/chat/completions", content=body % (MODEL, fmt), headers={"content-type": "application/json"}
+            "/v1/chat/completions",
+            content=body % (MODEL, fmt),
+            headers={"content-type": "application/json"},
         )
     assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
 
@@ -57,7 +59,9 @@ def test_nesting_at_the_limit_is_served():
     for _ in range(MAX_NESTING - 3):
         value = [value]
     with TestClient(create_app(fake_container())) as c:
-        r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": HI, "metadata": {"x": value}})
+        r = c.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": HI, "metadata": {"x": value}}
+        )
     assert r.status_code == 200, r.text
 
 
@@ -75,11 +79,19 @@ def test_nesting_depth_counts_iteratively_and_stops_past_the_limit():
     ("path", "body", "param"),
     [
         ("/v1/chat/completions", {"model": MODEL, "messages": HI, "max_tokens": "5"}, "max_tokens"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": HI, "temperature": "0.5"}, "temperature"),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": HI, "temperature": "0.5"},
+            "temperature",
+        ),
         ("/v1/chat/completions", {"model": MODEL, "messages": HI, "stream": "true"}, "stream"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2.5}, "max_tokens"),
         ("/v1/messages", {"model": MODEL, "messages": HI, "max_tokens": "5"}, "max_tokens"),
-        ("/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": "5"}, "max_output_tokens"),
+        (
+            "/v1/responses",
+            {"model": MODEL, "input": "hi", "max_output_tokens": "5"},
+            "max_output_tokens",
+        ),
         ("/v1/embeddings", {"model": MODEL, "input": "hi", "dimensions": "8"}, "dimensions"),
         ("/v1/rerank", {"model": MODEL, "query": "q", "documents": ["d"], "top_n": "1"}, "top_n"),
     ],
@@ -95,7 +107,13 @@ def test_a_string_where_a_number_belongs_is_a_400_naming_the_field(path, body, p
 
 
 def test_strict_types_still_accept_extras_and_ints_for_floats():
-    body = {"model": MODEL, "messages": HI, "max_tokens": 3, "temperature": 1, "unknown_extra": {"a": 1}}
+    body = {
+        "model": MODEL,
+        "messages": HI,
+        "max_tokens": 3,
+        "temperature": 1,
+        "unknown_extra": {"a": 1},
+    }
     with TestClient(create_app(fake_container())) as c:
         r = c.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
@@ -103,5 +121,7 @@ def test_strict_types_still_accept_extras_and_ints_for_floats():
 
 def test_a_body_that_is_not_json_is_a_400():
     with TestClient(create_app(fake_container())) as c:
-        r = c.post("/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"})
+        r = c.post(
+            "/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"}
+        )
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]

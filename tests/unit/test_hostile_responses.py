@@ -73,20 +73,25 @@ def test_a_store_that_cannot_be_reached_is_a_503_naming_it_and_never_a_dangling_
         got = c.get("/v1/responses/resp_1")
         deleted = c.delete("/v1/responses/resp_1")
         items = c.get("/v1/responses/resp_1/input_items")
-        follow = c.post("/v1/responses", json={"model": MODEL, "input": "hi", "previous_response_id": "resp_1"})
+        follow = c.post(
+            "/v1/responses", json={"model": MODEL, "input": "hi", "previous_response_id": "resp_1"}
+        )
     assert created.status_code == 200 and created.json()["store"] is False  # said: not stored
     for r in (got, deleted, items, follow):
         assert r.status_code == 503, r.text
         error = r.json()["error"]
-        assert error["code"] == "store_unavailable" and "postgresql://db/omlx unreachable" in error["message"]
+        assert (
+            error["code"] == "store_unavailable"
+            and "postgresql://db/omlx unreachable" in error["message"]
+        )
 
 
 def test_a_stream_whose_store_fails_says_store_false_in_its_last_event():
     container = fake_container()
     container.responses = DownStore()
-    with TestClient(create_app(container)) as c:
-        with c.stream("POST", "/v1/responses", json={"model": MODEL, "input": "hi", "stream": True}) as r:
-            lines = [line for line in r.iter_lines() if line.startswith("data:")]
+    body = {"model": MODEL, "input": "hi", "stream": True}
+    with TestClient(create_app(container)) as c, c.stream("POST", "/v1/responses", json=body) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data:")]
     import json
 
     last = json.loads(lines[-1].removeprefix("data:"))

@@ -37,7 +37,9 @@ def test_namespace_digest_is_a_pinned_value() -> None:
 def test_object_keys_name_a_restore_point_s_objects_apart_from_its_block() -> None:
     anchor = block_key("00" * 32, [1, 2, 3])
     assert object_key(KV, anchor) == anchor
-    assert object_key(STATE, anchor) == hashlib.sha256(b"state\0" + bytes.fromhex(anchor)).hexdigest()
+    assert (
+        object_key(STATE, anchor) == hashlib.sha256(b"state\0" + bytes.fromhex(anchor)).hexdigest()
+    )
     assert len({object_key(k, anchor) for k in KINDS}) == len(KINDS) == 4
     with pytest.raises(ValueError):
         object_key("other", anchor)

@@ -31,8 +31,11 @@ def test_flags_env_and_toml_give_the_setting(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     ("flags", "named"),
-    [({"kv_bits": "3"}, "kv_bits"), ({"kv_bits": "eight"}, "kv_bits"),
-     ({"kv_bits": "8", "kv_group_size": 48}, "kv_group_size")],
+    [
+        ({"kv_bits": "3"}, "kv_bits"),
+        ({"kv_bits": "eight"}, "kv_bits"),
+        ({"kv_bits": "8", "kv_group_size": 48}, "kv_group_size"),
+    ],
 )
 def test_impossible_values_fail_at_start_naming_the_key(flags, named) -> None:
     with pytest.raises(ValueError, match=named):

@@ -18,7 +18,9 @@ def test_every_source_package_is_listed() -> None:
         ".".join(init.parent.relative_to(ROOT / "src").parts)
         for init in (ROOT / "src" / "omlx").rglob("__init__.py")
     }
-    assert on_disk - listed == set(), "packages missing from pyproject's list: a wheel would lack them"
+    assert on_disk - listed == set(), (
+        "packages missing from pyproject's list: a wheel would lack them"
+    )
     ours = {p for p in listed if not p.startswith("omlx._")}
     assert ours - on_disk == set(), "pyproject lists packages that no longer exist"
 

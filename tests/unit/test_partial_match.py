@@ -69,7 +69,9 @@ def test_a_partial_match_never_exceeds_the_common_prefix(
     assert hit.cached_tokens <= best_prefix(query, stored)
     assert hit.cached_tokens < max(len(query), 1)
     assert 0 <= hit.partial_tokens < bs
-    assert (hit_session.restore() or []) == query[: hit.cached_tokens]  # the KV of exactly those tokens
+    assert (hit_session.restore() or []) == query[
+        : hit.cached_tokens
+    ]  # the KV of exactly those tokens
     if len(branches) <= MAX_COLD_CANDIDATE_READS:
         # The disk holds every block, and each branch adds at most one child per parent:
         # every candidate gets read, so nothing is lost to the RAM budget or the restart.

@@ -46,7 +46,9 @@ class Loader:
         return served
 
 
-def pool_of(sizes: dict[str, int], limit: int | None = None, **kwargs) -> tuple[ModelPool, Loader, FakeClock]:
+def pool_of(
+    sizes: dict[str, int], limit: int | None = None, **kwargs
+) -> tuple[ModelPool, Loader, FakeClock]:
     specs = [ModelSpec(m, Path(f"/models/{m}"), kwargs.pop(f"task_{m}", "chat")) for m in sizes]
     loader, clock = Loader(sizes), FakeClock()
     pool = ModelPool(

@@ -194,4 +194,6 @@ def test_a_prefill_ending_in_eos_is_complete(caplog: pytest.LogCaptureFixture) -
     with caplog.at_level(logging.INFO, logger="omlx.app.progress"):
         watch = PrefillWatch("tiny", interval=1.0, min_tokens=10, clock=clock)
         _prefill(watch, clock, 0, 600, Finished("stop", 600, 0, 0))
-    assert caplog.records[-1].getMessage() == "a request (tiny) prefill: 600/600 tokens (100%), 3.5 s"
+    assert (
+        caplog.records[-1].getMessage() == "a request (tiny) prefill: 600/600 tokens (100%), 3.5 s"
+    )

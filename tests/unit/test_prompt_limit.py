@@ -41,8 +41,15 @@ def test_a_10_mb_prompt_is_refused_in_milliseconds_without_tokenizing():
     bodies = {
         "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": BIG}]},
         "/v1/completions": {"model": MODEL, "prompt": BIG},
-        "/v1/messages": {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": BIG}]},
-        "/v1/messages/count_tokens": {"model": MODEL, "messages": [{"role": "user", "content": BIG}]},
+        "/v1/messages": {
+            "model": MODEL,
+            "max_tokens": 1,
+            "messages": [{"role": "user", "content": BIG}],
+        },
+        "/v1/messages/count_tokens": {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": BIG}],
+        },
         "/v1/responses": {"model": MODEL, "input": BIG},
     }
     with TestClient(create_app(container)) as c:
@@ -58,5 +65,8 @@ def test_a_10_mb_prompt_is_refused_in_milliseconds_without_tokenizing():
 
 def test_a_prompt_inside_the_bound_is_served():
     with TestClient(create_app(fake_container())) as c:
-        r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "y" * 2000}]})
+        r = c.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "y" * 2000}]},
+        )
     assert r.status_code == 200, r.text

@@ -158,7 +158,10 @@ REFUSED = [
     ({"text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
     # a schema the grammar compiler cannot enforce (the fake refuses on "refuse")
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"refuse": 1}}}}, "text.format"),
+    (
+        {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"refuse": 1}}}},
+        "text.format",
+    ),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}}, "tool_choice"),

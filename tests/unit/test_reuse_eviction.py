@@ -30,7 +30,9 @@ class Agent:
             found += 1
         parent = chain[found - 1] if found else ROOT
         for key in chain[found:]:
-            self.hot.put(BlockMeta(key=key, parent_key=parent, namespace="ns", token_count=64), (), key, 10)
+            self.hot.put(
+                BlockMeta(key=key, parent_key=parent, namespace="ns", token_count=64), (), key, 10
+            )
             parent = key
         return found
 
@@ -132,7 +134,13 @@ def test_plain_lru_loses_the_main_session_to_the_same_sequence() -> None:
 def test_a_block_read_back_from_disk_for_a_match_counts_as_reused() -> None:
     hot = HotTier(10 * 4, ReuseLevelPolicy())
     for key, parent in (("m0", ROOT), ("m1", "m0")):  # the main session, promoted after a restart
-        hot.put(BlockMeta(key=key, parent_key=parent, namespace="ns", token_count=64), (), key, 10, reused=True)
+        hot.put(
+            BlockMeta(key=key, parent_key=parent, namespace="ns", token_count=64),
+            (),
+            key,
+            10,
+            reused=True,
+        )
     Agent(hot).request(session("side", 3))  # a side call needs room
     assert {"m0", "m1"} <= set(hot.keys())
 

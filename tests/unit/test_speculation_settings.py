@@ -20,7 +20,10 @@ def test_on_by_default_off_by_flag_or_environment() -> None:
 
 @pytest.mark.parametrize(
     ("flags", "named"),
-    [({"speculation_max_draft": 0}, "speculation_max_draft"), ({"speculation_max_rows": 0}, "speculation_max_rows")],
+    [
+        ({"speculation_max_draft": 0}, "speculation_max_draft"),
+        ({"speculation_max_rows": 0}, "speculation_max_rows"),
+    ],
 )
 def test_impossible_values_fail_at_start_naming_the_key(flags, named) -> None:
     with pytest.raises(ValueError, match=named):
@@ -35,7 +38,10 @@ def test_a_models_omlx_json_wins_over_the_servers(tmp_path) -> None:
     (folder / "omlx.json").write_text(json.dumps({"speculation": False}))
     assert speculation_for(folder, settings) == (False, "")
     (folder / "omlx.json").write_text(json.dumps({"draft_model": "small"}))
-    assert speculation_for(folder, settings) == (True, str(folder / "small"))  # relative to the folder
+    assert speculation_for(folder, settings) == (
+        True,
+        str(folder / "small"),
+    )  # relative to the folder
     off = load_settings(env={}, flags={"speculation": False})
     (folder / "omlx.json").write_text(json.dumps({"speculation": True}))
     assert speculation_for(folder, off) == (True, "")

@@ -32,36 +32,65 @@ def calls(syntax: str) -> str:
 
 
 TEMPLATES = {
-    "hermes": "<tools>" + _TOOLS + "</tools>" + calls(
-        '<tool_call>{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}</tool_call>'),
+    "hermes": "<tools>"
+    + _TOOLS
+    + "</tools>"
+    + calls(
+        '<tool_call>{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}</tool_call>'
+    ),
     "llama3": 'Respond in the format {"name": function name, "parameters": dictionary of argument name '
-              "and its value}." + _TOOLS + calls(
-        '{{ "<|python_tag|>" }}{"name": "{{ c.function.name }}", "parameters": {{ c.function.arguments | tojson }}}'),
-    "mistral": "[AVAILABLE_TOOLS]" + _TOOLS + "[/AVAILABLE_TOOLS]" + calls(
-        '[TOOL_CALLS][{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}]'),
-    "mistral-args": "[AVAILABLE_TOOLS]" + _TOOLS + "[/AVAILABLE_TOOLS]" + calls(
-        "[TOOL_CALLS]{{ c.function.name }}[ARGS]{{ c.function.arguments | tojson }}"),
-    "harmony": "# Tools\nnamespace functions { " + _TOOLS + " }" + calls(
+    "and its value}."
+    + _TOOLS
+    + calls(
+        '{{ "<|python_tag|>" }}{"name": "{{ c.function.name }}", "parameters": {{ c.function.arguments | tojson }}}'
+    ),
+    "mistral": "[AVAILABLE_TOOLS]"
+    + _TOOLS
+    + "[/AVAILABLE_TOOLS]"
+    + calls(
+        '[TOOL_CALLS][{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}]'
+    ),
+    "mistral-args": "[AVAILABLE_TOOLS]"
+    + _TOOLS
+    + "[/AVAILABLE_TOOLS]"
+    + calls("[TOOL_CALLS]{{ c.function.name }}[ARGS]{{ c.function.arguments | tojson }}"),
+    "harmony": "# Tools\nnamespace functions { "
+    + _TOOLS
+    + " }"
+    + calls(
         "<|start|>assistant<|channel|>commentary to=functions.{{ c.function.name }} "
-        "<|constrain|>json<|message|>{{ c.function.arguments | tojson }}<|call|>"),
-    "deepseek": _TOOLS + calls(
+        "<|constrain|>json<|message|>{{ c.function.arguments | tojson }}<|call|>"
+    ),
+    "deepseek": _TOOLS
+    + calls(
         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ c.function.name }}\n```json\n"
-        "{{ c.function.arguments | tojson }}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
-    "deepseek-v31": _TOOLS + calls(
+        "{{ c.function.arguments | tojson }}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+    ),
+    "deepseek-v31": _TOOLS
+    + calls(
         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ c.function.name }}<｜tool▁sep｜>"
-        "{{ c.function.arguments | tojson }}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
-    "glm": _TOOLS + calls(
+        "{{ c.function.arguments | tojson }}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+    ),
+    "glm": _TOOLS
+    + calls(
         "<tool_call>{{ c.function.name }}\n{% for k, v in c.function.arguments.items() %}"
-        "<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>\n{% endfor %}</tool_call>"),
+        "<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>\n{% endfor %}</tool_call>"
+    ),
     "gemma4": _TOOLS + calls("<|tool_call>call:{{ c.function.name }}{...}<tool_call|>"),
-    "function-gemma": _TOOLS + calls(
-        "<start_function_call>call:{{ c.function.name }}{...}<end_function_call>"),
+    "function-gemma": _TOOLS
+    + calls("<start_function_call>call:{{ c.function.name }}{...}<end_function_call>"),
 }
 FAMILY = {
-    "hermes": formats.HERMES, "llama3": formats.LLAMA3, "mistral": formats.MISTRAL,
-    "mistral-args": formats.MISTRAL_ARGS, "harmony": formats.HARMONY,
-    "deepseek": formats.DEEPSEEK, "deepseek-v31": formats.DEEPSEEK_V31, "glm": formats.GLM,
-    "gemma4": formats.GEMMA4, "function-gemma": formats.FUNCTION_GEMMA,
+    "hermes": formats.HERMES,
+    "llama3": formats.LLAMA3,
+    "mistral": formats.MISTRAL,
+    "mistral-args": formats.MISTRAL_ARGS,
+    "harmony": formats.HARMONY,
+    "deepseek": formats.DEEPSEEK,
+    "deepseek-v31": formats.DEEPSEEK_V31,
+    "glm": formats.GLM,
+    "gemma4": formats.GEMMA4,
+    "function-gemma": formats.FUNCTION_GEMMA,
 }
 PARIS = {"city": "Paris", "days": 3}
 # What a model of each family writes for get_weather(city=Paris, days=3), and after.
@@ -71,16 +100,16 @@ OUTPUTS = {
     "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]',
     "mistral-args": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3}',
     "harmony": "<|channel|>analysis<|message|>Weather, then.<|end|><|start|>assistant<|channel|>"
-               'commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", "days": 3}',
+    'commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris", "days": 3}',
     "deepseek": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
-                '{"city": "Paris", "days": 3}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    '{"city": "Paris", "days": 3}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
     "deepseek-v31": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
-                    '{"city": "Paris", "days": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    '{"city": "Paris", "days": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
     "glm": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
-           "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+    "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
     "gemma4": '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3}<tool_call|>',
     "function-gemma": "<start_function_call>call:get_weather{city:<escape>Paris<escape>,days:3}"
-                      "<end_function_call>",
+    "<end_function_call>",
 }
 STREAMS = {"hermes", "llama3", "mistral", "mistral-args", "harmony", "deepseek", "deepseek-v31"}
 WEATHER = {
@@ -100,9 +129,10 @@ class JinjaTokenizer:
 
     def __init__(self, template: str) -> None:
         self.chat_template = (
-            "{% for m in messages %}<{{ m.role }}>{{ m.content }}" + template.replace(
-                "{% for t in tools %}", "{% for t in tools or [] %}").replace(
-                "{% for c in m.tool_calls %}", "{% for c in m.tool_calls or [] %}")
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+            + template.replace("{% for t in tools %}", "{% for t in tools or [] %}").replace(
+                "{% for c in m.tool_calls %}", "{% for c in m.tool_calls or [] %}"
+            )
             + "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
         )
 
@@ -201,19 +231,35 @@ def test_a_template_that_renders_no_tools_gets_them_in_the_system_turn(caplog):
     renderer = ChatRenderer(tokenizer, "plain")
     history = [
         {"role": "user", "content": "weather?"},
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"id": "1", "type": "function",
-                         "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
         {"role": "tool", "content": "sunny", "tool_call_id": "1"},
     ]
     with caplog.at_level("INFO"):
         text = renderer.render(history, [WEATHER])
         renderer.render(history, [WEATHER])
     assert text.startswith("<system># Tools") and '"name": "get_weather"' in text
-    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    )
     assert "<tool_response>\nsunny\n</tool_response>" in text
     assert sum("renders no tools" in r.message for r in caplog.records) == 1  # once per model
     # The next turn's prompt starts with this one's (what the prefix cache restores).
-    longer = renderer.render([*history, {"role": "assistant", "content": "Sunny."},
-                              {"role": "user", "content": "thanks"}], [WEATHER])
+    longer = renderer.render(
+        [
+            *history,
+            {"role": "assistant", "content": "Sunny."},
+            {"role": "user", "content": "thanks"},
+        ],
+        [WEATHER],
+    )
     assert longer.startswith(text.removesuffix("<assistant>"))

@@ -23,8 +23,15 @@ HI = [{"role": "user", "content": "weather?"}]
 PARAMS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
 OPENAI_TOOL = {"type": "function", "function": {"name": "f", "parameters": PARAMS}}
 # A Hermes call in pieces, as tokens bring it.
-CALL = ["<tool_call>", '\n{"name": "f", "arguments": ', '{"a": ', "1, ", '"b": "x"', "}}",
-        "\n</tool_call>"]
+CALL = [
+    "<tool_call>",
+    '\n{"name": "f", "arguments": ',
+    '{"a": ',
+    "1, ",
+    '"b": "x"',
+    "}}",
+    "\n</tool_call>",
+]
 CUT = CALL[:4]  # max_tokens inside the arguments
 
 
@@ -57,7 +64,9 @@ def test_openai_streams_a_first_chunk_with_id_and_name_then_argument_deltas():
     client, _ = serve(FakeEngine(reply(*CALL)))
     body = {"model": MODEL, "messages": HI, "tools": [OPENAI_TOOL], "stream": True}
     with client as c:
-        chunks = [json.loads(d) for _, d in sse(c.post("/v1/chat/completions", json=body).text)[:-1]]
+        chunks = [
+            json.loads(d) for _, d in sse(c.post("/v1/chat/completions", json=body).text)[:-1]
+        ]
     for chunk in chunks:
         assert problems("CreateChatCompletionStreamResponse", chunk) == []
     calls = [tc for ch in chunks for tc in ch["choices"][0]["delta"].get("tool_calls", [])]
@@ -104,7 +113,9 @@ def test_responses_streams_function_call_argument_deltas():
     deltas = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
     assert deltas == ['{"a": ', "1, ", '"b": "x"', "}"]
     done = next(e for e in events if e["type"] == "response.output_item.done")
-    assert done["item"]["status"] == "completed" and done["item"]["arguments"] == '{"a": 1, "b": "x"}'
+    assert (
+        done["item"]["status"] == "completed" and done["item"]["arguments"] == '{"a": 1, "b": "x"}'
+    )
     assert kinds.index("response.output_item.added") < kinds.index(
         "response.function_call_arguments.delta"
     )
@@ -113,21 +124,34 @@ def test_responses_streams_function_call_argument_deltas():
 def test_a_call_cut_by_max_tokens_is_a_call_on_every_api():
     client, _ = serve(FakeEngine(reply(*CUT, reason="length")))
     with client as c:
-        chat = c.post("/v1/chat/completions",
-                      json={"model": MODEL, "messages": HI, "tools": [OPENAI_TOOL]}).json()
-        message = c.post("/v1/messages", json={
-            "model": MODEL, "messages": HI, "max_tokens": 4,
-            "tools": [{"name": "f", "input_schema": PARAMS}]}).json()
-        response = c.post("/v1/responses", json={
-            "model": MODEL, "input": "weather?",
-            "tools": [{"type": "function", "name": "f", "parameters": PARAMS}]}).json()
+        chat = c.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": HI, "tools": [OPENAI_TOOL]}
+        ).json()
+        message = c.post(
+            "/v1/messages",
+            json={
+                "model": MODEL,
+                "messages": HI,
+                "max_tokens": 4,
+                "tools": [{"name": "f", "input_schema": PARAMS}],
+            },
+        ).json()
+        response = c.post(
+            "/v1/responses",
+            json={
+                "model": MODEL,
+                "input": "weather?",
+                "tools": [{"type": "function", "name": "f", "parameters": PARAMS}],
+            },
+        ).json()
     choice = chat["choices"][0]
     assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
     (call,) = choice["message"]["tool_calls"]
     assert call["function"] == {"name": "f", "arguments": '{"a": 1, '}
     assert message["stop_reason"] == "max_tokens"
-    assert message["content"] == [{"type": "tool_use", "id": message["content"][0]["id"],
-                                   "name": "f", "input": {"a": 1}}]
+    assert message["content"] == [
+        {"type": "tool_use", "id": message["content"][0]["id"], "name": "f", "input": {"a": 1}}
+    ]
     Response.model_validate(response)
     assert response["status"] == "incomplete"
     (item,) = response["output"]
@@ -155,8 +179,13 @@ def test_a_template_without_tools_gets_the_fallback_and_a_hermes_forced_call():
 
 def test_parallel_tool_calls_true_lets_a_forced_call_be_several():
     client, grammars = serve(FakeEngine(reply(*CALL)))
-    body = {"model": MODEL, "messages": HI, "tools": [OPENAI_TOOL], "tool_choice": "required",
-            "parallel_tool_calls": True}
+    body = {
+        "model": MODEL,
+        "messages": HI,
+        "tools": [OPENAI_TOOL],
+        "tool_choice": "required",
+        "parallel_tool_calls": True,
+    }
     with client as c:
         c.post("/v1/chat/completions", json=body)
     assert grammars.grammars[-1].several_calls

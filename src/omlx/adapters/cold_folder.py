@@ -92,7 +92,9 @@ def _connect_or_set_aside(url: str, db: Path | None) -> SqlBlockIndex:
         log.warning(
             "the index %s is damaged (%s): moved to %s; starting with a new, empty index "
             "(cached prefixes are computed again; the old block files are reclaimed)",
-            db, str(exc.orig or exc).strip().splitlines()[0], moved,
+            db,
+            str(exc.orig or exc).strip().splitlines()[0],
+            moved,
         )
         return connect_index(url)
 

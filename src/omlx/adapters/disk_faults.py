@@ -78,7 +78,11 @@ class FaultEpisodes:
     """
 
     def __init__(
-        self, where: str, logger: logging.Logger, what: str = "blocks are not written", quiet_s: float = 60.0
+        self,
+        where: str,
+        logger: logging.Logger,
+        what: str = "blocks are not written",
+        quiet_s: float = 60.0,
     ) -> None:
         """``where``: the folder, in the log lines; ``what``: what the fault stops."""
         self.where = where
@@ -105,7 +109,9 @@ class FaultEpisodes:
                 # its reads of the garbage as I/O errors: the same episode.
                 fault = DAMAGED
             starts = self._fault != fault
-            announce = starts and (now - self._last_warning >= self.quiet_s or fault != self._last_kind)
+            announce = starts and (
+                now - self._last_warning >= self.quiet_s or fault != self._last_kind
+            )
             self._fault = fault
             self._dropped += 1
             if announce:
@@ -113,7 +119,10 @@ class FaultEpisodes:
         if announce:
             self._log.warning(
                 "%s: %s (%s); %s %s",
-                self.where, _WHAT[fault], exc if isinstance(exc, str) else _first_line(exc), self.what,
+                self.where,
+                _WHAT[fault],
+                exc if isinstance(exc, str) else _first_line(exc),
+                self.what,
                 _UNTIL[fault],
             )
 

@@ -348,7 +348,9 @@ def vacuum_blocks(
         budget = DiskBudget(store.root, max_bytes=max_bytes if max_bytes is not None else 2**62)
         used = index.total_bytes()
         accessed_before = None if lease is None else time.time() - lease
-        victims = evict(index, store, budget.limit(used), is_pinned, accessed_before=accessed_before)
+        victims = evict(
+            index, store, budget.limit(used), is_pinned, accessed_before=accessed_before
+        )
         if victims is None:
             say("another server is evicting now; the budget is left to it")
             victims = []

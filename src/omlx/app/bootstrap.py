@@ -64,7 +64,9 @@ def bootstrap(
             specs = catalog(list(settings.model_list), settings.model_dir)
         chat_ids = [s.id for s in specs if s.task == CHAT]
         names = ModelNames(
-            [s.id for s in specs], settings.model_aliases, settings.answer_any_model,
+            [s.id for s in specs],
+            settings.model_aliases,
+            settings.answer_any_model,
             default=chat_ids[0] if chat_ids else None,
         )
         if model is not None and engine is not None:
@@ -84,16 +86,32 @@ def bootstrap(
         account = MemoryAccount(settings.max_model_memory_bytes(total_ram_bytes()))
         pool_bytes = keep_freed_buffers(_kv_memory_limit(settings))
         log.debug("MLX keeps up to %d bytes of freed buffers for reuse", pool_bytes)
-        ssd = _open_ssd(settings, closers) if settings.cache_enabled and settings.ssd_cache_enabled else None
+        ssd = (
+            _open_ssd(settings, closers)
+            if settings.cache_enabled and settings.ssd_cache_enabled
+            else None
+        )
         pool_ref: list[ModelPool] = []  # the writer asks the pool, built just below, about pins
-        cold = _start_shared_cold(settings, ssd, lambda key: pool_ref[0].is_pinned(key), closers) if ssd else None
+        cold = (
+            _start_shared_cold(settings, ssd, lambda key: pool_ref[0].is_pinned(key), closers)
+            if ssd
+            else None
+        )
         loader = ModelLoader(
-            settings, cold, account, _kv_memory_limit(settings),
+            settings,
+            cold,
+            account,
+            _kv_memory_limit(settings),
             digest_cache=_digest_cache(ssd.index) if ssd else None,
         )
         pool = ModelPool(
-            specs, names, load=loader.load, estimate=loader.estimate, account=account,
-            pinned=settings.pin_models, idle_timeout=settings.model_idle_timeout or None,
+            specs,
+            names,
+            load=loader.load,
+            estimate=loader.estimate,
+            account=account,
+            pinned=settings.pin_models,
+            idle_timeout=settings.model_idle_timeout or None,
             release_memory=return_freed_memory,
         )
         pool_ref.append(pool)
@@ -274,8 +292,11 @@ def _reconcile_quietly(settings: Settings, ssd: ColdFolder, started: float) -> N
                     log.info("another server is reconciling the shared cache folder; skipped")
                     return
                 report = reconcile(
-                    ssd.index, ssd.store, grace=settings.reconcile_grace_seconds,
-                    own_grace=since_start, progress=progress,
+                    ssd.index,
+                    ssd.store,
+                    grace=settings.reconcile_grace_seconds,
+                    own_grace=since_start,
+                    progress=progress,
                 )
         log.info("cache folder reconciled: %s", report)
     except Exception as exc:

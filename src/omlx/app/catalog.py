@@ -58,7 +58,9 @@ def task_of(path: Path) -> str:
 def spec_for(path: Path) -> ModelSpec:
     path = path.expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"model {str(path)!r} not found: give an mlx-lm model folder or a .gguf file")
+        raise FileNotFoundError(
+            f"model {str(path)!r} not found: give an mlx-lm model folder or a .gguf file"
+        )
     if path.is_file() and path.suffix.lower() != ".gguf":
         raise ValueError(f"{path} is a file but not a .gguf file")
     if path.is_dir() and not (path / "config.json").exists():
@@ -90,7 +92,9 @@ def discover(model_dir: Path) -> list[ModelSpec]:
         real = folder.resolve()
         if real in searched:
             if folder.is_symlink():
-                log.warning("--model-dir: %s links to %s, already searched; not followed", folder, real)
+                log.warning(
+                    "--model-dir: %s links to %s, already searched; not followed", folder, real
+                )
             return
         searched.add(real)
         try:
@@ -107,9 +111,7 @@ def discover(model_dir: Path) -> list[ModelSpec]:
             except OSError as exc:  # a link loop of its own (ELOOP), a folder we may not read
                 log.warning("--model-dir: skipped %s: %s", entry, exc)
                 continue
-            if is_file and entry.suffix.lower() == ".gguf":
-                add(entry)
-            elif holds_model:
+            if (is_file and entry.suffix.lower() == ".gguf") or holds_model:
                 add(entry)
             elif is_dir:
                 walk(entry)
@@ -134,6 +136,8 @@ def catalog(models: list[str], model_dir: str = "") -> list[ModelSpec]:
     for spec in specs:
         other = seen.get(spec.id)
         if other is not None and other.path != spec.path:
-            raise ValueError(f"two models are both called {spec.id!r}: {other.label} and {spec.label}")
+            raise ValueError(
+                f"two models are both called {spec.id!r}: {other.label} and {spec.label}"
+            )
         seen[spec.id] = spec
     return list(seen.values())

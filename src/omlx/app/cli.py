@@ -43,37 +43,166 @@ def main() -> None:
 
 def _serve_options(fn):
     options = [
-        click.option("--model", "model_args", multiple=True, help="mlx-lm model folder or .gguf file; repeatable (default: the bundled SmolLM2-135M-Instruct)."),
-        click.option("--model-dir", default=None, help="Serve every mlx-lm folder and .gguf file under this folder (loaded on first use)."),
-        click.option("--max-model-memory", default=None, help='Weights + KV of all loaded models: a size, "auto" (RAM less 8 GB) or "off".'),
-        click.option("--pin-model", "pin_models", multiple=True, help="A model id never unloaded (loaded at start); repeatable."),
-        click.option("--model-idle-timeout", type=float, default=None, help="Unload a model idle this many seconds (0: never)."),
+        click.option(
+            "--model",
+            "model_args",
+            multiple=True,
+            help="mlx-lm model folder or .gguf file; repeatable (default: the bundled SmolLM2-135M-Instruct).",
+        ),
+        click.option(
+            "--model-dir",
+            default=None,
+            help="Serve every mlx-lm folder and .gguf file under this folder (loaded on first use).",
+        ),
+        click.option(
+            "--max-model-memory",
+            default=None,
+            help='Weights + KV of all loaded models: a size, "auto" (RAM less 8 GB) or "off".',
+        ),
+        click.option(
+            "--pin-model",
+            "pin_models",
+            multiple=True,
+            help="A model id never unloaded (loaded at start); repeatable.",
+        ),
+        click.option(
+            "--model-idle-timeout",
+            type=float,
+            default=None,
+            help="Unload a model idle this many seconds (0: never).",
+        ),
         click.option("--host", default=None, help="Address to bind (default 127.0.0.1)."),
         click.option("--port", type=int, default=None, help="Port (default 8000)."),
-        click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="A TOML settings file (see config/omlx.toml)."),
-        click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None),
-        click.option("--no-cache", is_flag=True, default=False, help="Turn the prefix cache off (both tiers)."),
-        click.option("--block-size", type=int, default=None, help="Tokens per cache block (default 64)."),
-        click.option("--kv-bits", type=click.Choice(["off", "8", "4"]), default=None, help="Store cache blocks quantized to 8 or 4 bits (default off); RAM and disk per token shrink ~3.8x / ~7x on float32 KV."),
-        click.option("--kv-group-size", type=int, default=None, help="Values per quantization group along head_dim: 32, 64 or 128 (default 64)."),
-        click.option("--kv-mode", type=click.Choice(["auto", "exact", "store"]), default=None, help="With --kv-bits: exact (the running cache holds the codes: a hit equals a miss), store (blocks only: RAM stays full precision while decoding, a hit is close), auto (exact on a GPU, store on the CPU; the default)."),
-        click.option("--hot-cache-max-size", default=None, help="RAM budget of the hot tier, e.g. 4GB."),
-        click.option("--paged-ssd-cache-dir", default=None, help="Folder of the SSD tier (default ~/.omlx/cache)."),
-        click.option("--paged-ssd-cache-max-size", default=None, help="Disk budget of the SSD tier, e.g. 200GB (default 100GB)."),
-        click.option("--no-ssd-cache", is_flag=True, default=False, help="Keep the RAM tier, turn the SSD tier off."),
-        click.option("--index-url", default=None, help="The SSD tier's index: empty for SQLite in the cache folder, or postgresql+psycopg://… shared by several servers."),
-        click.option("--server-id", default=None, help="This server's name among those sharing an index (default HOSTNAME-PORT)."),
-        click.option("--max-concurrent-requests", type=int, default=None, help="Requests decoded together (default 8)."),
-        click.option("--max-queued-requests", type=int, default=None, help="Waiting requests before 429 (default 64)."),
-        click.option("--no-speculation", is_flag=True, default=False, help="Turn speculative decoding off (on by default: drafts from the prompt, verified in one pass; same tokens)."),
-        click.option("--draft-model", default=None, help="Draft with this small model (mlx-lm folder or .gguf, same tokenizer) instead of prompt lookup."),
-        click.option("--prefill-step-size", type=int, default=None, help="Tokens prefilled per engine step (default 256)."),
-        click.option("--kv-memory-limit", default=None, help='RAM for KV (running requests + hot tier): a size, "auto" (half of RAM) or "off".'),
-        click.option("--api-key", default=None, envvar="OMLX_API_KEY", help="Require this key (Bearer or x-api-key)."),
-        click.option("--api-keys-file", default=None, help="Tenants: a file of 'TENANT KEY' lines; each tenant its own cache namespace."),
-        click.option("--model-alias", "model_aliases", multiple=True, help="NAME=ID: answer NAME (a glob like 'claude-*' allowed) with served model ID; repeatable."),
-        click.option("--any-model", "answer_any_model", is_flag=True, default=None, help="With one served model, answer every model name with it."),
-        click.option("--no-prompt-normalization", is_flag=True, default=False, help="Keep volatile prompt text (e.g. Claude Code's billing header) as sent."),
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            default=None,
+            help="A TOML settings file (see config/omlx.toml).",
+        ),
+        click.option(
+            "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None
+        ),
+        click.option(
+            "--no-cache",
+            is_flag=True,
+            default=False,
+            help="Turn the prefix cache off (both tiers).",
+        ),
+        click.option(
+            "--block-size", type=int, default=None, help="Tokens per cache block (default 64)."
+        ),
+        click.option(
+            "--kv-bits",
+            type=click.Choice(["off", "8", "4"]),
+            default=None,
+            help="Store cache blocks quantized to 8 or 4 bits (default off); RAM and disk per token shrink ~3.8x / ~7x on float32 KV.",
+        ),
+        click.option(
+            "--kv-group-size",
+            type=int,
+            default=None,
+            help="Values per quantization group along head_dim: 32, 64 or 128 (default 64).",
+        ),
+        click.option(
+            "--kv-mode",
+            type=click.Choice(["auto", "exact", "store"]),
+            default=None,
+            help="With --kv-bits: exact (the running cache holds the codes: a hit equals a miss), store (blocks only: RAM stays full precision while decoding, a hit is close), auto (exact on a GPU, store on the CPU; the default).",
+        ),
+        click.option(
+            "--hot-cache-max-size", default=None, help="RAM budget of the hot tier, e.g. 4GB."
+        ),
+        click.option(
+            "--paged-ssd-cache-dir",
+            default=None,
+            help="Folder of the SSD tier (default ~/.omlx/cache).",
+        ),
+        click.option(
+            "--paged-ssd-cache-max-size",
+            default=None,
+            help="Disk budget of the SSD tier, e.g. 200GB (default 100GB).",
+        ),
+        click.option(
+            "--no-ssd-cache",
+            is_flag=True,
+            default=False,
+            help="Keep the RAM tier, turn the SSD tier off.",
+        ),
+        click.option(
+            "--index-url",
+            default=None,
+            help="The SSD tier's index: empty for SQLite in the cache folder, or postgresql+psycopg://… shared by several servers.",
+        ),
+        click.option(
+            "--server-id",
+            default=None,
+            help="This server's name among those sharing an index (default HOSTNAME-PORT).",
+        ),
+        click.option(
+            "--max-concurrent-requests",
+            type=int,
+            default=None,
+            help="Requests decoded together (default 8).",
+        ),
+        click.option(
+            "--max-queued-requests",
+            type=int,
+            default=None,
+            help="Waiting requests before 429 (default 64).",
+        ),
+        click.option(
+            "--no-speculation",
+            is_flag=True,
+            default=False,
+            help="Turn speculative decoding off (on by default: drafts from the prompt, verified in one pass; same tokens).",
+        ),
+        click.option(
+            "--draft-model",
+            default=None,
+            help="Draft with this small model (mlx-lm folder or .gguf, same tokenizer) instead of prompt lookup.",
+        ),
+        click.option(
+            "--prefill-step-size",
+            type=int,
+            default=None,
+            help="Tokens prefilled per engine step (default 256).",
+        ),
+        click.option(
+            "--kv-memory-limit",
+            default=None,
+            help='RAM for KV (running requests + hot tier): a size, "auto" (half of RAM) or "off".',
+        ),
+        click.option(
+            "--api-key",
+            default=None,
+            envvar="OMLX_API_KEY",
+            help="Require this key (Bearer or x-api-key).",
+        ),
+        click.option(
+            "--api-keys-file",
+            default=None,
+            help="Tenants: a file of 'TENANT KEY' lines; each tenant its own cache namespace.",
+        ),
+        click.option(
+            "--model-alias",
+            "model_aliases",
+            multiple=True,
+            help="NAME=ID: answer NAME (a glob like 'claude-*' allowed) with served model ID; repeatable.",
+        ),
+        click.option(
+            "--any-model",
+            "answer_any_model",
+            is_flag=True,
+            default=None,
+            help="With one served model, answer every model name with it.",
+        ),
+        click.option(
+            "--no-prompt-normalization",
+            is_flag=True,
+            default=False,
+            help="Keep volatile prompt text (e.g. Claude Code's billing header) as sent.",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)

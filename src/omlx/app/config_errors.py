@@ -15,7 +15,7 @@ _TYPE_WORDS = {
     "float": "a number",
     "str": "a string in quotes",
     "bool": "true or false",
-    "array": "a list, e.g. [\"a\", \"b\"]",
+    "array": 'a list, e.g. ["a", "b"]',
     "object": "a table",
     "null": "nothing",
 }

@@ -56,7 +56,9 @@ def closed(schema: Any) -> Any:
         if key == "allOf":
             out[key] = value
         elif key in ("properties", "$defs", "definitions", "patternProperties"):
-            out[key] = {k: closed(v) for k, v in value.items()} if isinstance(value, dict) else value
+            out[key] = (
+                {k: closed(v) for k, v in value.items()} if isinstance(value, dict) else value
+            )
         elif key in ("items", "anyOf", "oneOf", "prefixItems", "additionalProperties", "not"):
             out[key] = closed(value)
         else:
@@ -87,8 +89,13 @@ def output_grammar(
         if calls.think is not None:
             think = None  # reasoning is a channel of its own (harmony): the call comes first
         shapes = tuple(
-            CallShape(f["name"], calls.before(f["name"]), canonical(closed(_parameters(f))),
-                      calls.after, calls.pairs)
+            CallShape(
+                f["name"],
+                calls.before(f["name"]),
+                canonical(closed(_parameters(f))),
+                calls.after,
+                calls.pairs,
+            )
             for f in functions
         )
         grammar = OutputGrammar(

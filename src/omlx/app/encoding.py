@@ -48,14 +48,18 @@ class EmbeddingService:
         batch = await anyio.to_thread.run_sync(self._tokenize, inputs)  # long texts take a while
         dims = self.model.dimensions
         if dimensions is not None and not 1 <= dimensions <= dims:
-            raise InvalidRequest(f"dimensions must be between 1 and {dims} for this model", param="dimensions")
+            raise InvalidRequest(
+                f"dimensions must be between 1 and {dims} for this model", param="dimensions"
+            )
         if encoding not in ("float", "base64"):
             raise InvalidRequest("encoding_format must be float or base64", param="encoding_format")
         vectors = await asyncio.wrap_future(self.runner.submit(lambda: self.model.embed(batch)))
         if dimensions is not None and dimensions < dims:
             vectors = [_truncated(v, dimensions, self.model.normalize) for v in vectors]
         if encoding == "base64":
-            vectors = [base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode("ascii") for v in vectors]
+            vectors = [
+                base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode("ascii") for v in vectors
+            ]
         return Embedded(vectors, sum(len(t) for t in batch))
 
     def _tokenize(self, inputs: str | Sequence[Any]) -> list[list[int]]:
@@ -78,9 +82,15 @@ class EmbeddingService:
                     raise InvalidRequest(f"input[{i}] is an empty string", param="input")
                 self.limit.check(item, "input", f"input[{i}]")
                 tokens = list(self.model.tokenizer.encode(item))
-            elif isinstance(item, list) and item and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+            elif (
+                isinstance(item, list)
+                and item
+                and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
+            ):
                 if any(not 0 <= t < vocab for t in item):
-                    raise InvalidRequest(f"input[{i}]: token ids must be in [0, {vocab})", param="input")
+                    raise InvalidRequest(
+                        f"input[{i}]: token ids must be in [0, {vocab})", param="input"
+                    )
                 tokens = item
             else:
                 raise InvalidRequest(
@@ -114,7 +124,12 @@ class RerankService:
         self.limit = PromptLimit.of(model.tokenizer, model.context_length)
 
     async def rank(
-        self, query: str, documents: Sequence[str], *, top_n: int | None = None, instruction: str | None = None
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int | None = None,
+        instruction: str | None = None,
     ) -> tuple[list[Ranked], int]:
         if not query:
             raise InvalidRequest("query must not be empty", param="query")
@@ -126,10 +141,14 @@ class RerankService:
             raise InvalidRequest("top_n must be at least 1", param="top_n")
         prompts = await anyio.to_thread.run_sync(self._tokenize, query, documents, instruction)
         scores = await asyncio.wrap_future(self.runner.submit(lambda: self.model.score(prompts)))
-        ranked = sorted((Ranked(i, s) for i, s in enumerate(scores)), key=lambda r: (-r.score, r.index))
+        ranked = sorted(
+            (Ranked(i, s) for i, s in enumerate(scores)), key=lambda r: (-r.score, r.index)
+        )
         return ranked[: top_n or len(ranked)], sum(len(p) for p in prompts)
 
-    def _tokenize(self, query: str, documents: Sequence[str], instruction: str | None) -> list[list[int]]:
+    def _tokenize(
+        self, query: str, documents: Sequence[str], instruction: str | None
+    ) -> list[list[int]]:
         """Each document's prompt with the query, as tokens (on a worker thread: it takes a while)."""
         prompts = []
         for i, document in enumerate(documents):

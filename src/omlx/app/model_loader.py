@@ -148,14 +148,22 @@ class ModelLoader:
             proposer=proposer,
         )
         if engine.budget is not None:
-            log.info("memory guard of %s: %s", spec.id, _guard_line(engine.budget, model.context_length))
+            log.info(
+                "memory guard of %s: %s", spec.id, _guard_line(engine.budget, model.context_length)
+            )
         engine.start()
         closers.append(engine.stop)  # last added, closed first: nothing is stored after
         backend = fast_backend(model.tokenizer)
         grammars = _grammar_compiler(model)
         served = serve_chat(
-            settings, spec, model, engine, weights=weights_bytes(model.model) + draft_weights,
-            encode=PrefixReusingEncoder(backend, max_tokens=model.context_length).encode if backend is not None else None,
+            settings,
+            spec,
+            model,
+            engine,
+            weights=weights_bytes(model.model) + draft_weights,
+            encode=PrefixReusingEncoder(backend, max_tokens=model.context_length).encode
+            if backend is not None
+            else None,
             grammars=grammars,
             sampling_defaults=model.generation_config,
         )
@@ -188,7 +196,8 @@ class ModelLoader:
         if exact_kv:
             log.info(
                 "speculative decoding of %s: off: exact KV mode (a verify pass would round "
-                "the quantized attention differently from a plain step)", spec.id,
+                "the quantized attention differently from a plain step)",
+                spec.id,
             )
             return None, None, 0
         settings = self.settings
@@ -203,7 +212,9 @@ class ModelLoader:
         from omlx.adapters.mlx.encoders import weights_bytes
         from omlx.adapters.mlx.loader import load_model
 
-        draft = load_model(draft_path, digest_cache=self.digest_cache, prepared=self._prepared_weights())
+        draft = load_model(
+            draft_path, digest_cache=self.digest_cache, prepared=self._prepared_weights()
+        )
         check_same_tokenizer(draft.tokenizer, model.tokenizer, draft.model_id, spec.id)
         draft_bytes, served_bytes = weights_bytes(draft.model), weights_bytes(model.model)
         config = SpeculationConfig(
@@ -213,7 +224,9 @@ class ModelLoader:
             # A draft costs about a plain step of the served model times the weights' ratio.
             draft_token_cost=draft_bytes / max(served_bytes, 1),
         )
-        log.info("speculative decoding of %s: drafts from %s (%s)", spec.id, draft.model_id, draft_path)
+        log.info(
+            "speculative decoding of %s: drafts from %s (%s)", spec.id, draft.model_id, draft_path
+        )
         return config, DraftModel(draft.model, draft.model_id), draft_bytes
 
     def _cache(
@@ -237,8 +250,13 @@ class ModelLoader:
             ssd = self.cold.ssd
             ssd.index.upsert_namespace(namespace)
             cold_tier = ColdTier(
-                namespace, ssd.store, ssd.index, self.cold.writer, codec.decode,
-                recency=self.cold.recency, drop_missing_rows=not ssd.shared,
+                namespace,
+                ssd.store,
+                ssd.index,
+                self.cold.writer,
+                codec.decode,
+                recency=self.cold.recency,
+                drop_missing_rows=not ssd.shared,
             )
             closers.append(cold_tier.flush)
         layout = model.layout.domain if model.layout is not None else None
@@ -287,7 +305,10 @@ class ModelLoader:
         else:
             why = "half the KV memory limit"
         tokens = f"{size // per_token:,} tokens" if per_token else "no KV per token"
-        return size, f"auto: {format_bytes(size)} ({tokens} at {format_bytes(per_token)} each; {why})"
+        return (
+            size,
+            f"auto: {format_bytes(size)} ({tokens} at {format_bytes(per_token)} each; {why})",
+        )
 
     def _encoder(self, spec: ModelSpec) -> Served:
         from omlx.adapters.mlx.encoders import (
@@ -356,7 +377,9 @@ def speculation_for(path: Path, settings: Settings) -> tuple[bool, str]:
     enabled = declared.get("speculation", enabled)
     draft = declared.get("draft_model", draft)
     if not isinstance(enabled, bool) or not isinstance(draft, str):
-        raise ValueError(f'{declared_file}: "speculation" must be true or false, "draft_model" a path')
+        raise ValueError(
+            f'{declared_file}: "speculation" must be true or false, "draft_model" a path'
+        )
     if draft and not Path(draft).is_absolute():
         draft = str(Path(path) / draft)  # a path in omlx.json is relative to its folder
     return enabled, draft
@@ -379,14 +402,23 @@ def serve_chat(
     ``sampling_defaults``: the model's own (its generation_config.json) for what a request
     leaves out."""
     generation = GenerationService(
-        engine, model, max_queued=settings.max_queued_requests,
-        default_max_tokens=settings.default_max_tokens, encode=encode, grammars=grammars,
+        engine,
+        model,
+        max_queued=settings.max_queued_requests,
+        default_max_tokens=settings.default_max_tokens,
+        encode=encode,
+        grammars=grammars,
         sampling_defaults=sampling_defaults,
     )
     chat = ChatPipeline(generation, ChatRenderer(model.tokenizer, model.model_id))
     chat.prefix_cache = prefix_cache
     return Served(
-        spec, model, engine, weights=weights, generation=generation, chat=chat,
+        spec,
+        model,
+        engine,
+        weights=weights,
+        generation=generation,
+        chat=chat,
         prefix_cache=prefix_cache,
     )
 
@@ -451,7 +483,9 @@ def _grammar_compiler(model: Any) -> Any:
     from omlx.adapters.grammar import LLGuidanceCompiler
 
     return LLGuidanceCompiler(
-        model.tokenizer, sorted(model.tokenizer.eos_token_ids), model.config.get("vocab_size"),
+        model.tokenizer,
+        sorted(model.tokenizer.eos_token_ids),
+        model.config.get("vocab_size"),
         build_now=False,  # a chore (_run_when_quiet), or the first constrained request
     )
 

@@ -117,7 +117,9 @@ class ModelPool:
         self.account = account or MemoryAccount(None)
         unknown = sorted(set(pinned) - set(self.specs))
         if unknown:
-            raise ValueError(f"--pin-model {', '.join(unknown)}: no such model (served: {', '.join(self.specs)})")
+            raise ValueError(
+                f"--pin-model {', '.join(unknown)}: no such model (served: {', '.join(self.specs)})"
+            )
         self.pinned = frozenset(pinned)
         self.idle_timeout = idle_timeout
         self.room_wait = room_wait
@@ -151,7 +153,8 @@ class ModelPool:
     def is_pinned(self, key: str) -> bool:
         """Whether a running request of any loaded model holds ``key`` (the shared writer asks)."""
         return any(
-            s.prefix_cache is not None and s.prefix_cache.is_pinned(key) for s in list(self._loaded.values())
+            s.prefix_cache is not None and s.prefix_cache.is_pinned(key)
+            for s in list(self._loaded.values())
         )
 
     # ---- a request's model --------------------------------------------------------------
@@ -223,7 +226,12 @@ class ModelPool:
         served.load_seconds = time.monotonic() - started
         self.loads += 1
         self.add(served)
-        log.info("loaded %s in %.1f s: %s of weights", spec.id, served.load_seconds, format_bytes(served.weights))
+        log.info(
+            "loaded %s in %.1f s: %s of weights",
+            spec.id,
+            served.load_seconds,
+            format_bytes(served.weights),
+        )
         return served
 
     async def _load_new(self, spec: ModelSpec) -> Served:
@@ -309,7 +317,8 @@ class ModelPool:
             self.unload(victim.id)
         if self.account.held() + need > limit:
             held = ", ".join(
-                f"{m} {format_bytes(v['weights'] + v['kv'])}" for m, v in self.account.snapshot().items()
+                f"{m} {format_bytes(v['weights'] + v['kv'])}"
+                for m, v in self.account.snapshot().items()
             )
             remedy = (
                 "retry when they are idle"
@@ -326,7 +335,9 @@ class ModelPool:
     def unload(self, model_id: str, force: bool = False) -> bool:
         """Stop serving ``model_id`` (its cold blocks stay); False when it is in use."""
         served = self._loaded.get(model_id)
-        if served is None or (not force and (model_id in self.pinned or served.busy(self._clock()))):
+        if served is None or (
+            not force and (model_id in self.pinned or served.busy(self._clock()))
+        ):
             return False
         del self._loaded[model_id]
         served.close()

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TypeVar
 
-from omlx.domain.sizes import format_bytes
 from omlx.domain.generation import Finished, PrefillProgress, PrefillStarted, TextDelta
+from omlx.domain.sizes import format_bytes
 
 T = TypeVar("T")
 
@@ -70,8 +70,8 @@ class Reporter:
         self.logger = logger
         self.stream = stream if stream is not None or logger is not None else sys.stderr
         self.bar = _is_tty(self.stream) if bar is None else bar
-        self.interval = interval if interval is not None else (
-            BAR_INTERVAL_S if self.bar else line_interval()
+        self.interval = (
+            interval if interval is not None else (BAR_INTERVAL_S if self.bar else line_interval())
         )
         self._clock = clock
         self.started = self._last = clock()
@@ -179,9 +179,7 @@ def track(
             reporter.advance()
 
 
-def for_log(
-    logger: logging.Logger, label: str, total: int | None, unit: str = ""
-) -> Reporter:
+def for_log(logger: logging.Logger, label: str, total: int | None, unit: str = "") -> Reporter:
     """Progress of server work: a bar when stderr is a terminal, else lines in the log."""
     if _is_tty(sys.stderr):
         return Reporter(label, total, unit, stream=sys.stderr, bar=True)
@@ -224,8 +222,12 @@ class PrefillWatch:
             if todo >= self.min_tokens:
                 self._cached = event.cached_tokens
                 self._reporter = Reporter(
-                    self._label, todo, "tokens", logger=self.logger,
-                    interval=self.interval, clock=self._clock,
+                    self._label,
+                    todo,
+                    "tokens",
+                    logger=self.logger,
+                    interval=self.interval,
+                    clock=self._clock,
                 )
         elif self._reporter is None:
             return

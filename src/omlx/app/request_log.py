@@ -76,7 +76,9 @@ class RequestRecord:
 class RequestLog:
     """A thread-safe ring of the last ``capacity`` finished requests."""
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, capacity: int = DEFAULT_CAPACITY, clock: Callable[[], float] = time.time
+    ) -> None:
         if capacity < 1:
             raise ValueError("a request log holds at least one request")
         self._ring: deque[RequestRecord] = deque(maxlen=capacity)
@@ -84,7 +86,9 @@ class RequestLog:
         self._seq = 0
         self._clock = clock
 
-    def record(self, model: str, event: Finished, ttft_s: float | None, decode_s: float) -> RequestRecord:
+    def record(
+        self, model: str, event: Finished, ttft_s: float | None, decode_s: float
+    ) -> RequestRecord:
         """Keep one finished generation; ``decode_s``: first token to the end."""
         decoded = event.completion_tokens - 1  # the first token's time is the TTFT's
         rate = decoded / decode_s if decoded > 0 and decode_s > 0 else None

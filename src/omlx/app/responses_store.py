@@ -32,7 +32,9 @@ class MemoryResponseStore:
     def put(self, record: StoredResponse) -> None:
         size = record.nbytes
         if not self.retention.fits(size):
-            raise TooLargeToStore(f"{size} bytes, over responses_max_bytes ({self.retention.max_bytes})")
+            raise TooLargeToStore(
+                f"{size} bytes, over responses_max_bytes ({self.retention.max_bytes})"
+            )
         with self._lock:
             self._items[record.id] = record
             self._bytes[record.id] = size
@@ -54,7 +56,9 @@ class MemoryResponseStore:
             while chain[-1].previous_id is not None:
                 earlier = self._items.get(chain[-1].previous_id)
                 if earlier is None or len(chain) > len(self._items):
-                    raise BrokenChain(f"{chain[-1].previous_id} (continued by {chain[-1].id}) is missing")
+                    raise BrokenChain(
+                        f"{chain[-1].previous_id} (continued by {chain[-1].id}) is missing"
+                    )
                 chain.append(earlier)
             return chain[::-1]
 

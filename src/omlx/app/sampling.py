@@ -37,13 +37,16 @@ class Sampling:
 def with_defaults(s: Sampling, defaults: Mapping[str, Any]) -> Sampling:
     """``s`` with the model's own defaults (its generation_config.json) where it sent none."""
     given = {
-        k: v for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+        k: v
+        for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
         if getattr(s, k) is None and (v := defaults.get(k)) is not None
     }
     return replace(s, **given) if given else s
 
 
-def sampling_params(s: Sampling, vocab: int, defaults: Mapping[str, Any] | None = None) -> SamplingParams:
+def sampling_params(
+    s: Sampling, vocab: int, defaults: Mapping[str, Any] | None = None
+) -> SamplingParams:
     """The engine's sampling values; ``defaults`` stand in for what the request left out,
     then the OpenAI defaults (temperature 1, top_p 1)."""
     s = with_defaults(s, defaults or {})

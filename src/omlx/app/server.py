@@ -23,9 +23,13 @@ def bind_listener(host: str, port: int) -> socket.socket:
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
     except socket.gaierror as exc:
-        raise PortUnavailable(f"cannot listen on host {host!r} ({exc.strerror}): choose another with --host") from None
+        raise PortUnavailable(
+            f"cannot listen on host {host!r} ({exc.strerror}): choose another with --host"
+        ) from None
     sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restarts rebind at once
+    sock.setsockopt(
+        socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+    )  # as uvicorn: restarts rebind at once
     try:
         sock.bind(address)
     except OSError as exc:
@@ -39,7 +43,9 @@ def bind_listener(host: str, port: int) -> socket.socket:
             raise PortUnavailable(
                 f"port {port} on {host} needs privileges to bind: choose one above 1023 with --port"
             ) from None
-        raise PortUnavailable(f"cannot listen on {host}:{port} ({exc.strerror}): check --host and --port") from None
+        raise PortUnavailable(
+            f"cannot listen on {host}:{port} ({exc.strerror}): check --host and --port"
+        ) from None
     return sock
 
 

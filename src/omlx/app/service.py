@@ -12,7 +12,7 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 
@@ -76,7 +76,9 @@ class GenerationService:
         self.tokenizer = model.tokenizer
         # The tokenizer's own encode unless a faster equal one is given (a growing
         # conversation's tokens reused: adapters.mlx.prompt_tokens).
-        self._encode = encode or (lambda text: list(self.tokenizer.encode(text, add_special_tokens=False)))
+        self._encode = encode or (
+            lambda text: list(self.tokenizer.encode(text, add_special_tokens=False))
+        )
         self.prompt_limit = PromptLimit.of(self.tokenizer, model.context_length)
         self.max_queued = max_queued
         self.default_max_tokens = default_max_tokens
@@ -106,7 +108,8 @@ class GenerationService:
             raise InvalidRequest("the prompt is empty", param="messages")
         context = self.model.context_length
         if len(prompt_tokens) >= context:
-            raise InvalidRequest(f"the prompt has {len(prompt_tokens)} tokens; this model's context is {context} tokens",
+            raise InvalidRequest(
+                f"the prompt has {len(prompt_tokens)} tokens; this model's context is {context} tokens",
                 param="messages",
                 code="context_length_exceeded",
             )
@@ -164,7 +167,8 @@ class GenerationService:
         if capacity is None or prompt + max_tokens <= capacity:
             return max_tokens
         if explicit or prompt >= capacity:
-            raise InvalidRequest(f"the prompt ({prompt} tokens) plus {param} ({max_tokens}) needs more KV cache than "
+            raise InvalidRequest(
+                f"the prompt ({prompt} tokens) plus {param} ({max_tokens}) needs more KV cache than "
                 f"kv_memory_limit allows: at most {capacity} tokens in all; lower {param} or shorten the prompt",
                 param=param if explicit and prompt < capacity else "messages",
                 code="kv_memory_exceeded",
@@ -176,7 +180,9 @@ class GenerationService:
     def check_capacity(self) -> None:
         """429 when the engine's waiting queue is full (``max_queued_requests``)."""
         if self.engine.queued >= self.max_queued:
-            raise Busy(f"the server is busy: {self.engine.queued} requests are waiting; retry shortly")
+            raise Busy(
+                f"the server is busy: {self.engine.queued} requests are waiting; retry shortly"
+            )
 
     def stream(
         self, request: GenerationRequest, keepalive: float | None = None

@@ -99,7 +99,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def responses_retention(self) -> Retention:
         return Retention(
-            self.responses_max_stored, self.responses_max_age_days, parse_size(self.responses_max_size)
+            self.responses_max_stored,
+            self.responses_max_age_days,
+            parse_size(self.responses_max_size),
         )
 
     @property

@@ -36,13 +36,17 @@ def check_cache_folder(cache_dir: Path) -> None:
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise StartupError(f"cannot create the cache folder {cache_dir} ({_reason(exc)}): {_FIX}") from None
+        raise StartupError(
+            f"cannot create the cache folder {cache_dir} ({_reason(exc)}): {_FIX}"
+        ) from None
     probe = cache_dir / f".omlx-write-check-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
         kind = "is read-only" if exc.errno == errno.EROFS else "is not writable by this user"
-        raise StartupError(f"the cache folder {cache_dir} {kind} ({_reason(exc)}): {_FIX}") from None
+        raise StartupError(
+            f"the cache folder {cache_dir} {kind} ({_reason(exc)}): {_FIX}"
+        ) from None
     os.close(fd)
     probe.unlink(missing_ok=True)
 

@@ -25,6 +25,7 @@ def kv_codec(kv_bits: int | str | None = None, kv_group_size: int = 64) -> MLXKV
 
     return MLXKVCodec(kv_quant=kv_quant_of(kv_bits, kv_group_size))
 
+
 __all__ = [
     "BlockAwarePrefixCache",
     "BlockMetadata",

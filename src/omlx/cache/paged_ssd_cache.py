@@ -23,7 +23,6 @@ from omlx.domain.cache.keys import EXTERNAL, EXTERNAL_HASH_MAX, namespace_digest
 from omlx.domain.tier_defaults import COLD_TIER_DEFAULT_BYTES, HOT_TIER_DEFAULT_BYTES
 
 
-
 def library_namespace(model_name: str, block_size: int) -> NamespaceInfo:
     """The namespace of a model's library blocks: its name and block size (and the format).
 

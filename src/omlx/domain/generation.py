@@ -33,6 +33,7 @@ class Penalties:
             or bool(self.logit_bias)
         )
 
+
 # A request's time to first token, phase by phase: the app's rendering and tokenizing,
 # the wait for a batch slot, the prefix lookup, the restore of the matched blocks into a
 # fresh cache, admission into the batch, the prefill of the uncached tail, and the step
@@ -131,7 +132,9 @@ class Finished:
     stop_sequence: str | None = None  # the stop string that ended it, if one did
     # Where its time to first token went, in PHASES order (seconds; empty: no token came).
     phases: tuple[tuple[str, float], ...] = ()
-    tier: str = "none"  # where the cached prefix came from: "hot" (RAM), "ssd" (some from disk), "none"
+    tier: str = (
+        "none"  # where the cached prefix came from: "hot" (RAM), "ssd" (some from disk), "none"
+    )
     speculation: SpeculationSummary | None = None  # what speculative decoding did, where it ran
 
 

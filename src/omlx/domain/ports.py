@@ -131,8 +131,7 @@ class GenerationEngine(ModelWorker, Protocol):
 class LayerKinds(Protocol):
     """What each layer of a model's cache keeps (kv, window W, state), for /health."""
 
-    def counts(self) -> dict[str, int]:
-        ...
+    def counts(self) -> dict[str, int]: ...
 
 
 class ChatModel(Protocol):
@@ -187,8 +186,7 @@ class KVCodec(Protocol):
         """
         ...
 
-    def nbytes(self, payload: Any) -> int:
-        ...
+    def nbytes(self, payload: Any) -> int: ...
 
     def encode(self, payload: Any, tokens: Sequence[int], meta: BlockMeta) -> bytes:
         """The block file's bytes (the store's format is the codec's business), ready for the writer thread."""
@@ -274,8 +272,7 @@ class BlockIndex(Protocol):
     Any method may raise ``IndexUnavailable`` when the database cannot be reached.
     """
 
-    def upsert_namespace(self, namespace: NamespaceInfo) -> None:
-        ...
+    def upsert_namespace(self, namespace: NamespaceInfo) -> None: ...
 
     def add_block(self, block: StoredBlock, tokens: Sequence[int] = ()) -> bool:
         """Record a block whose file is complete (and a KV block's ``tokens``); True if recorded.
@@ -285,8 +282,7 @@ class BlockIndex(Protocol):
         """
         ...
 
-    def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]:
-        ...
+    def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]: ...
 
     def children(self, parent_key: str, limit: int, headless: bool = False) -> list[StoredBlock]:
         """Up to ``limit`` KV blocks whose parent is ``parent_key``, most recently used first.
@@ -310,19 +306,15 @@ class BlockIndex(Protocol):
         """Apply a batch of hits: key -> last access time; each hit adds one to ``hit_count``."""
         ...
 
-    def remove_blocks(self, keys: Sequence[str]) -> None:
-        ...
+    def remove_blocks(self, keys: Sequence[str]) -> None: ...
 
-    def total_bytes(self) -> int:
-        ...
+    def total_bytes(self) -> int: ...
 
     def lru_blocks(self, limit: int) -> list[StoredBlock]:
         """Up to ``limit`` blocks, least recently used first."""
         ...
 
-    def evict(
-        self, plan: EvictionPlan, accessed_before: float | None
-    ) -> list[StoredBlock] | None:
+    def evict(self, plan: EvictionPlan, accessed_before: float | None) -> list[StoredBlock] | None:
         """One transaction: ``plan`` picks victims, their rows go, and they are returned.
 
         ``plan`` sees the bytes indexed now and the blocks last used before
@@ -332,11 +324,9 @@ class BlockIndex(Protocol):
         """
         ...
 
-    def usage(self) -> list[NamespaceUsage]:
-        ...
+    def usage(self) -> list[NamespaceUsage]: ...
 
-    def all_relpaths(self) -> set[str]:
-        ...
+    def all_relpaths(self) -> set[str]: ...
 
 
 class EvictionPolicy(Protocol):

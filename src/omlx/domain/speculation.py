@@ -78,7 +78,6 @@ class Acceptance:
         self.trials = self.trials * self.decay + accepted + (1 if accepted < drafted else 0)
 
 
-
 @dataclass(slots=True)
 class StepCosts:
     """What a step with drafts costs, in plain steps: ``1 + slope x drafted``.

@@ -249,7 +249,9 @@ def pack_block(
         if len(quant_parts) != len(layers) or set(quant) != set(QUANT_METADATA):
             raise ValueError(f"a quantized block needs {QUANT_METADATA} and parts per layer")
         for j, part in enumerate(QUANT_PARTS):
-            tensors.update((f"{part}.{leaf}", p[j]) for leaf, p in zip(names, quant_parts))
+            tensors.update(
+                (f"{part}.{leaf}", p[j]) for leaf, p in zip(names, quant_parts, strict=False)
+            )
     metadata = block_metadata(
         meta,
         layer_count if layer_count is not None else len(layers),
@@ -314,7 +316,7 @@ def kv_layers(
         layers = [(leaf, tensors[f"k.{leaf}"], tensors[f"v.{leaf}"]) for leaf in leaves]
         for leaf in leaves:
             for part in parts[2:]:
-                tensors[f"{part}.{leaf}"]  # noqa: B018 - raises naming a missing part
+                tensors[f"{part}.{leaf}"]
     except KeyError as exc:
         raise ValueError(f"block file lacks tensor {exc.args[0]}") from None
     if len(tensors) != len(parts) * len(leaves):

@@ -240,7 +240,10 @@ class BlockWriter:
             self._index.upsert_namespace(job.namespace)
             self._namespaces.add(job.namespace.digest)
         if not self._make_room(len(data)):
-            self._faults.failed(NO_SPACE, "no room within paged_ssd_cache_max_size and the disk's free-space reserve")
+            self._faults.failed(
+                NO_SPACE,
+                "no room within paged_ssd_cache_max_size and the disk's free-space reserve",
+            )
             log.debug("no room within the cache budget for block %s; not written", meta.key)
             return "dropped_no_space"
         checksum = hashlib.sha256(data).hexdigest()

@@ -77,9 +77,15 @@ def _pair_rules(rule: str, schema: Any, style: PairStyle, strict: bool) -> list[
         else:
             rules.append(f"{value}: {_json(sub, strict)}")
         pair = " ".join(
-            s for s in (_lark_string(style.key_open), _lark_string(key),
-                        _lark_string(style.key_close), value,
-                        _lark_string(style.value_close) if style.value_close else "") if s
+            s
+            for s in (
+                _lark_string(style.key_open),
+                _lark_string(key),
+                _lark_string(style.key_close),
+                value,
+                _lark_string(style.value_close) if style.value_close else "",
+            )
+            if s
         )
         rules.append(f"{rule}_p{i}: {pair}")
         parts.append(f"{rule}_p{i}" + ("" if key in required or style.separator else "?"))
@@ -112,8 +118,9 @@ def lark_grammar(grammar: OutputGrammar, literal: Callable[[str], str]) -> str:
         rules.append(f"call: {' | '.join(names)}")
         between = " ".join(_sequence(grammar.between, literal))
         calls = f"call ({between} call)*" if grammar.several_calls else "call"
-        main = " ".join([*_sequence(grammar.opening, literal), calls,
-                         *_sequence(grammar.closing, literal)])
+        main = " ".join(
+            [*_sequence(grammar.opening, literal), calls, *_sequence(grammar.closing, literal)]
+        )
     prefix = ""
     if grammar.think is not None:
         open_, close = grammar.think

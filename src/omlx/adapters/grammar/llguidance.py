@@ -108,7 +108,9 @@ class LLGuidanceCompiler:
         with self._lock:
             if not self._started:
                 self._started = True
-                threading.Thread(target=self._build, name="omlx-grammar-tokenizer", daemon=True).start()
+                threading.Thread(
+                    target=self._build, name="omlx-grammar-tokenizer", daemon=True
+                ).start()
         return self._ready
 
     def _build(self) -> None:
@@ -228,5 +230,8 @@ def refusal_reason(error: str) -> str:
         return "the grammar is invalid"
     text = re.sub(r"^at \d+\(\d+\): ", "", " ".join(lines))
     text = re.sub(r"regex parse error: (.*?) error: ", r"regex parse error in pattern '\1': ", text)
-    return re.sub(r"oneOf constraints are not supported\.? ?Enable .coerce_one_of.[^.]*\.?",
-                  f"oneOf: {ONE_OF_ADVICE}", text)
+    return re.sub(
+        r"oneOf constraints are not supported\.? ?Enable .coerce_one_of.[^.]*\.?",
+        f"oneOf: {ONE_OF_ADVICE}",
+        text,
+    )

@@ -50,10 +50,14 @@ def _walk(node: Any, root: Any, where: str, refs: set[str]) -> Any:
     out = {k: _walk(v, root, f"{where}/{_escape(k)}", refs) for k, v in node.items()}
     branches = out.get("oneOf")
     pointed_at = any(r.startswith(f"{where}/oneOf") for r in refs)
-    if isinstance(branches, list) and not pointed_at and all(
-        _exclusive(branches[i], branches[j], root)
-        for i in range(len(branches))
-        for j in range(i + 1, len(branches))
+    if (
+        isinstance(branches, list)
+        and not pointed_at
+        and all(
+            _exclusive(branches[i], branches[j], root)
+            for i in range(len(branches))
+            for j in range(i + 1, len(branches))
+        )
     ):
         del out["oneOf"]
         if "anyOf" in out:  # both: the value must match one of each list
@@ -154,8 +158,10 @@ def _objects_exclusive(a: dict[str, Any], b: dict[str, Any], root: Any) -> bool:
         ):
             return True
         # A key b, closed, cannot have.
-        if b.get("additionalProperties") is False and key not in props_b and not b.get(
-            "patternProperties"
+        if (
+            b.get("additionalProperties") is False
+            and key not in props_b
+            and not b.get("patternProperties")
         ):
             return True
     return False

@@ -33,7 +33,9 @@ def check_same_tokenizer(draft: Any, served: Any, draft_name: str, served_name: 
     ours, theirs = served.get_vocab(), draft.get_vocab()
     if ours == theirs:
         return
-    differing = sum(1 for piece, i in ours.items() if theirs.get(piece) != i) + len(theirs.keys() - ours.keys())
+    differing = sum(1 for piece, i in ours.items() if theirs.get(piece) != i) + len(
+        theirs.keys() - ours.keys()
+    )
     raise TokenizerMismatch(
         f"draft model {draft_name} does not share the tokenizer of {served_name} "
         f"({len(theirs)} vs {len(ours)} tokens, {differing} differ): speculative decoding needs "
@@ -65,7 +67,12 @@ class DraftModel:
         self._rows: dict[int, _DraftRow] = {}
 
     def propose(
-        self, uid: int, tokens: Sequence[int], pending: int, limit: int, choose: Callable[[int], int]
+        self,
+        uid: int,
+        tokens: Sequence[int],
+        pending: int,
+        limit: int,
+        choose: Callable[[int], int],
     ) -> list[int]:
         count = choose(limit)
         if count < 1:

@@ -156,7 +156,9 @@ def load_rerank_model(path: Path, model_id: str) -> RerankModel:
     model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
     ids = [tokenizer.encode(t, add_special_tokens=False) for t in (yes, no)]
     if any(len(i) != 1 for i in ids):
-        raise ValueError(f"{path}/omlx.json: yes_token {yes!r} and no_token {no!r} must be one token each")
+        raise ValueError(
+            f"{path}/omlx.json: yes_token {yes!r} and no_token {no!r} must be one token each"
+        )
     return RerankModel(
         model_id=model_id,
         path=path,

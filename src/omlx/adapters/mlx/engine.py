@@ -204,11 +204,19 @@ class MLXEngine:
         try:
             token = self._eos[0] if self._eos else 0
             interrupted = warm_up(
-                self._generator, self.model.model, token, self._sampler(_GREEDY),
-                request_waiting=lambda: not self._inbox.empty(), new_cache=self._fresh_cache,
+                self._generator,
+                self.model.model,
+                token,
+                self._sampler(_GREEDY),
+                request_waiting=lambda: not self._inbox.empty(),
+                new_cache=self._fresh_cache,
             )
         except Exception:  # a model the warm-up cannot drive still serves requests
-            log.warning("warm-up of %s failed; the first request pays its costs", self.model.model_id, exc_info=True)
+            log.warning(
+                "warm-up of %s failed; the first request pays its costs",
+                self.model.model_id,
+                exc_info=True,
+            )
             self._generator = self._new_generator()
             return
         how = "warm-up stopped for a request:" if interrupted else "warmed up"
@@ -222,11 +230,16 @@ class MLXEngine:
         if not self._plain_layout():
             log.info(
                 "speculative decoding of %s: off: its cache has layers a refused draft cannot be "
-                "taken back from (recurrent state or a sliding window)", self.model.model_id,
+                "taken back from (recurrent state or a sliding window)",
+                self.model.model_id,
             )
             return None
         if not batch_rows.private_access_supported():
-            log.info("speculative decoding of %s: off: written for mlx-lm %sx", self.model.model_id, batch_rows.WRITTEN_FOR)
+            log.info(
+                "speculative decoding of %s: off: written for mlx-lm %sx",
+                self.model.model_id,
+                batch_rows.WRITTEN_FOR,
+            )
             return None
         if proposer is None:
             proposer = PromptLookup(config.ngram_max, config.ngram_min)
@@ -240,10 +253,14 @@ class MLXEngine:
         if not exact_fits(self.model.model, quant.group_size):
             log.warning(
                 "exact KV of %s: off: a head_dim is not a multiple of kv_group_size %d; its cache "
-                "runs and is stored in full precision", self.model.model_id, quant.group_size,
+                "runs and is stored in full precision",
+                self.model.model_id,
+                quant.group_size,
             )
             return None
-        log.info("exact KV of %s: the running cache holds %s codes", self.model.model_id, quant.label)
+        log.info(
+            "exact KV of %s: the running cache holds %s codes", self.model.model_id, quant.label
+        )
         return partial(exact_prompt_cache, self.model.model, quant.group_size, quant.bits)
 
     @property
@@ -292,7 +309,9 @@ class MLXEngine:
 
     def _admit_waiting(self) -> None:
         """Start what the scheduler lets leave the queue (FCFS, within the KV memory)."""
-        for job, verdict in self.scheduler.admissible(self._make_room if self.prefix_cache else None):
+        for job, verdict in self.scheduler.admissible(
+            self._make_room if self.prefix_cache else None
+        ):
             if verdict is Verdict.REFUSE:
                 self._refuse(job)
                 continue
@@ -315,7 +334,11 @@ class MLXEngine:
         before = self.prefix_cache.held_bytes()
         left = self.prefix_cache.make_room(room)
         if left < before:
-            log.info("memory guard: the prefix cache gave back %s for request %d", format_bytes(before - left), job.id)
+            log.info(
+                "memory guard: the prefix cache gave back %s for request %d",
+                format_bytes(before - left),
+                job.id,
+            )
         return left
 
     def _report_memory(self) -> None:
@@ -326,15 +349,23 @@ class MLXEngine:
             account.set_kv(self.model.model_id, self.scheduler.reserved_bytes() + held)
 
     def _refuse(self, job: Job) -> None:
-        message = self.scheduler.refusal(job, len(job.request.prompt_tokens), job.request.max_tokens)
+        message = self.scheduler.refusal(
+            job, len(job.request.prompt_tokens), job.request.max_tokens
+        )
         self._release(job)
         self._jobs.pop(job.id, None)
         job.emit(Failed(message))
 
     def _sampler(self, params: Any) -> Sampler:
         if params.seed is not None:
-            return make_sampler(params.temperature, params.top_p, params.top_k, params.seed, params.min_p)
-        key = (params.temperature, params.top_p, params.top_k, params.min_p) if params.temperature > 0 else (0.0, 1.0, 0, 0.0)
+            return make_sampler(
+                params.temperature, params.top_p, params.top_k, params.seed, params.min_p
+            )
+        key = (
+            (params.temperature, params.top_p, params.top_k, params.min_p)
+            if params.temperature > 0
+            else (0.0, 1.0, 0, 0.0)
+        )
         sampler = self._samplers.get(key)
         if sampler is None:
             if len(self._samplers) >= 64:  # clients choose the floats: keep the memo small
@@ -416,7 +447,9 @@ class MLXEngine:
                 job.prefilled = done + job.cached_tokens
                 job.emit(PrefillProgress(job.prefilled, total + job.cached_tokens))
                 if r.end_of_segment and job.session is not None:
-                    job.session.prefilled(self._view(batch_rows.prefill_row, job), job.cached_tokens + done)
+                    job.session.prefilled(
+                        self._view(batch_rows.prefill_row, job), job.cached_tokens + done
+                    )
         for r in generation_responses:
             job = self._running.get(r.uid)
             if job is None or job.done:
@@ -460,7 +493,9 @@ class MLXEngine:
             tail = job.stops.feed(job.detok.last_segment) + job.stops.flush()
             if tail or job.logprobs:
                 self._emit_text(job, tail)
-            reason = "stop" if job.stops.stopped else grammar_finish_reason(job.request, r.finish_reason)
+            reason = (
+                "stop" if job.stops.stopped else grammar_finish_reason(job.request, r.finish_reason)
+            )
             self._finish(job, reason, r.prompt_cache, r.all_tokens)
 
     @staticmethod
@@ -489,7 +524,9 @@ class MLXEngine:
                 job.completion_tokens,
                 job.cached_tokens,
                 job.stops.matched if job.stops is not None else None,
-                phases_of(job), tier_of(job), speculated,
+                phases_of(job),
+                tier_of(job),
+                speculated,
             )
         )
         log_finished(job, reason, self.model.model_id, speculated)
@@ -502,7 +539,10 @@ class MLXEngine:
 
     def _release_buffers_if_idle(self) -> None:
         """Idle past ``release_buffers_after_s``: MLX's buffer pool and kept caches go back."""
-        if self._buffers_held and time.monotonic() - self.last_step_at > self.config.release_buffers_after_s:
+        if (
+            self._buffers_held
+            and time.monotonic() - self.last_step_at > self.config.release_buffers_after_s
+        ):
             if self.prefix_cache is not None:
                 self.prefix_cache.drop_kept()
             mx.clear_cache()

@@ -100,9 +100,7 @@ class _FusionPlan:
                 finishing.append(i)
         # The head runs over every position of the step's call: only when all are short.
         short = max((len(c) for c in chunks), default=0) + 1 <= FUSE_MAX_TOKENS
-        fused = [
-            i for i in finishing if short and len(chunks[i]) + 1 <= self.longest_fused_chunk
-        ]
+        fused = [i for i in finishing if short and len(chunks[i]) + 1 <= self.longest_fused_chunk]
         for i in finishing:
             if i not in fused:
                 self.tails.pop(uids[i])  # it ends the mlx-lm way: its last token alone
@@ -120,7 +118,7 @@ class _FusingPromptBatch(PromptProcessingBatch):
             super().prompt(tokens)
             return
         tails = {i: self.plan.tails.pop(self.uids[i]) for i in fused}
-        tokens = [t + [tails[i].last] if i in tails else t for i, t in enumerate(tokens)]
+        tokens = [[*t, tails[i].last] if i in tails else t for i, t in enumerate(tokens)]
         keep = _KeepLastLogits(self.model, fused, [len(tokens[i]) - 1 for i in fused])
         self.model = keep
         try:
@@ -188,7 +186,9 @@ class FusingBatchGenerator(BatchGenerator):
         batch_rows.install_batches(self, prompt, generation)
         self.fused_rows = 0  # rows whose last token ran with their final chunk (tests, stats)
 
-    def insert_segments(self, segments: list[list[list[int]]], *args: Any, **kwargs: Any) -> list[int]:
+    def insert_segments(
+        self, segments: list[list[list[int]]], *args: Any, **kwargs: Any
+    ) -> list[int]:
         uids = super().insert_segments(segments, *args, **kwargs)
         if self.fuse:
             for uid, seq in zip(uids, segments, strict=True):

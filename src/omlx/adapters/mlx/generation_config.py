@@ -34,7 +34,11 @@ def read_generation_config(folder: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         log.warning("ignoring %s: %s", path, exc)
         return {}
-    found = {k: raw[k] for k in SAMPLING_KEYS if isinstance(raw.get(k), int | float) and not isinstance(raw.get(k), bool)}
+    found = {
+        k: raw[k]
+        for k in SAMPLING_KEYS
+        if isinstance(raw.get(k), int | float) and not isinstance(raw.get(k), bool)
+    }
     if raw.get("do_sample") is False:
         found["temperature"] = 0.0
     return found

@@ -64,7 +64,9 @@ def log_finished(
         phases = phases_of(job)
         if phases:
             log.debug(
-                "request %d (%s) time to first token: %s", job.id, model_id,
+                "request %d (%s) time to first token: %s",
+                job.id,
+                model_id,
                 ", ".join(f"{name} {seconds * 1000:.1f} ms" for name, seconds in phases),
             )
         if speculated is not None:

@@ -21,8 +21,8 @@ from mlx_lm.utils import load as mlx_lm_load
 
 from omlx.adapters.mlx.cache_layout import ModelLayout, probe_model
 from omlx.adapters.mlx.errors import UnsupportedModelError
-from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, LoadedGGUF, default_model_path, load_gguf
 from omlx.adapters.mlx.generation_config import BUNDLED_GENERATION_CONFIG, read_generation_config
+from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, LoadedGGUF, default_model_path, load_gguf
 from omlx.adapters.mlx.prepared import PreparedWeights
 from omlx.domain.cache.blocks import NamespaceInfo
 from omlx.domain.cache.keys import namespace_digest
@@ -186,7 +186,9 @@ def load_model(
         if path.suffix.lower() != ".gguf":
             raise UnsupportedModelError(f"{path} is a file but not a .gguf file")
         weight_files = [path]
-        digest = weights_digest(weight_files, digest_cache, progress, f"digesting the weights of {model_id}")
+        digest = weights_digest(
+            weight_files, digest_cache, progress, f"digesting the weights of {model_id}"
+        )
         loaded, dequantized_now = _load_gguf(path, digest, prepared)
         if path.resolve() == default_model_path().resolve():
             generation = dict(BUNDLED_GENERATION_CONFIG)
@@ -201,7 +203,9 @@ def load_model(
         model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
         weight_files = sorted(path.glob("*.safetensors"))
         tokenizer_files = [path / n for n in _TOKENIZER_FILES if (path / n).exists()]
-        digest = weights_digest(weight_files, digest_cache, progress, f"digesting the weights of {model_id}")
+        digest = weights_digest(
+            weight_files, digest_cache, progress, f"digesting the weights of {model_id}"
+        )
         generation = read_generation_config(path)
 
     probe = probe_model(model)  # one one-token pass: layout, KV dtype and KV cost
@@ -227,17 +231,25 @@ def load_model(
     )
     log.info(
         "loaded %s from %s: %d cache layers (%s), KV dtype %s, context %d",
-        model_id, path, len(layout.leaves), ", ".join(f"{n} {label}" for label, n in layout.counts().items()), kv_dtype, context,
+        model_id,
+        path,
+        len(layout.leaves),
+        ", ".join(f"{n} {label}" for label, n in layout.counts().items()),
+        kv_dtype,
+        context,
     )
     if generation:
         log.info(
-            "sampling defaults of %s (for what a request leaves out): %s", model_id,
+            "sampling defaults of %s (for what a request leaves out): %s",
+            model_id,
             ", ".join(f"{k} {v}" for k, v in generation.items()),
         )
     return loaded_model
 
 
-def _load_gguf(path: Path, digest: str, prepared: PreparedWeights | None) -> tuple[LoadedGGUF, bool]:
+def _load_gguf(
+    path: Path, digest: str, prepared: PreparedWeights | None
+) -> tuple[LoadedGGUF, bool]:
     """The GGUF's model, from its prepared float32 copy when there is one, and whether it
     was dequantized just now (then a copy is worth writing).
 

@@ -51,7 +51,13 @@ STALE_TEMP_SECONDS = 600.0
 # Never fill the disk: a copy is skipped when less than this would be left free.
 FREE_SPACE_RESERVE = 2 * 10**9
 
-_ST_DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.uint32: "U32", mx.int32: "I32"}
+_ST_DTYPES = {
+    mx.float32: "F32",
+    mx.float16: "F16",
+    mx.bfloat16: "BF16",
+    mx.uint32: "U32",
+    mx.int32: "I32",
+}
 
 
 class PreparedWeights:
@@ -87,15 +93,23 @@ class PreparedWeights:
             tokenizer = load_tokenizer(folder, eos_token_ids=manifest["eos_token_ids"] or None)
             model, weights = build_model(config, weights)
         except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
-            log.warning("prepared copy %s is unreadable (%s); removing it, the GGUF loads instead", folder, exc)
+            log.warning(
+                "prepared copy %s is unreadable (%s); removing it, the GGUF loads instead",
+                folder,
+                exc,
+            )
             shutil.rmtree(folder, ignore_errors=True)
             return None
         os.utime(manifest_path)  # its recency, for the budget
         log.info(
             "loaded the prepared float32 copy of %s from %s in %.2f s",
-            manifest.get("source", "?"), folder, time.perf_counter() - started,
+            manifest.get("source", "?"),
+            folder,
+            time.perf_counter() - started,
         )
-        return LoadedGGUF(model=model, tokenizer=tokenizer, config=config, metadata={}, weights=weights)
+        return LoadedGGUF(
+            model=model, tokenizer=tokenizer, config=config, metadata={}, weights=weights
+        )
 
     def copies(self) -> list[PreparedCopy]:
         """The complete copies, least recently loaded first."""
@@ -104,7 +118,11 @@ class PreparedWeights:
     # ---- writing ------------------------------------------------------------------------
 
     def keep(
-        self, digest: str, loaded: LoadedGGUF, source: Path, proceed: Callable[[], bool] = lambda: True
+        self,
+        digest: str,
+        loaded: LoadedGGUF,
+        source: Path,
+        proceed: Callable[[], bool] = lambda: True,
     ) -> Path | None:
         """Write the copy now; its folder, or None when the budget or the disk refuses it.
 
@@ -121,7 +139,9 @@ class PreparedWeights:
             if need > self.max_bytes:
                 log.info(
                     "no prepared copy of %s: its %d bytes exceed prepared_weights_max_size (%d)",
-                    source, need, self.max_bytes,
+                    source,
+                    need,
+                    self.max_bytes,
                 )
                 return None
             self._make_room(need)
@@ -138,7 +158,9 @@ class PreparedWeights:
                     shutil.rmtree(temp, ignore_errors=True)
                     return None
                 write_tokenizer_files(loaded.metadata, temp)
-                (temp / CONFIG_FILE).write_text(json.dumps(loaded.config, indent=2), encoding="utf-8")
+                (temp / CONFIG_FILE).write_text(
+                    json.dumps(loaded.config, indent=2), encoding="utf-8"
+                )
                 weights_bytes = write_safetensors(
                     temp / WEIGHTS_FILE, loaded.weights, {"format": "mlx"}, proceed
                 )
@@ -168,7 +190,10 @@ class PreparedWeights:
                 raise
         log.info(
             "wrote the prepared float32 copy of %s (%d MB) in %.1f s: the next start loads it "
-            "instead of dequantizing", source, weights_bytes // 10**6, time.perf_counter() - started,
+            "instead of dequantizing",
+            source,
+            weights_bytes // 10**6,
+            time.perf_counter() - started,
         )
         return final
 
@@ -180,14 +205,21 @@ class PreparedWeights:
                 break
             shutil.rmtree(copy.path, ignore_errors=True)
             used -= copy.nbytes
-            log.info("removed the prepared copy %s (%d MB) for the budget", copy.path, copy.nbytes // 10**6)
+            log.info(
+                "removed the prepared copy %s (%d MB) for the budget",
+                copy.path,
+                copy.nbytes // 10**6,
+            )
 
     def _remove_stale_temps(self) -> None:
         if not self.root.is_dir():
             return
         now = time.time()
         for entry in self.root.iterdir():
-            if entry.name.startswith(TEMP_PREFIX) and now - entry.stat().st_mtime > STALE_TEMP_SECONDS:
+            if (
+                entry.name.startswith(TEMP_PREFIX)
+                and now - entry.stat().st_mtime > STALE_TEMP_SECONDS
+            ):
                 shutil.rmtree(entry, ignore_errors=True)
 
 

@@ -78,7 +78,12 @@ class PromptLookup:
         self._rows: dict[int, _RowTokens] = {}
 
     def propose(
-        self, uid: int, tokens: Sequence[int], pending: int | None, limit: int, choose: Callable[[int], int]
+        self,
+        uid: int,
+        tokens: Sequence[int],
+        pending: int | None,
+        limit: int,
+        choose: Callable[[int], int],
     ) -> list[int]:
         """Drafts to follow ``pending`` (None: to follow ``tokens``): ``choose`` is told
         how many are on offer (at most ``limit``) and returns how many to take."""

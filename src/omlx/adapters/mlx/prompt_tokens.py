@@ -105,13 +105,19 @@ class PrefixReusingEncoder:
         base = len(head_ids)
         cuts = head_cuts + [
             (base + k, offset + start, offset + end)
-            for k, (token, (start, end)) in enumerate(zip(encoding.ids, encoding.offsets, strict=True))
+            for k, (token, (start, end)) in enumerate(
+                zip(encoding.ids, encoding.offsets, strict=True)
+            )
             if token in self.cut_ids
         ]
         if self.max_tokens is not None and len(ids) >= self.max_tokens:
             return ids
         with self._lock:
-            kept = [e for e in self._recent if e.text != text][-(self.recent - 1) :] if self.recent > 1 else []
+            kept = (
+                [e for e in self._recent if e.text != text][-(self.recent - 1) :]
+                if self.recent > 1
+                else []
+            )
             self._recent = [*kept, _Encoded(text, ids, cuts)]
         return ids
 

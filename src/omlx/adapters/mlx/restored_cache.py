@@ -23,7 +23,9 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 class RestoredKVCache(KVCache):
     """A ``KVCache`` whose arrays may hold room past ``offset``, merged into a batch without a copy."""
 
-    def merge(self, caches: list[Any]) -> BatchKVCache:  # mlx-lm calls merge on the first row's cache
+    def merge(
+        self, caches: list[Any]
+    ) -> BatchKVCache:  # mlx-lm calls merge on the first row's cache
         if len(caches) != 1 or caches[0].keys is None:
             return BatchKVCache.merge(caches)
         row = caches[0]

@@ -24,7 +24,9 @@ T = TypeVar("T")
 class MLXRunner:
     def __init__(self, name: str) -> None:
         self.name = name
-        self._inbox: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = (
+            queue.SimpleQueue()
+        )
         self._thread = threading.Thread(target=self._run, name=f"omlx-{name}", daemon=True)
         self._lock = threading.Lock()
         self._waiting = 0

@@ -64,7 +64,12 @@ class Proposer(Protocol):
     free: bool
 
     def propose(
-        self, uid: int, tokens: Sequence[int], pending: int | None, limit: int, choose: Callable[[int], int]
+        self,
+        uid: int,
+        tokens: Sequence[int],
+        pending: int | None,
+        limit: int,
+        choose: Callable[[int], int],
     ) -> list[int]:
         """Drafts to follow ``pending`` after ``tokens`` (the row's cached tokens): ``choose``
         is told how many are on offer (at most ``limit``) and says how many to make. A
@@ -205,7 +210,9 @@ class SpeculativeSteps:
                 return None
             rate = row.acceptance.rate
             length = lambda available, rate=rate: spec.policy.length(rate, available)  # noqa: E731
-            offered = spec.proposer.propose(uid, batch.tokens[i], pending[i], limit, _all if free else length)
+            offered = spec.proposer.propose(
+                uid, batch.tokens[i], pending[i], limit, _all if free else length
+            )
             offered = offered[: _grammar_allows(batch.logits_processors[i], pending[i], offered)]
             draft = offered[: length(len(offered))] if free else offered
             if offered and not draft:
@@ -244,7 +251,10 @@ class SpeculativeSteps:
         spec = self.speculation
         assert spec is not None
         width = max(len(d) for d in plan.drafts)
-        inputs = [[y, *d, *[d[-1]] * (width - len(d))] for y, d in zip(plan.pending, plan.drafts, strict=True)]
+        inputs = [
+            [y, *d, *[d[-1]] * (width - len(d))]
+            for y, d in zip(plan.pending, plan.drafts, strict=True)
+        ]
         logits = batch.model(mx.array(inputs), cache=batch.prompt_cache)
         marks, bases = self._before_processing()
         if any(batch.logits_processors):
@@ -258,7 +268,10 @@ class SpeculativeSteps:
         kept = min(accepted)
         for c in batch.prompt_cache:
             c.trim(width - kept)
-        nexts = [d[kept] if a > kept else t for d, a, t in zip(plan.drafts, accepted, chosen, strict=True)]
+        nexts = [
+            d[kept] if a > kept else t
+            for d, a, t in zip(plan.drafts, accepted, chosen, strict=True)
+        ]
         handed = [[y, *d[:kept]] for y, d in zip(plan.pending, plan.drafts, strict=True)]
         self._after_processing(marks, bases, handed)
         previous = batch._next_logprobs
@@ -275,7 +288,10 @@ class SpeculativeSteps:
             row.drafted += len(plan.drafts[i])
             row.accepted += kept
         spec.policy.costs.observe(width, time.perf_counter() - plan.started)
-        return self._responses(handed, [[previous[i], *(logprobs[i, j] for j in range(kept))] for i in range(len(handed))])
+        return self._responses(
+            handed,
+            [[previous[i], *(logprobs[i, j] for j in range(kept))] for i in range(len(handed))],
+        )
 
     def _before_processing(self) -> tuple[list[list[Any]], list[int]]:
         """Each row's stateful processors' marks and its token buffer's size, before the step."""
@@ -286,7 +302,9 @@ class SpeculativeSteps:
             bases.append(batch_rows.token_buffer_size(batch._token_context[i]))
         return marks, bases
 
-    def _processed(self, logits: mx.array, inputs: list[list[int]], drafts: list[list[int]], bases: list[int]) -> mx.array:
+    def _processed(
+        self, logits: mx.array, inputs: list[list[int]], drafts: list[list[int]], bases: list[int]
+    ) -> mx.array:
         """Each row's logits at each fed position after its processors, given the tokens
         up to that position (the grammar takes the drafts one by one)."""
         batch: Any = self
@@ -307,7 +325,9 @@ class SpeculativeSteps:
             rows.append(mx.concatenate(positions, axis=0))
         return mx.stack(rows)
 
-    def _after_processing(self, marks: list[list[Any]], bases: list[int], handed: list[list[int]]) -> None:
+    def _after_processing(
+        self, marks: list[list[Any]], bases: list[int], handed: list[list[int]]
+    ) -> None:
         """Processors and token buffers back to the tokens each row keeps."""
         batch: Any = self
         for i, processors in enumerate(batch.logits_processors):
@@ -333,7 +353,9 @@ class SpeculativeSteps:
                 if batch._matchers[i].advance(token):
                     reason = "stop"
                 if reason is None:
-                    responses.append(GenerationBatch.Response(uid, token, logprobs[i][h], None, None, None))
+                    responses.append(
+                        GenerationBatch.Response(uid, token, logprobs[i][h], None, None, None)
+                    )
                     continue
                 unused = len(handed[i]) - 1 - h
                 cache = batch.extract_cache(i)
@@ -341,7 +363,9 @@ class SpeculativeSteps:
                     layer.trim(unused)
                 finished.append(cache)
                 tokens = batch.tokens[i][: len(batch.tokens[i]) - unused]
-                responses.append(GenerationBatch.Response(uid, token, logprobs[i][h], reason, cache, tokens))
+                responses.append(
+                    GenerationBatch.Response(uid, token, logprobs[i][h], reason, cache, tokens)
+                )
                 ended = True
                 break
             if not ended:
@@ -442,7 +466,9 @@ def _verify(sampler: Any, logprobs: mx.array, draft: list[int]) -> tuple[int, in
     return accept_sampled(sampler, logprobs[: m + 1], draft)
 
 
-def accept_sampled(sampler: CategoricalSampler, logprobs: mx.array, draft: list[int]) -> tuple[int, int]:
+def accept_sampled(
+    sampler: CategoricalSampler, logprobs: mx.array, draft: list[int]
+) -> tuple[int, int]:
     """Speculative sampling with deterministic drafts: draft ``j`` is kept with probability
     ``p_j(d_j)``; at the first refusal a token is drawn from ``p_j`` with ``d_j`` taken out
     (renormalised), and after the last draft from ``p_m``. Each token so produced has the

@@ -102,4 +102,6 @@ class AlwaysAvailable:
             fault = fault_of(exc)
             if fault is None:
                 raise
-            raise IndexUnavailable(f"index {self._label}: {fault.replace('_', ' ')}: {_first_line(exc)}") from exc
+            raise IndexUnavailable(
+                f"index {self._label}: {fault.replace('_', ' ')}: {_first_line(exc)}"
+            ) from exc

@@ -162,7 +162,13 @@ class PostgresSql:
     def vacuum(engine: Engine) -> None:
         """``VACUUM (ANALYZE)`` of the index's tables; it runs beside live servers."""
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            for table in ("blocks", "block_heads", "namespaces", "namespace_hosts", "weight_digests"):
+            for table in (
+                "blocks",
+                "block_heads",
+                "namespaces",
+                "namespace_hosts",
+                "weight_digests",
+            ):
                 conn.execute(text(f"VACUUM (ANALYZE) {table}"))
 
 

@@ -74,7 +74,9 @@ def upgrade(target: Target, revision: str = "head") -> None:
     if before is None:
         log.info("created the cache index %s (schema %s)", where, current_revision(url))
     else:
-        log.info("upgraded the cache index %s from schema %s to %s", where, before, current_revision(url))
+        log.info(
+            "upgraded the cache index %s from schema %s to %s", where, before, current_revision(url)
+        )
 
 
 def _open_index(url: URL) -> Engine | None:

@@ -22,8 +22,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, sessionmaker
 
 from omlx.adapters.sqlindex.availability import AlwaysAvailable, Availability
-from omlx.adapters.sqlindex.dialects import BLOCK_COLUMNS, PostgresSql, sql_for
 from omlx.adapters.sqlindex.database import index_path, make_engine, writer_engine
+from omlx.adapters.sqlindex.dialects import BLOCK_COLUMNS, PostgresSql, sql_for
 from omlx.adapters.sqlindex.migrate import upgrade
 from omlx.adapters.sqlindex.models import (
     BlockHeadRow,
@@ -49,6 +49,8 @@ def encode_head(tokens: Sequence[int]) -> bytes:
 
 def decode_head(head: bytes) -> tuple[int, ...]:
     return struct.unpack(f">{len(head) // 4}I", head)
+
+
 _PAGE = 256  # eviction candidates per page, read as the plan asks for more
 
 
@@ -77,7 +79,9 @@ class SqlBlockIndex:
         self._sql = sql_for(engine)
         self.shared = self._sql is PostgresSql
         self.label = display(engine.url)
-        self._available = Availability(engine, self.label) if self.shared else AlwaysAvailable(self.label)
+        self._available = (
+            Availability(engine, self.label) if self.shared else AlwaysAvailable(self.label)
+        )
         self._reader = sessionmaker(engine)
         self._writer = sessionmaker(writer_engine(engine) if not self.shared else engine)
 

@@ -52,10 +52,14 @@ class SqlResponseStore:
             try:
                 yield
             except sa_exc.DBAPIError as exc:
-                if self._available is not None and isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
+                if self._available is not None and isinstance(
+                    exc, sa_exc.OperationalError | sa_exc.InterfaceError
+                ):
                     raise  # the availability guard names the outage
                 text = str(exc.orig or exc).strip().splitlines()
-                raise IndexUnavailable(f"index {self._label}: {text[0] if text else type(exc).__name__}") from exc
+                raise IndexUnavailable(
+                    f"index {self._label}: {text[0] if text else type(exc).__name__}"
+                ) from exc
 
     def put(self, record: StoredResponse) -> None:
         row = _row(record)
@@ -82,9 +86,11 @@ class SqlResponseStore:
             .where(_C.id == response_id, _C.created_at >= self.retention.cutoff(self._clock()))
             .cte("chain", recursive=True)
         )
-        step = select(_C.id, _C.previous_id, (start.c.depth + 1).label("depth")).join(
-            start, _C.id == start.c.previous_id
-        ).where(start.c.depth < _MAX_CHAIN)
+        step = (
+            select(_C.id, _C.previous_id, (start.c.depth + 1).label("depth"))
+            .join(start, _C.id == start.c.previous_id)
+            .where(start.c.depth < _MAX_CHAIN)
+        )
         walked = start.union_all(step)
         query = select(_T).join(walked, _C.id == walked.c.id).order_by(walked.c.depth.desc())
         with self._guard(), self._reader() as session:
@@ -125,7 +131,9 @@ class SqlResponseStore:
     def _prune(self, session: Session) -> None:
         """Expired rows, then the oldest while over the count or the byte budget."""
         cutoff = self.retention.cutoff(self._clock())
-        for rid in list(session.scalars(select(_C.id).where(_C.created_at < cutoff).order_by(_C.created_at))):
+        for rid in list(
+            session.scalars(select(_C.id).where(_C.created_at < cutoff).order_by(_C.created_at))
+        ):
             self._remove(session, rid)
         while True:
             count, total = session.execute(

@@ -38,7 +38,9 @@ def create_app(container: Container) -> Litestar:
     tenants = load_keys(settings.api_keys_file) if settings.api_keys_file else None
     metrics = Metrics(container)
     request_log = RequestLog()
-    dashboard = Dashboard(request_log, RequestSeries(request_log, settings.dashboard_sample_seconds))
+    dashboard = Dashboard(
+        request_log, RequestSeries(request_log, settings.dashboard_sample_seconds)
+    )
 
     def observe(served) -> None:  # every model, loaded now or later, reports to these metrics
         if served.generation is not None:

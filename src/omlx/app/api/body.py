@@ -77,7 +77,9 @@ def decode_body(body: bytes, data_type: Any | None) -> Any:
 
 
 def _too_deep() -> TooDeep:
-    return TooDeep(f"the request body is nested too deeply: at most {MAX_NESTING} levels of arrays and objects")
+    return TooDeep(
+        f"the request body is nested too deeply: at most {MAX_NESTING} levels of arrays and objects"
+    )
 
 
 def _invalid(detail: str) -> InvalidRequest:

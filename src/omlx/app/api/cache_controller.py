@@ -15,14 +15,14 @@ import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import Parameter
 
-from omlx.app.api.anthropic.translate import Translator as AnthropicTranslator
-from omlx.app.api.translators import translator
 from omlx.app.api.anthropic.schemas import MessagesRequest
+from omlx.app.api.anthropic.translate import Translator as AnthropicTranslator
 from omlx.app.api.auth import tenant_of
 from omlx.app.api.cache_edge import recent_reports
 from omlx.app.api.openai.schemas import ChatCompletionRequest, OpenAIErrorResponse
 from omlx.app.api.openai.translate import chat_request
 from omlx.app.api.openapi import error_responses
+from omlx.app.api.translators import translator
 from omlx.app.cache_report import report
 from omlx.app.cache_transfer import ImportRefused, export_archive, import_blocks, read_archive
 from omlx.app.container import Container
@@ -59,8 +59,8 @@ def chat_of(body: dict[str, Any], container: Container, served: Served) -> Any:
 async def stored_chat(response_id: str, container: Container, served: Served) -> Any:
     """A stored response's conversation (its input, then its output) as a chat request."""
     from omlx.app.api.responses.controller import history
-    from omlx.app.api.responses.translate import Translator as ResponsesTranslator
     from omlx.app.api.responses.schemas import ResponsesRequest
+    from omlx.app.api.responses.translate import Translator as ResponsesTranslator
 
     past = await history(container, response_id)
     data = ResponsesRequest(model=served.id, input=[])

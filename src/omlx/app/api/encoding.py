@@ -70,5 +70,8 @@ class EncodingController(Controller):
             for r in ranked
         ]
         return RerankResponse(
-            id=f"rerank-{uuid.uuid4().hex}", model=data.model, results=results, usage=RerankUsage(tokens, tokens)
+            id=f"rerank-{uuid.uuid4().hex}",
+            model=data.model,
+            results=results,
+            usage=RerankUsage(tokens, tokens),
         )

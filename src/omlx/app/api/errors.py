@@ -92,7 +92,7 @@ _V1_ROUTES = ("chat", "completions", "models", "responses", "embeddings", "reran
 def meant_path(path: str) -> str | None:
     """The route a wrong base URL turned into ``path``, or None when it is no such slip."""
     if path.startswith("/v1/v1/"):
-        return path[len("/v1"):]
+        return path[len("/v1") :]
     first = path.lstrip("/").split("/", 1)[0]
     if first in _V1_ROUTES:
         return "/v1" + path

@@ -105,7 +105,10 @@ class Metrics:
             registry=r,
         )
         self.verify_steps = Counter(
-            "omlx_speculative_steps", "Decode steps that verified drafts, by method", ["method"], registry=r
+            "omlx_speculative_steps",
+            "Decode steps that verified drafts, by method",
+            ["method"],
+            registry=r,
         )
         self.acceptance = Histogram(
             "omlx_speculative_acceptance",
@@ -228,7 +231,9 @@ class StateCollector(Collector):
         yield queued
         yield memory
         yield GaugeMetricFamily("omlx_models_loaded", "Models loaded now", value=len(loaded))
-        yield CounterMetricFamily("omlx_model_loads", "Models loaded since start", value=c.pool.loads)
+        yield CounterMetricFamily(
+            "omlx_model_loads", "Models loaded since start", value=c.pool.loads
+        )
         normalized = CounterMetricFamily(
             "omlx_prompt_normalizations",
             "System text blocks a prompt normalization rewrote or removed, by rule",

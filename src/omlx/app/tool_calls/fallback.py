@@ -9,6 +9,7 @@ calls as it wrote them and each turn's prompt extends the previous one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -33,10 +34,8 @@ def call_text(call: dict[str, Any]) -> str:
     function = call.get("function", call)
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
-        try:
+        with contextlib.suppress(ValueError):
             arguments = json.loads(arguments)
-        except ValueError:
-            pass
     body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
     return f"<tool_call>\n{body}\n</tool_call>"
 

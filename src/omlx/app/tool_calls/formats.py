@@ -125,8 +125,9 @@ def _gemma_parser(quote: str) -> Callable[[str], list[Call]]:
         if match is None:
             raise ValueError("no Gemma call")
         kept: list[str] = []
-        text = strings.sub(lambda m: kept.append(m.group(1)) or f"\x00{len(kept) - 1}\x00",
-                           match.group(2))
+        text = strings.sub(
+            lambda m: kept.append(m.group(1)) or f"\x00{len(kept) - 1}\x00", match.group(2)
+        )
         text = re.sub(r"(^|[{,])\s*([\w\-]+)\s*:", r'\1"\2":', text)
         text = re.sub(r"\x00(\d+)\x00", lambda m: json.dumps(kept[int(m.group(1))]), text)
         return [(match.group(1), json.loads("{" + text + "}"))]
@@ -140,7 +141,9 @@ def _json_key(name: str) -> str:
 
 _HERMES_HEADER = _regex_header(_name_pattern("arguments|parameters"))
 HERMES = ToolCallFormat(
-    "hermes", "<tool_call>", "</tool_call>",
+    "hermes",
+    "<tool_call>",
+    "</tool_call>",
     parse=_by_header(_HERMES_HEADER, whole_json=True),
     header=_HERMES_HEADER,
     before=lambda n: ("<tool_call>", "\n", f'{{"name": {_json_key(n)}, "arguments": '),
@@ -150,10 +153,14 @@ HERMES = ToolCallFormat(
 
 # Llama 3.x: a JSON call as the whole answer, or after <|python_tag|>; ";" between calls.
 _LLAMA_HEADER = _regex_header(
-    re.compile(r'\s*;?\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:parameters|arguments)"\s*:\s*')
+    re.compile(
+        r'\s*;?\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:parameters|arguments)"\s*:\s*'
+    )
 )
 LLAMA3 = ToolCallFormat(
-    "llama3", "<|python_tag|>", "",
+    "llama3",
+    "<|python_tag|>",
+    "",
     parse=_by_header(_LLAMA_HEADER, whole_json=True),
     header=_LLAMA_HEADER,
     before=lambda n: (f'{{"name": {_json_key(n)}, "parameters": ',),
@@ -163,10 +170,12 @@ LLAMA3 = ToolCallFormat(
 )
 
 _MISTRAL_JSON_HEADER = _regex_header(
-    re.compile(r'\s*(?:\[TOOL_CALLS\])?' + _name_pattern("arguments").pattern)
+    re.compile(r"\s*(?:\[TOOL_CALLS\])?" + _name_pattern("arguments").pattern)
 )
 MISTRAL = ToolCallFormat(
-    "mistral", "[TOOL_CALLS]", "",
+    "mistral",
+    "[TOOL_CALLS]",
+    "",
     parse=_by_header(_MISTRAL_JSON_HEADER, whole_json=True),
     header=_MISTRAL_JSON_HEADER,
     before=lambda n: (f'{{"name": {_json_key(n)}, "arguments": ',),
@@ -180,7 +189,9 @@ _MISTRAL_ARGS_HEADER = _regex_header(
     re.compile(r"\s*(?:\[TOOL_CALLS\])?\s*([\w.\-]+)\s*(?:\[CALL_ID\][\w\-]+)?\s*\[ARGS\]\s*")
 )
 MISTRAL_ARGS = ToolCallFormat(
-    "mistral", "[TOOL_CALLS]", "",
+    "mistral",
+    "[TOOL_CALLS]",
+    "",
     parse=_by_header(_MISTRAL_ARGS_HEADER),
     header=_MISTRAL_ARGS_HEADER,
     before=lambda n: ("[TOOL_CALLS]", n, "[ARGS]"),
@@ -195,7 +206,9 @@ _DEEPSEEK_V31_HEADER = _regex_header(
 )
 # V3 / R1: function<sep>name, then the arguments in a ```json fence.
 DEEPSEEK = ToolCallFormat(
-    "deepseek", _DS["calls▁begin"], _DS["calls▁end"],
+    "deepseek",
+    _DS["calls▁begin"],
+    _DS["calls▁end"],
     parse=_by_header(_DEEPSEEK_HEADER),
     header=_DEEPSEEK_HEADER,
     before=lambda n: (_DS["call▁begin"], "function", _DS["sep"], f"{n}\n```json", "\n"),
@@ -206,7 +219,9 @@ DEEPSEEK = ToolCallFormat(
 )
 # V3.1 and later: name<sep>arguments.
 DEEPSEEK_V31 = ToolCallFormat(
-    "deepseek", _DS["calls▁begin"], _DS["calls▁end"],
+    "deepseek",
+    _DS["calls▁begin"],
+    _DS["calls▁end"],
     parse=_by_header(_DEEPSEEK_V31_HEADER),
     header=_DEEPSEEK_V31_HEADER,
     before=lambda n: (_DS["call▁begin"], n, _DS["sep"]),
@@ -217,23 +232,40 @@ DEEPSEEK_V31 = ToolCallFormat(
 
 # gpt-oss (harmony): <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|>
 _HARMONY_HEADER = _regex_header(
-    re.compile(r"\s*([\w.\-]+)\s*(?:<\|channel\|>\s*\w+)?\s*(?:<\|constrain\|>)?\s*(?:json)?\s*<\|message\|>")
+    re.compile(
+        r"\s*([\w.\-]+)\s*(?:<\|channel\|>\s*\w+)?\s*(?:<\|constrain\|>)?\s*(?:json)?\s*<\|message\|>"
+    )
 )
 HARMONY = ToolCallFormat(
-    "harmony", " to=functions.", "<|call|>",
+    "harmony",
+    " to=functions.",
+    "<|call|>",
     parse=_by_header(_HARMONY_HEADER),
     header=_HARMONY_HEADER,
-    before=lambda n: ("<|channel|>", f"commentary to=functions.{n} ", "<|constrain|>", "json",
-                      "<|message|>"),
+    before=lambda n: (
+        "<|channel|>",
+        f"commentary to=functions.{n} ",
+        "<|constrain|>",
+        "json",
+        "<|message|>",
+    ),
     after=("<|call|>",),
     several=False,
     think=("<|channel|>analysis<|message|>", "<|end|>"),
-    framing=("<|start|>assistant", "<|channel|>final", "<|channel|>commentary", "<|message|>",
-             "<|end|>", "<|return|>"),
+    framing=(
+        "<|start|>assistant",
+        "<|channel|>final",
+        "<|channel|>commentary",
+        "<|message|>",
+        "<|end|>",
+        "<|return|>",
+    ),
 )
 
 GLM = ToolCallFormat(
-    "glm", "<tool_call>", "</tool_call>",
+    "glm",
+    "<tool_call>",
+    "</tool_call>",
     parse=_glm_parser(),
     before=lambda n: ("<tool_call>", f"{n}\n"),
     after=("</tool_call>",),
@@ -242,14 +274,18 @@ GLM = ToolCallFormat(
 )
 
 GEMMA4 = ToolCallFormat(
-    "gemma", "<|tool_call>", "<tool_call|>",
+    "gemma",
+    "<|tool_call>",
+    "<tool_call|>",
     parse=_gemma_parser('<|"|>'),
     before=lambda n: ("<|tool_call>", f"call:{n}{{"),
     after=("}", "<tool_call|>"),
     pairs=PairStyle("", ":", "", ",", ('<|"|>', '<|"|>')),
 )
 FUNCTION_GEMMA = ToolCallFormat(
-    "gemma", "<start_function_call>", "<end_function_call>",
+    "gemma",
+    "<start_function_call>",
+    "<end_function_call>",
     parse=_gemma_parser("<escape>"),
     before=lambda n: ("<start_function_call>", f"call:{n}{{"),
     after=("}", "<end_function_call>"),

@@ -151,8 +151,12 @@ class RequestCapture:
         if chunk:
             self._keeper.keep_chunk(chunk)
 
-    def _put_object(self, kind: str, anchor: str, parent: str, tokens: Sequence[int], payload: Any) -> None:
-        self._keep(self._keeper.point_object(kind, object_key(kind, anchor), parent, tokens, payload))
+    def _put_object(
+        self, kind: str, anchor: str, parent: str, tokens: Sequence[int], payload: Any
+    ) -> None:
+        self._keep(
+            self._keeper.point_object(kind, object_key(kind, anchor), parent, tokens, payload)
+        )
 
     def _window_wanted(self, j: int) -> bool:
         """Whether block ``j``'s window KV lies within a window before a planned point."""
@@ -173,7 +177,9 @@ class RequestCapture:
             if payload is None or (j + 1) * bs <= end - window or (j + 1) * bs > end:
                 continue
             parent = self._keys[j - 1] if j else self._ns
-            self._put_object(WINDOW, self._keys[j], parent, self.tokens[j * bs : (j + 1) * bs], payload)
+            self._put_object(
+                WINDOW, self._keys[j], parent, self.tokens[j * bs : (j + 1) * bs], payload
+            )
 
     def _put_point(self, cache: Any, position: int) -> None:
         """The restore point at ``position``: the state snapshot, the partial window block."""

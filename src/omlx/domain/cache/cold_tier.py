@@ -285,9 +285,7 @@ class ColdTier:
         ``want``, the most recently used.
         """
         try:
-            near = (
-                self._index.nearest_children(parent_key, want, NEAREST_LIMIT) if want else []
-            )
+            near = self._index.nearest_children(parent_key, want, NEAREST_LIMIT) if want else []
             # A child with tokens that is not among the nearest cannot share a longer run;
             # listing it would cost a block read per lookup (the most recent conversations'
             # first blocks, read for every new prompt).
@@ -382,7 +380,10 @@ class ColdTier:
                 return None, "its key does not follow from its caller's hash"
             return None, "its tokens do not rehash to its key"
         if decoded.metadata.get("kind", KV) != row.kind:
-            return None, f"its file holds a {decoded.metadata.get('kind')!r} object, the row a {row.kind!r}"
+            return (
+                None,
+                f"its file holds a {decoded.metadata.get('kind')!r} object, the row a {row.kind!r}",
+            )
         if decoded.metadata.get("key", row.key) != row.key:
             return None, "its metadata names another key"
         if row.kind == EXTERNAL and decoded.metadata.get("parent_key") != parent_key:

@@ -100,8 +100,13 @@ class HotTier:
             return True
 
     def put(
-        self, meta: BlockMeta, tokens: tuple[int, ...], payload: Any, nbytes: int,
-        *, reused: bool = False,
+        self,
+        meta: BlockMeta,
+        tokens: tuple[int, ...],
+        payload: Any,
+        nbytes: int,
+        *,
+        reused: bool = False,
     ) -> bool:
         """Store a block, evicting unpinned blocks (policy order) to make room; False when it cannot fit.
 

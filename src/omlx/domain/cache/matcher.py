@@ -127,7 +127,9 @@ class PrefixMatcher:
         if self._cold is not None and hot_keys and store:
             self._cold.touch(hot_keys)  # served from RAM: keep them young on disk too
         matched = n_full * self.block_size + (match.shared if match is not None else 0)
-        hit = self._record_hit(len(tokens), keys, payloads, n_hot, cold_hits, partial, point, matched)
+        hit = self._record_hit(
+            len(tokens), keys, payloads, n_hot, cold_hits, partial, point, matched
+        )
         if partial and match is not None and not match.from_hot:
             hit = replace(hit, partial_from_disk=True)
         return hit
@@ -164,7 +166,10 @@ class PrefixMatcher:
             self._hot.touch(match.meta.key)
         else:  # promoted whole: the next lookup finds it in RAM
             self._hot.put(
-                match.meta, match.tokens, match.payload, self._codec.nbytes(match.payload),
+                match.meta,
+                match.tokens,
+                match.payload,
+                self._codec.nbytes(match.payload),
                 reused=True,
             )
             self._known.remember(match.meta.key)

@@ -156,7 +156,9 @@ class MessageStream:
             return events
         if isinstance(piece, ToolCallStart):  # its arguments follow as input_json_delta
             self.calls += 1
-            return self.begin({"type": "tool_use", "id": tool_id(), "name": piece.name, "input": {}})
+            return self.begin(
+                {"type": "tool_use", "id": tool_id(), "name": piece.name, "input": {}}
+            )
         if isinstance(piece, ToolCallArgs):
             return [self.delta({"type": "input_json_delta", "partial_json": piece.text})]
         assert isinstance(piece, ToolCallPiece)

@@ -22,7 +22,9 @@ def unload_model(container: Container, model_id: str) -> dict[str, Any]:
     pool = container.pool
     _known(container, model_id)
     if pool.state(model_id) != "loaded":
-        raise InvalidRequest(f"the model {model_id!r} is not loaded", param="model", code="model_not_loaded")
+        raise InvalidRequest(
+            f"the model {model_id!r} is not loaded", param="model", code="model_not_loaded"
+        )
     if model_id in pool.pinned:
         raise InvalidRequest(
             f"the model {model_id!r} is pinned (--pin-model) and stays loaded",
@@ -30,7 +32,11 @@ def unload_model(container: Container, model_id: str) -> dict[str, Any]:
             code="model_pinned",
         )
     if not pool.unload(model_id):
-        raise Busy(f"the model {model_id!r} is serving requests; retry when it is idle", retry_after=5, code="model_busy")
+        raise Busy(
+            f"the model {model_id!r} is serving requests; retry when it is idle",
+            retry_after=5,
+            code="model_busy",
+        )
     return {"model": model_id, "state": pool.state(model_id)}
 
 
@@ -45,7 +51,9 @@ def clear_model_cache(container: Container, model_id: str) -> dict[str, Any]:
     ssd_blocks = nbytes = 0
     if container.ssd is not None:
         try:
-            cleared = clear_blocks(container.ssd.index, container.ssd.store, model_id, progress=no_progress)
+            cleared = clear_blocks(
+                container.ssd.index, container.ssd.store, model_id, progress=no_progress
+            )
         except LookupError as exc:
             if served is None and model_id not in container.pool.specs:
                 raise NotFound(str(exc), param="model", code="model_not_found") from None
@@ -53,7 +61,12 @@ def clear_model_cache(container: Container, model_id: str) -> dict[str, Any]:
             ssd_blocks, nbytes = cleared.blocks, cleared.nbytes
     elif served is None:
         _known(container, model_id)
-    return {"model": model_id, "hot_blocks": hot_blocks, "ssd_blocks": ssd_blocks, "ssd_bytes": nbytes}
+    return {
+        "model": model_id,
+        "hot_blocks": hot_blocks,
+        "ssd_blocks": ssd_blocks,
+        "ssd_bytes": nbytes,
+    }
 
 
 def vacuum_cache(container: Container, max_size: str) -> dict[str, Any]:
@@ -67,7 +80,9 @@ def vacuum_cache(container: Container, max_size: str) -> dict[str, Any]:
         raise InvalidRequest(f"max_size: {exc}", param="max_size") from None
     ssd = container.ssd
     if ssd is None:
-        raise InvalidRequest("this server has no SSD tier to vacuum", param="max_size", code="no_ssd_tier")
+        raise InvalidRequest(
+            "this server has no SSD tier to vacuum", param="max_size", code="no_ssd_tier"
+        )
     lines: list[str] = []
     freed = vacuum_blocks(
         ssd.index,
@@ -80,7 +95,11 @@ def vacuum_cache(container: Container, max_size: str) -> dict[str, Any]:
         progress=no_progress,
     )
     if freed is None:
-        raise Busy("another server or admin is reconciling this cache; try again later", retry_after=10, code="maintenance_busy")
+        raise Busy(
+            "another server or admin is reconciling this cache; try again later",
+            retry_after=10,
+            code="maintenance_busy",
+        )
     for served in container.pool.loaded():
         if served.prefix_cache is not None:
             served.prefix_cache.forget_stored()
@@ -90,4 +109,8 @@ def vacuum_cache(container: Container, max_size: str) -> dict[str, Any]:
 def _known(container: Container, model_id: str) -> None:
     if model_id not in container.pool.specs:
         served = ", ".join(container.pool.specs)
-        raise NotFound(f"no served model {model_id!r} (served: {served})", param="model", code="model_not_found")
+        raise NotFound(
+            f"no served model {model_id!r} (served: {served})",
+            param="model",
+            code="model_not_found",
+        )

@@ -102,13 +102,25 @@ class DashboardController(Controller):
 
     # The actions change the server's state: kept out of the OpenAPI schema, so schema-driven
     # fuzzers (tests/e2e/test_schemathesis.py) do not unload or clear what other tests use.
-    @post("/models/{model_id:str}/unload", operation_id="dashboardUnload", include_in_schema=False, status_code=200)
+    @post(
+        "/models/{model_id:str}/unload",
+        operation_id="dashboardUnload",
+        include_in_schema=False,
+        status_code=200,
+    )
     async def unload(self, request: Request, container: Container, model_id: str) -> dict[str, Any]:
         _require_json(request)
         return unload_model(container, model_id)
 
-    @post("/models/{model_id:str}/clear-cache", operation_id="dashboardClearCache", include_in_schema=False, status_code=200)
-    async def clear_cache(self, request: Request, container: Container, model_id: str) -> dict[str, Any]:
+    @post(
+        "/models/{model_id:str}/clear-cache",
+        operation_id="dashboardClearCache",
+        include_in_schema=False,
+        status_code=200,
+    )
+    async def clear_cache(
+        self, request: Request, container: Container, model_id: str
+    ) -> dict[str, Any]:
         _require_json(request)
         return await anyio.to_thread.run_sync(clear_model_cache, container, model_id)
 
@@ -124,7 +136,9 @@ class DashboardController(Controller):
         return unpin(container, pin_id, tenant_of(request) or "")
 
     @post("/vacuum", operation_id="dashboardVacuum", include_in_schema=False, status_code=200)
-    async def vacuum(self, request: Request, container: Container, data: VacuumRequest) -> dict[str, Any]:
+    async def vacuum(
+        self, request: Request, container: Container, data: VacuumRequest
+    ) -> dict[str, Any]:
         _require_json(request)
         return await anyio.to_thread.run_sync(vacuum_cache, container, data.max_size)
 
@@ -133,7 +147,9 @@ def _require_json(request: Request) -> None:
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type != "application/json":
         raise InvalidRequest(
-            "dashboard actions take Content-Type: application/json", param="content-type", code="json_required"
+            "dashboard actions take Content-Type: application/json",
+            param="content-type",
+            code="json_required",
         )
 
 

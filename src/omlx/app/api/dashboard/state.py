@@ -35,7 +35,9 @@ def dashboard_state(
     pool, settings = container.pool, container.settings
     loaded = {s.id: s for s in pool.loaded()}
     usage = pool.account.snapshot()
-    models = [_model(pool, spec_id, loaded.get(spec_id), usage.get(spec_id)) for spec_id in pool.specs]
+    models = [
+        _model(pool, spec_id, loaded.get(spec_id), usage.get(spec_id)) for spec_id in pool.specs
+    ]
     for model in models:
         known = ssd.get("enabled") and "unavailable" not in ssd
         model["ssd"] = _ssd_of(model, ssd["namespaces"]) if known else None
@@ -92,13 +94,22 @@ def _ssd_of(model: dict[str, Any], namespaces: list[dict[str, Any]]) -> dict[str
     """A loaded model's namespace on disk; for one not loaded, the newest-listed of its name."""
     digest = model.get("cache", {}).get("namespace")
     if digest is not None:  # none on disk yet, or all cleared: the row goes with the blocks
-        empty = {"model": model["id"], "namespace": digest, "blocks": 0, "tokens": 0, "bytes": 0, "bytes_per_token": None}
+        empty = {
+            "model": model["id"],
+            "namespace": digest,
+            "blocks": 0,
+            "tokens": 0,
+            "bytes": 0,
+            "bytes_per_token": None,
+        }
         return next((ns for ns in namespaces if ns["namespace"] == digest), empty)
     named = [ns for ns in namespaces if ns["model"] == model["id"]]
     return named[-1] if named else None
 
 
-def _model(pool: Any, model_id: str, served: Served | None, held: dict[str, int] | None) -> dict[str, Any]:
+def _model(
+    pool: Any, model_id: str, served: Served | None, held: dict[str, int] | None
+) -> dict[str, Any]:
     spec = pool.specs[model_id]
     out: dict[str, Any] = {
         "id": model_id,
@@ -158,7 +169,11 @@ def ssd_usage(container: Container) -> dict[str, Any]:
         return _ssd_usage(container, ssd)
     except Exception as exc:
         log.warning("dashboard: the SSD tier's index did not answer: %s", exc)
-        return {"enabled": True, "unavailable": f"the index did not answer: {exc}", "namespaces": []}
+        return {
+            "enabled": True,
+            "unavailable": f"the index did not answer: {exc}",
+            "namespaces": [],
+        }
 
 
 def _ssd_usage(container: Container, ssd: Any) -> dict[str, Any]:

@@ -171,7 +171,11 @@ class OpenAIController(Controller):
         served = await container.pool.acquire(data.model)
         service = served.generation
         prompt = _one_prompt(data.prompt)
-        tokens = await anyio.to_thread.run_sync(service.encode_text, prompt, "prompt") if isinstance(prompt, str) else prompt
+        tokens = (
+            await anyio.to_thread.run_sync(service.encode_text, prompt, "prompt")
+            if isinstance(prompt, str)
+            else prompt
+        )
         gen = service.build_request(tokens, completion_sampling(data))
         gen = with_controls(request, data.omlx_cache_control, gen)
         await note_tokens(request, served, tokens, stored=gen.cache_store)
@@ -181,7 +185,9 @@ class OpenAIController(Controller):
         if data.stream:
             events = service.stream(gen, KEEPALIVE_SECONDS)
             include_usage = bool(data.stream_options and data.stream_options.include_usage)
-            return EventStream(text_stream(events, rid, created, data.model, prefix, include_usage, token_text))  # type: ignore[return-value]
+            return EventStream(
+                text_stream(events, rid, created, data.model, prefix, include_usage, token_text)
+            )  # type: ignore[return-value]
         result = await unless_disconnected(request.receive, service.complete(gen))
         return TextCompletion(
             id=rid,

@@ -101,7 +101,9 @@ class ChatStream:
             )
             return self.chunk(Delta(tool_calls=[first]), logprobs=logprobs)
         if isinstance(piece, ToolCallArgs):
-            fragment = ToolCallDelta(piece.index, function=ToolCallFunctionDelta(arguments=piece.text))
+            fragment = ToolCallDelta(
+                piece.index, function=ToolCallFunctionDelta(arguments=piece.text)
+            )
             return self.chunk(Delta(tool_calls=[fragment]), logprobs=logprobs)
         assert isinstance(piece, ToolCallPiece)
         if piece.streamed:

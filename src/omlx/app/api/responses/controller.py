@@ -51,7 +51,8 @@ async def _from_store(call: Callable[..., Any], *args: Any) -> Any:
         return await anyio.to_thread.run_sync(call, *args)
     except IndexUnavailable as exc:
         raise StoreUnavailable(
-            f"stored responses are unavailable: {exc}; retry once it is back", code="store_unavailable"
+            f"stored responses are unavailable: {exc}; retry once it is back",
+            code="store_unavailable",
         ) from exc
 
 
@@ -59,7 +60,9 @@ async def stored_chain(container: Container, response_id: str) -> list[StoredRes
     try:
         chain = await _from_store(container.responses.chain, response_id)
     except BrokenChain as exc:
-        raise NotFound(f"stored response {response_id!r} lost an earlier turn: {exc}", param="response_id") from exc
+        raise NotFound(
+            f"stored response {response_id!r} lost an earlier turn: {exc}", param="response_id"
+        ) from exc
     if chain is None:
         raise NotFound(f"no stored response {response_id!r}", param="response_id")
     return chain
@@ -91,7 +94,10 @@ def check_metadata(metadata: dict[str, str] | None) -> None:
         raise InvalidRequest(f"metadata has {len(metadata)} pairs; at most 16", param="metadata")
     for key, value in metadata.items():
         if len(key) > 64:
-            raise InvalidRequest(f"metadata key {key[:20]!r}... has {len(key)} characters; at most 64", param="metadata")
+            raise InvalidRequest(
+                f"metadata key {key[:20]!r}... has {len(key)} characters; at most 64",
+                param="metadata",
+            )
         if len(value) > 512:
             raise InvalidRequest(
                 f"metadata[{key!r}] has {len(value)} characters; at most 512", param="metadata"

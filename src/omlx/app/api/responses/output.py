@@ -54,7 +54,9 @@ class OutputBuilder:
             item = self._calls[piece.index]
             item["arguments"] += piece.text
             where = self._where(item)
-            return [{**where, "delta": piece.text, "type": "response.function_call_arguments.delta"}]
+            return [
+                {**where, "delta": piece.text, "type": "response.function_call_arguments.delta"}
+            ]
         if isinstance(piece, ToolCallPiece):
             if piece.streamed:
                 return self._call_done(self._calls.pop(piece.index), piece)
@@ -153,7 +155,9 @@ class OutputBuilder:
 
     def _call_done(self, item: dict[str, Any], piece: ToolCallPiece) -> list[Event]:
         """A call's arguments are whole (``incomplete``: cut by max_output_tokens)."""
-        item.update(arguments=piece.arguments, status="completed" if piece.complete else "incomplete")
+        item.update(
+            arguments=piece.arguments, status="completed" if piece.complete else "incomplete"
+        )
         return [
             {
                 **self._where(item),
