@@ -29,7 +29,7 @@ from common import load_average  # noqa: E402
 from omlx.adapters.grammar import Constraint, LLGuidanceCompiler  # noqa: E402
 from omlx.adapters.mlx.engine import EngineConfig, MLXEngine  # noqa: E402
 from omlx.adapters.mlx.loader import load_model  # noqa: E402
-from omlx.app.tool_calls import HERMES  # noqa: E402
+from omlx.app.chat.tool_calls import HERMES  # noqa: E402
 from omlx.domain.generation import Finished, GenerationRequest, TextDelta  # noqa: E402
 from omlx.domain.grammar import CallShape, OutputGrammar  # noqa: E402
 

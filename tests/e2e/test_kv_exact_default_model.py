@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from omlx.app.bootstrap import bootstrap
 from omlx.app.settings import load_settings
+from omlx.app.wiring.bootstrap import bootstrap
 from omlx.domain.generation import GenerationRequest, SamplingParams, TextDelta
 from tests.engine_helpers import generate
 

@@ -23,7 +23,7 @@ from omlx.adapters.sqlindex import (
     index_path,
     open_index,
 )
-from omlx.app.admin import admin_group, db_group
+from omlx.app.ops.admin import admin_group, db_group
 from omlx.domain.cache.blocks import NamespaceInfo, StoredBlock
 from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace, record_block
 
@@ -252,7 +252,7 @@ def test_admin_never_imports_litestar_or_mlx(tmp_path: Path) -> None:
     _populate(tmp_path, make_namespace(), 2)
     code = (
         "import sys\n"
-        "from omlx.app.admin import admin_group, db_group\n"
+        "from omlx.app.ops.admin import admin_group, db_group\n"
         f"for args in (['cache', 'stats', '--cache-dir', {str(tmp_path)!r}],\n"
         f"             ['cache', 'verify', '--cache-dir', {str(tmp_path)!r}],\n"
         f"             ['cache', 'vacuum', '--cache-dir', {str(tmp_path)!r}]):\n"

@@ -8,7 +8,7 @@ import logging
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from omlx.app.templates import ChatRenderer, fold_system_messages
+from omlx.app.chat.templates import ChatRenderer, fold_system_messages
 from tests.tiny_model import build_tokenizer
 
 # Like Qwen's and Llama's: a system message anywhere but first raises.
@@ -44,7 +44,7 @@ def tokenizer(tmp_path, template: str):
 
 def test_a_strict_template_renders_later_system_messages_folded(tmp_path, caplog):
     renderer = ChatRenderer(tokenizer(tmp_path, STRICT), "strict")
-    with caplog.at_level(logging.INFO, logger="omlx.app.templates"):
+    with caplog.at_level(logging.INFO, logger="omlx.app.chat.templates"):
         first = renderer.render(CLAUDE_CODE_TURN)
     assert first == (
         "<|im_start|>system\nYou are an agent.<|im_end|>\n"
@@ -84,7 +84,7 @@ def test_folding_without_a_user_turn_joins_the_leading_system_message():
 def test_a_template_that_drops_earlier_reasoning_is_reported_once(tmp_path, caplog):
     tok = tokenizer(tmp_path, FORGETFUL)
     tok._think_start, tok._think_end = "<think>", "</think>"  # as a reasoning model's wrapper has
-    with caplog.at_level(logging.WARNING, logger="omlx.app.templates"):
+    with caplog.at_level(logging.WARNING, logger="omlx.app.chat.templates"):
         renderer = ChatRenderer(tok, "forgetful")
         renderer.render([{"role": "user", "content": "hi"}])
         renderer.render([{"role": "user", "content": "again"}])

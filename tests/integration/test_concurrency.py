@@ -300,8 +300,8 @@ def test_budget_reserves_rectangular_batches_in_cache_steps():
 
 
 def test_kv_memory_limit_setting():
-    from omlx.app.bootstrap import _kv_memory_limit
     from omlx.app.settings import load_settings
+    from omlx.app.wiring.bootstrap import _kv_memory_limit
 
     assert _kv_memory_limit(load_settings(env={}, flags={"kv_memory_limit": "off"})) is None
     assert _kv_memory_limit(load_settings(env={}, flags={"kv_memory_limit": "2GB"})) == 2 * 10**9

@@ -13,9 +13,9 @@ from mlx_lm.utils import load as mlx_lm_load
 
 from omlx.adapters.mlx.encoders import load_embedding_model, load_rerank_model
 from omlx.adapters.mlx.runner import MLXRunner
-from omlx.app.catalog import EMBEDDING, RERANK, catalog
-from omlx.app.encoding import EmbeddingService, RerankService
 from omlx.app.errors import InvalidRequest
+from omlx.app.models.catalog import EMBEDDING, RERANK, catalog
+from omlx.app.models.encoding import EmbeddingService, RerankService
 from tests.encoder_models import (
     NO,
     RERANK_OMLX_JSON,

@@ -9,9 +9,9 @@ import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from omlx.adapters.grammar import LLGuidanceCompiler
-from omlx.app.constraints import closed
-from omlx.app.output import OutputFormat, OutputSplitter, collect
-from omlx.app.tool_calls import HERMES, formats
+from omlx.app.chat.constraints import closed
+from omlx.app.chat.output import OutputFormat, OutputSplitter, collect
+from omlx.app.chat.tool_calls import HERMES, formats
 from omlx.domain.grammar import CallShape, GrammarError, OutputGrammar
 
 SCHEMA = {

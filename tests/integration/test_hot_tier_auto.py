@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from omlx.app.bootstrap import bootstrap
 from omlx.app.settings import load_settings
+from omlx.app.wiring.bootstrap import bootstrap
 from omlx.domain.tier_defaults import auto_hot_tier_bytes
 from tests.tiny_model import build_tiny_model
 
@@ -34,7 +34,7 @@ def test_the_hot_tier_of_a_loaded_model(tmp_path: Path, caplog, flags, expected)
             **flags,
         },
     )
-    with caplog.at_level(logging.INFO, logger="omlx.app.model_loader"):
+    with caplog.at_level(logging.INFO, logger="omlx.app.wiring.model_loader"):
         container = bootstrap(settings)
         served = asyncio.run(container.pool.acquire("tiny"))
     try:

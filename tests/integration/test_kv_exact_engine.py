@@ -13,8 +13,8 @@ import pytest
 from omlx.adapters.mlx import batch_rows
 from omlx.adapters.mlx.kv_quantized import QuantizedKVBlock, gpu_backend
 from omlx.adapters.mlx.quantized_batch_cache import BatchQuantizedKVCache
-from omlx.app.bootstrap import bootstrap
 from omlx.app.settings import load_settings
+from omlx.app.wiring.bootstrap import bootstrap
 from omlx.domain.cache.kv_quant import KVQuant
 from omlx.domain.generation import GenerationRequest, SamplingParams, TextDelta
 from tests.engine_helpers import generate, greedy

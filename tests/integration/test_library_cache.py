@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.sqlindex import open_index
-from omlx.app.admin import admin_group
+from omlx.app.ops.admin import admin_group
 from omlx.cache import CacheConfig, CacheFactory, PagedSSDCacheManager
 from omlx.domain.cache.keys import EXTERNAL
 from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace, record_block

@@ -32,9 +32,9 @@ def measure_two_cycles(root: str) -> None:
     load_optimized_blas()  # before mlx, as the server does; without it this takes 5x longer
     import mlx.core as mx
 
-    from omlx.app.bootstrap import bootstrap
-    from omlx.app.sampling import Sampling
+    from omlx.app.chat.sampling import Sampling
     from omlx.app.settings import load_settings
+    from omlx.app.wiring.bootstrap import bootstrap
     from tests.tiny_model import build_tiny_model
 
     # ~120 MB of float32 weights: large against RSS noise, quick to build and load.

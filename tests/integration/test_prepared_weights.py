@@ -17,11 +17,12 @@ from omlx.adapters.mlx import prepared as prepared_module
 from omlx.adapters.mlx.gguf import load_gguf
 from omlx.adapters.mlx.loader import load_model
 from omlx.adapters.mlx.prepared import MANIFEST, PREPARED_DIR, WEIGHTS_FILE, PreparedWeights
-from omlx.app import model_loader, pool
-from omlx.app.admin import admin_group
-from omlx.app.bootstrap import bootstrap
-from omlx.app.sampling import Sampling
+from omlx.app.chat.sampling import Sampling
+from omlx.app.models import pool
+from omlx.app.ops.admin import admin_group
 from omlx.app.settings import load_settings
+from omlx.app.wiring import model_loader
+from omlx.app.wiring.bootstrap import bootstrap
 from tests.tiny_gguf import write_tiny_gguf
 
 CHAT = [{"role": "user", "content": "The quick brown fox"}]

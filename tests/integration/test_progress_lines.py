@@ -17,10 +17,10 @@ from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.loader import file_sha256, load_model, weights_digest
 from omlx.adapters.sqlindex import open_index
-from omlx.app.admin import admin_group
+from omlx.app.chat.sampling import Sampling
+from omlx.app.chat.service import GenerationService
+from omlx.app.ops.admin import admin_group
 from omlx.app.progress import for_log
-from omlx.app.sampling import Sampling
-from omlx.app.service import GenerationService
 from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace, record_block
 
 BLOCKS = 150

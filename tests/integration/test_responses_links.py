@@ -18,7 +18,7 @@ from omlx.adapters.sqlindex import (
     open_index,
     upgrade,
 )
-from omlx.app.responses_store import MemoryResponseStore
+from omlx.app.wiring.responses_store import MemoryResponseStore
 from omlx.domain.ports import IndexUnavailable
 from omlx.domain.responses import (
     DAY,

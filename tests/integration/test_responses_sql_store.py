@@ -17,9 +17,9 @@ from omlx.adapters.sqlindex import (
     open_index,
     upgrade,
 )
-from omlx.app.bootstrap import _response_store
-from omlx.app.responses_store import MemoryResponseStore
 from omlx.app.settings import Settings
+from omlx.app.wiring.bootstrap import _response_store
+from omlx.app.wiring.responses_store import MemoryResponseStore
 from omlx.domain.responses import DAY, Retention, StoredResponse
 from tests.fakes import FakeClock
 from tests.storage_checks import assert_cache_invariants

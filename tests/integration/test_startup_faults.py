@@ -19,10 +19,10 @@ import pytest
 from click.testing import CliRunner
 
 from omlx.adapters.sqlindex import index_path, open_index
-from omlx.app.bootstrap import _close_all, _open_ssd
 from omlx.app.cli import main
 from omlx.app.settings import Settings
-from omlx.app.startup_errors import StartupError, check_cache_folder
+from omlx.app.wiring.bootstrap import _close_all, _open_ssd
+from omlx.app.wiring.startup_errors import StartupError, check_cache_folder
 from tests.server_process import free_port
 
 # The start-up's own INFO log lines (which BLAS it loaded) come before the mistake is found;

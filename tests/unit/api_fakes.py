@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from omlx.app.bootstrap import bootstrap
-from omlx.app.container import Container
 from omlx.app.settings import Settings
+from omlx.app.wiring.bootstrap import bootstrap
+from omlx.app.wiring.container import Container
 from omlx.domain.generation import (
     Failed,
     Finished,

@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omlx.app.output import (
+from omlx.app.chat.output import (
     Content,
     OutputFormat,
     OutputSplitter,
@@ -18,7 +18,7 @@ from omlx.app.output import (
     ToolCallStart,
     collect,
 )
-from omlx.app.tool_calls import HERMES, formats
+from omlx.app.chat.tool_calls import HERMES, formats
 
 FMT = OutputFormat(think=("<think>", "</think>"), calls=HERMES)
 CALL = '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'

@@ -158,10 +158,12 @@ def test_index_scale_keys_chain_and_log_times() -> None:
     assert len(index_scale.key(0)) == 64 and index_scale.key(0) != index_scale.key(1)
     assert index_scale.key(5) == index_scale.key(5)
     t = index_scale.log_time(
-        "2026-12-01 10:51:14,943 INFO omlx.app.bootstrap: cache folder reconciled"
+        "2026-12-01 10:51:14,943 INFO omlx.app.wiring.bootstrap: cache folder reconciled"
     )
     assert t % 1 == pytest.approx(0.943, abs=1e-3)
-    later = index_scale.log_time("INFO - 2026-12-01 10:51:15,943 - omlx.app.bootstrap - reconciled")
+    later = index_scale.log_time(
+        "INFO - 2026-12-01 10:51:15,943 - omlx.app.wiring.bootstrap - reconciled"
+    )
     assert later - t == pytest.approx(1.0)
 
 

@@ -8,7 +8,7 @@ import pytest
 from litestar.testing import TestClient
 
 from omlx.app.api.app import create_app
-from omlx.app.tenants import KeysFileError, load_keys
+from omlx.app.cache_controls.tenants import KeysFileError, load_keys
 from tests.fakes import FakeColdSource
 from tests.unit.api_fakes import MODEL, fake_container
 from tests.unit.test_cache_header import CachingEngine

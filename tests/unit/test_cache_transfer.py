@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from omlx.adapters.blockfiles.format import pack_block
-from omlx.app.cache_transfer import ImportRefused, export_archive, read_archive
+from omlx.app.cache_controls.transfer import ImportRefused, export_archive, read_archive
 from omlx.domain.cache.blocks import BlockMeta, StoredBlock
 from omlx.domain.cache.keys import block_key
 from tests.unit.test_prefix_cache import namespace

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from omlx.app import model_loader
+from omlx.app.wiring import model_loader
 
 
 class FakeServed:

@@ -8,10 +8,10 @@ import pytest
 from mlx_lm.tool_parsers import qwen3_coder
 
 from omlx.app.api.openai.params import response_format_of
-from omlx.app.constraints import ResponseFormat, closed, output_grammar
+from omlx.app.chat.constraints import ResponseFormat, closed, output_grammar
+from omlx.app.chat.output import OutputFormat
+from omlx.app.chat.tool_calls import HERMES, formats, opaque_format
 from omlx.app.errors import InvalidRequest
-from omlx.app.output import OutputFormat
-from omlx.app.tool_calls import HERMES, formats, opaque_format
 
 QWEN = OutputFormat(("<think>", "</think>"), HERMES)
 CODER = OutputFormat(

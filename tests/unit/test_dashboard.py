@@ -9,7 +9,7 @@ from litestar.testing import TestClient
 
 from omlx.app.api.app import create_app
 from omlx.app.api.dashboard import RequestSeries
-from omlx.app.request_log import RequestLog, current_api
+from omlx.app.ops.request_log import RequestLog, current_api
 from omlx.domain.generation import Finished
 from tests.fakes import FakeColdSource
 from tests.unit.api_fakes import MODEL, FakeEngine, fake_container, reply

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from omlx.app.diagnostics import FingerprintStore, compare, fingerprint, shared_tokens
+from omlx.app.chat.diagnostics import FingerprintStore, compare, fingerprint, shared_tokens
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]

@@ -10,7 +10,7 @@ import pytest
 from litestar.testing import TestClient
 
 from omlx.app.api.app import create_app
-from omlx.app.model_names import ModelNames
+from omlx.app.models.model_names import ModelNames
 from omlx.app.server import PortUnavailable, bind_listener
 from omlx.app.settings import load_settings
 from tests.unit.api_fakes import fake_container
@@ -114,7 +114,7 @@ def test_a_port_in_use_is_one_line_naming_the_port_and_the_flag():
 
 
 def test_the_models_sampling_defaults_fill_what_a_request_leaves_out():
-    from omlx.app.sampling import Sampling, sampling_params
+    from omlx.app.chat.sampling import Sampling, sampling_params
 
     defaults = {"temperature": 0.0, "top_p": 0.8, "repetition_penalty": 1.2}
     left_out = sampling_params(Sampling(), 100, defaults)
@@ -157,7 +157,7 @@ def test_the_reference_blas_is_a_warning_an_optimized_one_info(monkeypatch, capl
 def test_configure_logging_routes_uvicorn_and_quiets_alembic():
     import logging
 
-    from omlx.app.logs import configure_logging
+    from omlx.app.ops.logs import configure_logging
 
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level

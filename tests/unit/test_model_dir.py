@@ -8,7 +8,7 @@ import logging
 import time
 from pathlib import Path
 
-from omlx.app.catalog import EMBEDDING, discover
+from omlx.app.models.catalog import EMBEDDING, discover
 
 
 def model(folder: Path, **omlx: str) -> Path:

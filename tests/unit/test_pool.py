@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from omlx.app.catalog import ModelSpec
 from omlx.app.errors import Busy, InvalidRequest, NotFound
-from omlx.app.model_names import ModelNames
-from omlx.app.pool import ModelPool, Served
+from omlx.app.models.catalog import ModelSpec
+from omlx.app.models.model_names import ModelNames
+from omlx.app.models.pool import ModelPool, Served
 from omlx.domain.memory import MemoryAccount
 from tests.fakes import FakeClock
 

@@ -7,7 +7,7 @@ import time
 from litestar.testing import TestClient
 
 from omlx.app.api.app import create_app
-from omlx.app.prompt_limit import PromptLimit, longest_token_chars
+from omlx.app.chat.prompt_limit import PromptLimit, longest_token_chars
 from tests.unit.api_fakes import MODEL, FakeTokenizer, fake_container
 
 BIG = "x" * 10_000_000  # 10 MB, under the 16 MB body limit

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
+from omlx.app.chat.normalize import RULE_NAMES, PromptNormalizer
+from omlx.app.chat.sealing import ReasoningSeal
 from omlx.app.errors import NotFound
-from omlx.app.model_names import ModelNames
-from omlx.app.normalize import RULE_NAMES, PromptNormalizer
-from omlx.app.sealing import ReasoningSeal
+from omlx.app.models.model_names import ModelNames
 from omlx.app.settings import load_settings
 
 HEADER = "x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=cli; cch=7f3a1;"

@@ -11,7 +11,7 @@ from openai.types.responses import Response, ResponseItem
 from pydantic import TypeAdapter
 
 from omlx.app.api.app import create_app
-from omlx.app.responses_store import MemoryResponseStore
+from omlx.app.wiring.responses_store import MemoryResponseStore
 from omlx.domain.responses import DAY, Retention, StoredResponse
 from tests.fakes import FakeClock
 from tests.unit.api_fakes import MODEL, FakeEngine, fake_container, reply

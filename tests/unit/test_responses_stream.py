@@ -14,9 +14,9 @@ from omlx.app.api.app import create_app
 from omlx.app.api.responses.output import OutputBuilder, base_response
 from omlx.app.api.responses.schemas import ResponsesRequest
 from omlx.app.api.responses.stream import ResponseRun
-from omlx.app.chat import Output, Started
-from omlx.app.output import Content
-from omlx.app.sealing import ReasoningSeal
+from omlx.app.chat.output import Content
+from omlx.app.chat.pipeline import Output, Started
+from omlx.app.chat.sealing import ReasoningSeal
 from tests.unit.api_fakes import MODEL, FakeEngine, fails_after, fake_container, reply
 from tests.unit.test_api_streams import sse
 

@@ -14,8 +14,8 @@ from omlx.app.api.app import create_app
 from omlx.app.api.responses.items import ItemRenderer
 from omlx.app.api.responses.schemas import ReasoningParam, ResponsesRequest
 from omlx.app.api.responses.translate import Translator, tools_to_template
-from omlx.app.normalize import PromptNormalizer
-from omlx.app.sealing import ReasoningSeal
+from omlx.app.chat.normalize import PromptNormalizer
+from omlx.app.chat.sealing import ReasoningSeal
 from tests.unit.api_fakes import MODEL, FakeEngine, fake_container, reply
 
 TOOL = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'

@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from omlx.app.api.disconnect import unless_disconnected
+from omlx.app.chat.sampling import Sampling
+from omlx.app.chat.service import GenerationService
 from omlx.app.errors import ClientGone
-from omlx.app.sampling import Sampling
-from omlx.app.service import GenerationService
 from omlx.domain.generation import Finished, PrefillStarted, TextDelta
 from tests.unit.api_fakes import FakeEngine, FakeModel
 

@@ -9,7 +9,7 @@ from typing import Any
 import jinja2
 import pytest
 
-from omlx.app.output import (
+from omlx.app.chat.output import (
     Content,
     OutputFormat,
     OutputSplitter,
@@ -19,8 +19,8 @@ from omlx.app.output import (
     ToolCallStart,
     collect,
 )
-from omlx.app.templates import ChatRenderer
-from omlx.app.tool_calls import formats
+from omlx.app.chat.templates import ChatRenderer
+from omlx.app.chat.tool_calls import formats
 
 # Each family's template: a few lines that render the tools and earlier calls its way.
 _TOOLS = "{% for t in tools %}{{ t.function | tojson }}{% endfor %}"

@@ -11,9 +11,9 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from omlx.app.api.app import create_app
-from omlx.app.bootstrap import bootstrap
+from omlx.app.chat.tool_calls import HERMES
 from omlx.app.settings import Settings
-from omlx.app.tool_calls import HERMES
+from omlx.app.wiring.bootstrap import bootstrap
 from tests.fakes import FakeGrammarCompiler
 from tests.openai_schema_check import problems
 from tests.unit.api_fakes import MODEL, FakeEngine, FakeModel, FakeTokenizer, reply

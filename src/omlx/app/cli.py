@@ -19,8 +19,8 @@ class _LazyGroup(click.Group):
     commands' SQLAlchemy and Alembic imports (about a second here)."""
 
     lazy: ClassVar[dict[str, tuple[str, str]]] = {
-        "admin": ("omlx.app.admin", "admin_group"),
-        "db": ("omlx.app.admin", "db_group"),
+        "admin": ("omlx.app.ops.admin", "admin_group"),
+        "db": ("omlx.app.ops.admin", "db_group"),
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -230,7 +230,7 @@ def _serve(**flags) -> None:
         settings = load_settings(config_file, flags=flags, added_aliases=added_aliases)
     except ValueError as exc:
         _fail(str(exc))
-    from omlx.app.logs import configure_logging
+    from omlx.app.ops.logs import configure_logging
 
     configure_logging(settings.log_level)
     from omlx.app.errors import AppError

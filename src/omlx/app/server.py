@@ -56,7 +56,7 @@ def run_server(settings: Settings) -> None:
     listener = bind_listener(settings.host, settings.port)
     try:
         from omlx.app.api.app import create_app
-        from omlx.app.bootstrap import bootstrap
+        from omlx.app.wiring.bootstrap import bootstrap
 
         container = bootstrap(settings, load_in_background=True)
     except BaseException:
@@ -65,7 +65,7 @@ def run_server(settings: Settings) -> None:
     app = create_app(container)
     config = uvicorn.Config(
         app,
-        log_config=None,  # uvicorn's lines go through omlx's own format (omlx.app.logs)
+        log_config=None,  # uvicorn's lines go through omlx's own format (omlx.app.ops.logs)
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,
     )

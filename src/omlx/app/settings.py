@@ -163,7 +163,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError(f"kv_memory_limit: {exc}") from None
         if kv_limit == 0:
             raise ValueError('kv_memory_limit must be a size above 0, "auto" or "off"')
-        from omlx.app.normalize import PromptNormalizer
+        from omlx.app.chat.normalize import PromptNormalizer
 
         PromptNormalizer(self.prompt_normalizations)  # raises naming an unknown rule
         if self.model_idle_timeout < 0:

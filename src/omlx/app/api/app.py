@@ -28,9 +28,9 @@ from omlx.app.api.health import HealthController
 from omlx.app.api.metrics import Metrics, MetricsController, RequestMetrics, count_unmatched
 from omlx.app.api.openai.controller import OpenAIController
 from omlx.app.api.responses.controller import ResponsesController
-from omlx.app.container import Container
-from omlx.app.request_log import RequestLog
-from omlx.app.tenants import load_keys
+from omlx.app.cache_controls.tenants import load_keys
+from omlx.app.ops.request_log import RequestLog
+from omlx.app.wiring.container import Container
 
 
 def create_app(container: Container) -> Litestar:

@@ -23,11 +23,16 @@ from omlx.app.api.openai.schemas import ChatCompletionRequest, OpenAIErrorRespon
 from omlx.app.api.openai.translate import chat_request
 from omlx.app.api.openapi import error_responses
 from omlx.app.api.translators import translator
-from omlx.app.cache_report import report
-from omlx.app.cache_transfer import ImportRefused, export_archive, import_blocks, read_archive
-from omlx.app.container import Container
+from omlx.app.cache_controls.report import report
+from omlx.app.cache_controls.transfer import (
+    ImportRefused,
+    export_archive,
+    import_blocks,
+    read_archive,
+)
 from omlx.app.errors import InvalidRequest, NotFound
-from omlx.app.pool import Served
+from omlx.app.models.pool import Served
+from omlx.app.wiring.container import Container
 from omlx.domain.cache.pins import Pin, PinRefused
 
 _ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404)

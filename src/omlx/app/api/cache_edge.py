@@ -19,9 +19,9 @@ from litestar import Request
 from litestar.types import Message, Scope
 
 from omlx.app.api.auth import tenant_of
-from omlx.app.cache_report import HEADER, CacheReport, report
+from omlx.app.cache_controls.report import HEADER, CacheReport, report
 from omlx.app.errors import InvalidRequest
-from omlx.app.request_log import current_report
+from omlx.app.ops.request_log import current_report
 from omlx.domain.generation import GenerationRequest
 
 CONTROL_HEADER = "x-omlx-cache-control"

@@ -20,8 +20,8 @@ from omlx.app.api.encoding_schemas import (
 )
 from omlx.app.api.openai.schemas import OpenAIErrorResponse
 from omlx.app.api.openapi import error_responses
-from omlx.app.catalog import EMBEDDING, RERANK
-from omlx.app.container import Container
+from omlx.app.models.catalog import EMBEDDING, RERANK
+from omlx.app.wiring.container import Container
 
 _ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404, 413, 429, 500)
 

@@ -7,7 +7,7 @@ from typing import Any
 from litestar import Controller, get
 
 from omlx.app.api.auth import PUBLIC
-from omlx.app.container import Container
+from omlx.app.wiring.container import Container
 
 
 class HealthController(Controller):

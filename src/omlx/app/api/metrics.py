@@ -25,8 +25,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from omlx.app.container import Container
-from omlx.app.pool import Served
+from omlx.app.models.pool import Served
+from omlx.app.wiring.container import Container
 from omlx.domain.generation import Finished
 
 UNMATCHED = "unmatched"  # the route label of 404/405 answers, whatever the path

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Protocol, TypeVar
 
-from omlx.app.container import Container
-from omlx.app.normalize import PromptNormalizer
-from omlx.app.pool import Served
-from omlx.app.sealing import ReasoningSeal
+from omlx.app.chat.normalize import PromptNormalizer
+from omlx.app.chat.sealing import ReasoningSeal
+from omlx.app.models.pool import Served
+from omlx.app.wiring.container import Container
 
 T_co = TypeVar("T_co", covariant=True)
 

@@ -26,11 +26,11 @@ from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openapi import error_responses, streaming_operation
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
 from omlx.app.api.translators import translator
-from omlx.app.cache_hints import anthropic_breakpoints, honour_breakpoints
-from omlx.app.chat import ChatTurn
-from omlx.app.container import Container
-from omlx.app.output import Piece, Reasoning, ToolCallPiece
-from omlx.app.sealing import ReasoningSeal
+from omlx.app.cache_controls.hints import anthropic_breakpoints, honour_breakpoints
+from omlx.app.chat.output import Piece, Reasoning, ToolCallPiece
+from omlx.app.chat.pipeline import ChatTurn
+from omlx.app.chat.sealing import ReasoningSeal
+from omlx.app.wiring.container import Container
 
 _ERRORS = error_responses(AnthropicErrorResponse, 400, 401, 404, 413, 429, 500)
 CACHE_DIAGNOSIS_BETA = "cache-diagnosis-2026-04-07"

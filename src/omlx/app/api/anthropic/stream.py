@@ -14,10 +14,17 @@ from litestar.response.sse import ServerSentEventMessage
 from omlx.app.api.anthropic.schemas import MessageUsage
 from omlx.app.api.errors import anthropic_error_body
 from omlx.app.api.sse import KEEPALIVE
-from omlx.app.chat import ChatEvent, Done, Error, Output, Started
-from omlx.app.output import Content, Piece, Reasoning, ToolCallArgs, ToolCallPiece, ToolCallStart
-from omlx.app.sealing import ReasoningSeal
-from omlx.app.tool_calls import close_partial
+from omlx.app.chat.output import (
+    Content,
+    Piece,
+    Reasoning,
+    ToolCallArgs,
+    ToolCallPiece,
+    ToolCallStart,
+)
+from omlx.app.chat.pipeline import ChatEvent, Done, Error, Output, Started
+from omlx.app.chat.sealing import ReasoningSeal
+from omlx.app.chat.tool_calls import close_partial
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,16 @@ from omlx.app.api.anthropic.schemas import (
 from omlx.app.api.anthropic.schemas import (
     ToolChoice as AnthropicToolChoice,
 )
-from omlx.app.chat import ChatRequest, ResponseFormat, Sampling, ToolChoice, check_tool_choice
+from omlx.app.chat.normalize import PromptNormalizer
+from omlx.app.chat.pipeline import (
+    ChatRequest,
+    ResponseFormat,
+    Sampling,
+    ToolChoice,
+    check_tool_choice,
+)
+from omlx.app.chat.sealing import ReasoningSeal
 from omlx.app.errors import InvalidRequest
-from omlx.app.normalize import PromptNormalizer
-from omlx.app.sealing import ReasoningSeal
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The dashboard's actions on a live server: unload a model, clear one model's cache, vacuum.
 
-Clearing and vacuuming run the admin commands' own code (``omlx.app.admin``) on the
+Clearing and vacuuming run the admin commands' own code (``omlx.app.ops.admin``) on the
 server's index and store, so the page and ``omlx admin cache`` cannot drift apart. In a
 running server they also drop what the disk no longer holds from each model's memory:
 a cleared model's hot tier, and the keys its prefix cache believed were on disk (or the
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omlx.app.container import Container
 from omlx.app.errors import Busy, InvalidRequest, NotFound
+from omlx.app.wiring.container import Container
 from omlx.domain.sizes import parse_size
 
 
@@ -43,7 +43,7 @@ def unload_model(container: Container, model_id: str) -> dict[str, Any]:
 def clear_model_cache(container: Container, model_id: str) -> dict[str, Any]:
     """Drop ``model_id``'s cached blocks from RAM and disk (blocking: run it on a worker thread)."""
     from omlx.adapters.blockfiles.maintenance import no_progress
-    from omlx.app.admin import clear_blocks
+    from omlx.app.ops.admin import clear_blocks
 
     served = next((s for s in container.pool.loaded() if s.id == model_id), None)
     prefix_cache = served.prefix_cache if served is not None else None
@@ -72,7 +72,7 @@ def clear_model_cache(container: Container, model_id: str) -> dict[str, Any]:
 def vacuum_cache(container: Container, max_size: str) -> dict[str, Any]:
     """Reconcile the SSD tier and evict its LRU blocks beyond ``max_size`` (blocking)."""
     from omlx.adapters.blockfiles.maintenance import LIVE_GRACE_S, no_progress
-    from omlx.app.admin import vacuum_blocks
+    from omlx.app.ops.admin import vacuum_blocks
 
     try:
         max_bytes = parse_size(max_size)

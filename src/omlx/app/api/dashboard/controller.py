@@ -25,9 +25,9 @@ from omlx.app.api.dashboard.actions import clear_model_cache, unload_model, vacu
 from omlx.app.api.dashboard.series import RequestSeries
 from omlx.app.api.dashboard.state import dashboard_state, ssd_usage
 from omlx.app.api.errors import handle_app_error
-from omlx.app.container import Container
 from omlx.app.errors import InvalidRequest, Unauthorized
-from omlx.app.request_log import RequestLog, current_api, current_report
+from omlx.app.ops.request_log import RequestLog, current_api, current_report
+from omlx.app.wiring.container import Container
 
 # The page's files, served from the package (no build step, nothing from the network).
 _STATIC = {

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omlx.app.request_log import RequestLog, RequestRecord
+from omlx.app.ops.request_log import RequestLog, RequestRecord
 
 DEFAULT_MAX_POINTS = 720  # an hour at the default 5-second interval
 

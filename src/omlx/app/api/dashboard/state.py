@@ -15,9 +15,9 @@ from typing import Any
 from omlx import __version__
 from omlx.app.api.cache_controller import pin_json, pins_of
 from omlx.app.api.dashboard.series import RequestSeries
-from omlx.app.container import Container
-from omlx.app.pool import Served
-from omlx.app.request_log import RequestLog
+from omlx.app.models.pool import Served
+from omlx.app.ops.request_log import RequestLog
+from omlx.app.wiring.container import Container
 
 log = logging.getLogger(__name__)
 

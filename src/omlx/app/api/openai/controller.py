@@ -39,15 +39,15 @@ from omlx.app.api.openai.stream import (
 from omlx.app.api.openai.translate import chat_request
 from omlx.app.api.openapi import error_responses, streaming_operation
 from omlx.app.api.sse import EventStream
-from omlx.app.cache_hints import (
+from omlx.app.cache_controls.hints import (
     honour_retention,
     openai_retention,
     remember_session,
     session_turn,
 )
-from omlx.app.container import Container
+from omlx.app.chat.output import collect
 from omlx.app.errors import InvalidRequest
-from omlx.app.output import collect
+from omlx.app.wiring.container import Container
 
 _ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404, 413, 429, 500)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from omlx.app.api.openai.schemas import ChatCompletionRequest, CompletionRequest
-from omlx.app.chat import ResponseFormat, Sampling
+from omlx.app.chat.pipeline import ResponseFormat, Sampling
 from omlx.app.errors import InvalidRequest
 
 # OpenAI's efforts, as the values chat templates take (gpt-oss: low/medium/high).

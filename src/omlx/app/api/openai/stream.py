@@ -26,8 +26,15 @@ from omlx.app.api.openai.schemas import (
     encode,
 )
 from omlx.app.api.sse import KEEPALIVE, KEEPALIVE_SECONDS
-from omlx.app.chat import ChatEvent, Done, Error, Output
-from omlx.app.output import Content, Piece, Reasoning, ToolCallArgs, ToolCallPiece, ToolCallStart
+from omlx.app.chat.output import (
+    Content,
+    Piece,
+    Reasoning,
+    ToolCallArgs,
+    ToolCallPiece,
+    ToolCallStart,
+)
+from omlx.app.chat.pipeline import ChatEvent, Done, Error, Output
 from omlx.domain.generation import Failed, Finished, GenerationEvent, TextDelta
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ from omlx.app.api.openai.params import (
     response_format_of,
 )
 from omlx.app.api.openai.schemas import ChatCompletionRequest, ChatMessage
-from omlx.app.chat import ChatRequest, ToolChoice, check_tool_choice
+from omlx.app.chat.normalize import PromptNormalizer
+from omlx.app.chat.pipeline import ChatRequest, ToolChoice, check_tool_choice
 from omlx.app.errors import InvalidRequest
-from omlx.app.normalize import PromptNormalizer
 
 
 def text_of(content: str | list | None, param: str) -> str:

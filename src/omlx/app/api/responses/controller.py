@@ -29,14 +29,14 @@ from omlx.app.api.responses.stream import ResponseRun
 from omlx.app.api.responses.translate import Translator
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
 from omlx.app.api.translators import translator
-from omlx.app.cache_hints import (
+from omlx.app.cache_controls.hints import (
     honour_retention,
     openai_retention,
     remember_session,
     session_turn,
 )
-from omlx.app.container import Container
 from omlx.app.errors import InvalidRequest, NotFound, StoreUnavailable
+from omlx.app.wiring.container import Container
 from omlx.domain.ports import IndexUnavailable
 from omlx.domain.responses import BrokenChain, StoredResponse, conversation_input
 from omlx.domain.responses import history as conversation_history

@@ -17,9 +17,9 @@ from typing import Any
 
 from omlx.app.api.openai.translate import template_arguments
 from omlx.app.api.responses.schemas import InputItem, Part
+from omlx.app.chat.normalize import PromptNormalizer
+from omlx.app.chat.sealing import ReasoningSeal
 from omlx.app.errors import InvalidRequest
-from omlx.app.normalize import PromptNormalizer
-from omlx.app.sealing import ReasoningSeal
 
 log = logging.getLogger(__name__)
 

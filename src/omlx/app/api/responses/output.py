@@ -24,8 +24,15 @@ from omlx.app.api.responses.schemas import (
     ResponsesRequest,
     ResponseUsage,
 )
-from omlx.app.output import Content, Piece, Reasoning, ToolCallArgs, ToolCallPiece, ToolCallStart
-from omlx.app.sealing import ReasoningSeal
+from omlx.app.chat.output import (
+    Content,
+    Piece,
+    Reasoning,
+    ToolCallArgs,
+    ToolCallPiece,
+    ToolCallStart,
+)
+from omlx.app.chat.sealing import ReasoningSeal
 
 Event = dict[str, Any]  # a stream event without its sequence_number
 

@@ -22,7 +22,7 @@ from litestar.response.sse import ServerSentEventMessage
 from omlx.app.api.responses.output import Event, OutputBuilder, finished_response, usage_of
 from omlx.app.api.responses.schemas import ResponseObject, ResponseUsage
 from omlx.app.api.sse import KEEPALIVE
-from omlx.app.chat import ChatEvent, Done, Error, Output, Started
+from omlx.app.chat.pipeline import ChatEvent, Done, Error, Output, Started
 from omlx.domain.generation import Finished
 from omlx.domain.responses import ResponseStore, StoredResponse
 

@@ -17,10 +17,16 @@ import msgspec
 from omlx.app.api.openai.params import response_format_of
 from omlx.app.api.responses.items import ItemRenderer, canonical_items
 from omlx.app.api.responses.schemas import ResponsesRequest, ToolParam
-from omlx.app.chat import ChatRequest, ResponseFormat, Sampling, ToolChoice, check_tool_choice
+from omlx.app.chat.normalize import PromptNormalizer
+from omlx.app.chat.pipeline import (
+    ChatRequest,
+    ResponseFormat,
+    Sampling,
+    ToolChoice,
+    check_tool_choice,
+)
+from omlx.app.chat.sealing import ReasoningSeal
 from omlx.app.errors import InvalidRequest
-from omlx.app.normalize import PromptNormalizer
-from omlx.app.sealing import ReasoningSeal
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omlx.app.catalog import CHAT, EMBEDDING, RERANK, ModelSpec
-from omlx.app.chat import ChatPipeline
-from omlx.app.pool import Served
-from omlx.app.service import GenerationService
+from omlx.app.chat.pipeline import ChatPipeline
+from omlx.app.chat.service import GenerationService
+from omlx.app.chat.templates import ChatRenderer
+from omlx.app.models.catalog import CHAT, EMBEDDING, RERANK, ModelSpec
+from omlx.app.models.pool import Served
 from omlx.app.settings import Settings
-from omlx.app.templates import ChatRenderer
 from omlx.domain.cache.kv_quant import KVQuant, model_override, resolve_kv_mode
 from omlx.domain.memory import MemoryAccount
 from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
@@ -317,7 +317,7 @@ class ModelLoader:
             weights_bytes,
         )
         from omlx.adapters.mlx.runner import MLXRunner
-        from omlx.app.encoding import EmbeddingService, RerankService
+        from omlx.app.models.encoding import EmbeddingService, RerankService
 
         assert spec.path is not None
         started = time.monotonic()

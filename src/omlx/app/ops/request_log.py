@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from omlx.app.cache_report import CacheReport
+from omlx.app.cache_controls.report import CacheReport
 from omlx.domain.generation import Finished
 
 DEFAULT_CAPACITY = 200

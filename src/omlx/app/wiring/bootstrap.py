@@ -10,16 +10,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas, log_blas
-from omlx.app.catalog import CHAT, ModelSpec, catalog
-from omlx.app.container import Container
-from omlx.app.model_loader import ModelLoader, SharedCold, serve_chat
-from omlx.app.model_names import ModelNames
-from omlx.app.normalize import PromptNormalizer
-from omlx.app.pool import ModelPool
-from omlx.app.responses_store import MemoryResponseStore, ResponseStore
-from omlx.app.sealing import ReasoningSeal
+from omlx.app.chat.normalize import PromptNormalizer
+from omlx.app.chat.sealing import ReasoningSeal
+from omlx.app.models.catalog import CHAT, ModelSpec, catalog
+from omlx.app.models.model_names import ModelNames
+from omlx.app.models.pool import ModelPool
 from omlx.app.settings import Settings
-from omlx.app.startup_errors import check_cache_folder, index_error
+from omlx.app.wiring.container import Container
+from omlx.app.wiring.model_loader import ModelLoader, SharedCold, serve_chat
+from omlx.app.wiring.responses_store import MemoryResponseStore, ResponseStore
+from omlx.app.wiring.startup_errors import check_cache_folder, index_error
 from omlx.domain.memory import MemoryAccount
 from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
 

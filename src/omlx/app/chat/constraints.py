@@ -17,9 +17,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from omlx.app.chat.output import OutputFormat
+from omlx.app.chat.tool_calls import HERMES, ToolCallFormat
 from omlx.app.errors import InvalidRequest
-from omlx.app.output import OutputFormat
-from omlx.app.tool_calls import HERMES, ToolCallFormat
 from omlx.domain.grammar import CallShape, OutputGrammar
 
 

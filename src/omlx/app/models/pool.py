@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from omlx.app.catalog import CHAT, ModelSpec
 from omlx.app.errors import AppError, Busy, InvalidRequest, ModelUnavailable
-from omlx.app.model_names import ModelNames
+from omlx.app.models.catalog import CHAT, ModelSpec
+from omlx.app.models.model_names import ModelNames
 from omlx.domain.memory import MemoryAccount
 from omlx.domain.ports import ChatModel, ModelWorker
 from omlx.domain.sizes import format_bytes
 
 if TYPE_CHECKING:  # the services import the pool's errors; the pool only holds them
-    from omlx.app.chat import ChatPipeline
-    from omlx.app.encoding import EmbeddingService, RerankService
-    from omlx.app.service import GenerationService
+    from omlx.app.chat.pipeline import ChatPipeline
+    from omlx.app.chat.service import GenerationService
+    from omlx.app.models.encoding import EmbeddingService, RerankService
     from omlx.domain.cache.cold_tier import ColdTier
     from omlx.domain.cache.prefix_cache import PrefixCache
 

@@ -16,11 +16,11 @@ from typing import Any, Protocol
 
 import anyio
 
+from omlx.app.chat.prompt_limit import PromptLimit
+from omlx.app.chat.sampling import Sampling, sampling_params
+from omlx.app.chat.sampling import logprobs_count as _logprobs
 from omlx.app.errors import Busy, GenerationFailed, InvalidRequest
 from omlx.app.progress import PrefillWatch
-from omlx.app.prompt_limit import PromptLimit
-from omlx.app.sampling import Sampling, sampling_params
-from omlx.app.sampling import logprobs_count as _logprobs
 from omlx.domain.generation import (
     Failed,
     Finished,
@@ -84,7 +84,7 @@ class GenerationService:
         self.default_max_tokens = default_max_tokens
         self.observer: GenerationObserver | None = None
         # Told of each finished generation with its TTFT and decode seconds (the dashboard's
-        # request log: ``omlx.app.request_log``).
+        # request log: ``omlx.app.ops.request_log``).
         self.finished_hook: Callable[[Finished, float | None, float], None] | None = None
         self.in_flight = 0  # generations being streamed (the event loop's count: the pool reads it)
 

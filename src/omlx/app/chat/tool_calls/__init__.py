@@ -3,8 +3,13 @@ template that renders none, and JSON as it streams."""
 
 from __future__ import annotations
 
-from omlx.app.tool_calls.formats import HERMES, ToolCallFormat, format_of_template, opaque_format
-from omlx.app.tool_calls.partial_json import close_partial, value_end
+from omlx.app.chat.tool_calls.formats import (
+    HERMES,
+    ToolCallFormat,
+    format_of_template,
+    opaque_format,
+)
+from omlx.app.chat.tool_calls.partial_json import close_partial, value_end
 
 __all__ = [
     "HERMES",

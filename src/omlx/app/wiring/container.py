@@ -8,11 +8,11 @@ from typing import Any
 
 from omlx.adapters.blockfiles.writer import BlockWriter  # the root's: Litestar reads these hints
 from omlx.adapters.cold_folder import ColdFolder
-from omlx.app.catalog import ModelSpec
-from omlx.app.model_names import ModelNames
-from omlx.app.normalize import PromptNormalizer
-from omlx.app.pool import ModelPool, Served
-from omlx.app.sealing import ReasoningSeal
+from omlx.app.chat.normalize import PromptNormalizer
+from omlx.app.chat.sealing import ReasoningSeal
+from omlx.app.models.catalog import ModelSpec
+from omlx.app.models.model_names import ModelNames
+from omlx.app.models.pool import ModelPool, Served
 from omlx.app.settings import Settings
 from omlx.domain.responses import ResponseStore
 

@@ -29,7 +29,7 @@ from omlx.adapters.blockfiles.maintenance import (
 )
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.sqlindex import SqlBlockIndex, current_revision, index_path, upgrade
-from omlx.app.admin_target import (
+from omlx.app.ops.admin_target import (
     Target,
     cache_dir_option,
     friendly_errors,
@@ -461,7 +461,7 @@ def _ago(at: float | None) -> str:
 
 def _add_live_commands() -> None:
     """The commands that ask a running server (``admin_live``) join the cache group."""
-    from omlx.app.admin_live import COMMANDS
+    from omlx.app.ops.admin_live import COMMANDS
 
     for command in COMMANDS:
         cache_group.add_command(command)

@@ -24,8 +24,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from omlx.app.chat.tool_calls import fallback
 from omlx.app.errors import InvalidRequest
-from omlx.app.tool_calls import fallback
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from omlx.app.tool_calls import HERMES, ToolCallFormat, format_of_template, opaque_format, value_end
-from omlx.app.tool_calls import formats as families
+from omlx.app.chat.tool_calls import (
+    HERMES,
+    ToolCallFormat,
+    format_of_template,
+    opaque_format,
+    value_end,
+)
+from omlx.app.chat.tool_calls import formats as families
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import anyio
 
+from omlx.app.chat.prompt_limit import PromptLimit
 from omlx.app.errors import InvalidRequest
-from omlx.app.prompt_limit import PromptLimit
 
 MAX_INPUTS = 2048  # per request, as OpenAI's embeddings API allows
 

@@ -16,11 +16,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from omlx.app.cache_report import CacheReport, report, tools_span_of
-from omlx.app.constraints import ResponseFormat, forced_format, output_grammar
-from omlx.app.diagnostics import Divergence, Fingerprint, FingerprintStore, compare, fingerprint
-from omlx.app.errors import GenerationFailed, InvalidRequest
-from omlx.app.output import (
+from omlx.app.cache_controls.report import CacheReport, report, tools_span_of
+from omlx.app.chat.constraints import ResponseFormat, forced_format, output_grammar
+from omlx.app.chat.diagnostics import (
+    Divergence,
+    Fingerprint,
+    FingerprintStore,
+    compare,
+    fingerprint,
+)
+from omlx.app.chat.output import (
     OutputFormat,
     OutputSplitter,
     Piece,
@@ -28,10 +33,11 @@ from omlx.app.output import (
     ToolCallPiece,
     ToolCallStart,
 )
-from omlx.app.sampling import Sampling
-from omlx.app.service import GenerationService
-from omlx.app.templates import ChatRenderer, RenderedPrompt
-from omlx.app.tool_calls import HERMES
+from omlx.app.chat.sampling import Sampling
+from omlx.app.chat.service import GenerationService
+from omlx.app.chat.templates import ChatRenderer, RenderedPrompt
+from omlx.app.chat.tool_calls import HERMES
+from omlx.app.errors import GenerationFailed, InvalidRequest
 from omlx.domain.generation import (
     Failed,
     Finished,

@@ -1,0 +1,1 @@
+"""The served models: the catalog, their names, the pool that loads them, encoders."""

@@ -1,0 +1,1 @@
+"""The composition root: settings in, a running container of services out."""
