@@ -175,6 +175,7 @@ class FakeBlockIndex:
         self.down = False
         self.evicting_elsewhere = False
         self.lookups = 0
+        self.listings = 0  # children and nearest_children queries
 
     def _check(self) -> None:
         if self.down:
@@ -200,6 +201,7 @@ class FakeBlockIndex:
 
     def children(self, parent_key: str, limit: int, headless: bool = False) -> list[StoredBlock]:
         self._check()
+        self.listings += 1
         mine = [b for b in self.blocks.values() if b.parent_key == parent_key and b.kind == "kv"]
         mine.sort(key=lambda b: (-b.last_access, -b.created_at, b.key))
         return [b for b in mine[:limit] if not (headless and b.key in self.heads)]
@@ -208,6 +210,7 @@ class FakeBlockIndex:
         self, parent_key: str, tokens: Sequence[int], limit: int
     ) -> list[tuple[StoredBlock, tuple[int, ...]]]:
         self._check()
+        self.listings += 1
         mine = sorted(
             (self.heads[b.key], b)
             for b in self.blocks.values()
@@ -349,6 +352,8 @@ class FakeColdSource:
         self.read_recorded: list[str] = []  # reads that count in recency (not a no-store's)
         self.children_calls: list[str] = []
         self.present_calls: list[list[str]] = []
+        self.rows_calls: list[list[str]] = []
+        self.batch_rows: list[bool] = []  # per get_many: whether its rows were given
 
     def get(
         self, key: str, parent_key: str, *, touch: bool = True
@@ -370,11 +375,19 @@ class FakeColdSource:
         return decoded.tokens, decoded.payload
 
     def get_many(
-        self, chain: Sequence[tuple[str, str]], *, touch: bool = True
+        self,
+        chain: Sequence[tuple[str, str]],
+        *,
+        touch: bool = True,
+        rows: Mapping[str, StoredBlock] | None = None,
     ) -> Generator[tuple[tuple[int, ...], Any], None, None]:
-        """Lazily, one ``get`` per block as the caller asks for it (no read-ahead)."""
+        """Lazily, one ``get`` per block as the caller asks for it (no read-ahead); with
+        ``rows`` (already asked), a key without one is a miss without looking."""
         self.batches.append([key for key, _ in chain])
+        self.batch_rows.append(rows is not None)
         for key, parent_key in chain:
+            if rows is not None and key not in rows:
+                return
             found = self.get(key, parent_key, touch=touch)
             if found is None:
                 return
@@ -386,6 +399,47 @@ class FakeColdSource:
 
     def contains(self, key: str) -> bool:
         return key in self.blocks
+
+    def files(self, keys: Sequence[str]) -> list[tuple[StoredBlock, bytes]]:
+        """Rows (made up from the metadata) and bytes of ``keys``, to the first one missing."""
+        out = []
+        for key in keys:
+            if key not in self.blocks:
+                break
+            out.append((self._row(key), self.blocks[key][2]))
+        return out
+
+    def verify(self, data: bytes, meta: BlockMeta) -> tuple[DecodedBlock | None, str]:
+        try:
+            decoded = self._decode(data)
+        except ValueError as exc:
+            return None, f"it cannot be decoded ({exc})"
+        if object_key(meta.kind, block_key(meta.parent_key, decoded.tokens)) != meta.key:
+            return None, "its tokens do not rehash to its key"
+        if decoded.metadata.get("namespace", meta.namespace) != meta.namespace:
+            return None, "its metadata names another namespace"
+        return decoded, ""
+
+    def rows(self, keys: Sequence[str]) -> dict[str, StoredBlock] | None:
+        self.rows_calls.append(list(keys))
+        return {k: self._row(k) for k in keys if k in self.blocks}
+
+    def _row(self, key: str) -> StoredBlock:
+        meta, _, data = self.blocks[key]
+        digest = hashlib.sha256(data).hexdigest()
+        path = f"{key}.safetensors"
+        return StoredBlock(
+            key,
+            meta.namespace,
+            meta.parent_key,
+            meta.token_count,
+            len(data),
+            digest,
+            path,
+            0.0,
+            0.0,
+            kind=meta.kind,
+        )
 
     def present(self, keys: Sequence[str]) -> set[str]:
         self.present_calls.append(list(keys))

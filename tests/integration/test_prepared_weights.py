@@ -18,10 +18,9 @@ from omlx.adapters.mlx.gguf import load_gguf
 from omlx.adapters.mlx.loader import load_model
 from omlx.adapters.mlx.prepared import MANIFEST, PREPARED_DIR, WEIGHTS_FILE, PreparedWeights
 from omlx.app.chat.sampling import Sampling
-from omlx.app.models import pool
+from omlx.app.models import chores, pool
 from omlx.app.ops.admin import admin_group
 from omlx.app.settings import load_settings
-from omlx.app.wiring import model_loader
 from omlx.app.wiring.bootstrap import bootstrap
 from tests.tiny_gguf import write_tiny_gguf
 
@@ -149,7 +148,7 @@ def test_the_server_writes_the_copy_when_quiet_and_the_next_start_loads_it(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(model_loader, "_QUIET_BEFORE_CHORES_S", 0.3)
+    monkeypatch.setattr(chores, "_QUIET_BEFORE_CHORES_S", 0.3)
     monkeypatch.setattr(pool, "IN_USE_GRACE_S", 0.3)
     settings = load_settings(
         env={}, flags={"model": str(gguf_file), "paged_ssd_cache_dir": str(tmp_path / "cache")}
@@ -199,7 +198,7 @@ def test_the_server_writes_the_copy_when_quiet_and_the_next_start_loads_it(
 def test_an_unload_during_the_wait_stops_the_writer(
     gguf_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(model_loader, "_QUIET_BEFORE_CHORES_S", 60.0)
+    monkeypatch.setattr(chores, "_QUIET_BEFORE_CHORES_S", 60.0)
     settings = load_settings(
         env={}, flags={"model": str(gguf_file), "paged_ssd_cache_dir": str(tmp_path / "cache")}
     )

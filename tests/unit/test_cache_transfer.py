@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from omlx.adapters.blockfiles.format import pack_block
+from omlx.adapters.blockfiles.format import pack_block, unpack_block
 from omlx.app.cache_controls.transfer import ImportRefused, export_archive, read_archive
-from omlx.domain.cache.blocks import BlockMeta, StoredBlock
+from omlx.domain.cache.blocks import BlockMeta, DecodedBlock, StoredBlock
 from omlx.domain.cache.keys import block_key
 from tests.unit.test_prefix_cache import namespace
 
@@ -32,10 +32,20 @@ class Files:
             out.append(self.blocks[key])
         return out
 
+    def verify(self, data, meta):
+        """The cold tier's check of a block file (here: the real format, unpacked)."""
+        tokens, _, metadata = unpack_block(data)
+        if (
+            metadata.get("namespace") != meta.namespace
+            or block_key(meta.parent_key, tokens) != meta.key
+        ):
+            return None, "its tokens do not rehash to its key"
+        return DecodedBlock(tokens, None, metadata), ""
+
 
 class Cache:
     def __init__(self, ns=NS, cold=None) -> None:
-        self.namespace, self.cold = ns, cold
+        self.namespace, self.cold = ns, cold if cold is not None else Files([])
 
     def root_of(self, tenant):
         return None

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from omlx.app.wiring import model_loader
+from omlx.app.models import chores
 
 
 class FakeServed:
@@ -27,7 +27,7 @@ class FakeServed:
 
 @pytest.fixture(autouse=True)
 def short_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model_loader, "_QUIET_BEFORE_CHORES_S", 0.3)
+    monkeypatch.setattr(chores, "_QUIET_BEFORE_CHORES_S", 0.3)
 
 
 def _wait(event: threading.Event, seconds: float = 5.0) -> bool:
@@ -48,7 +48,7 @@ def test_chores_wait_for_a_quiet_spell_and_pause_while_the_model_serves() -> Non
         steps.append(("second step", time.monotonic()))
         resumed.set()
 
-    model_loader._run_when_quiet(served, [job])
+    chores.run_when_quiet(served, [job])
     assert not started.wait(0.8)  # nothing while the model serves
     served.serving = False
     assert _wait(started)
@@ -72,7 +72,7 @@ def test_an_unload_stops_the_chores_and_waits_for_them() -> None:
         served.serving = True  # a request arrives mid-job: proceed() would wait
         answers.append(proceed())
 
-    model_loader._run_when_quiet(served, [job, lambda proceed: answers.append("second job ran")])
+    chores.run_when_quiet(served, [job, lambda proceed: answers.append("second job ran")])
     assert _wait(in_job)
     started = time.monotonic()
     served.close()  # the unload: stop, then join

@@ -9,6 +9,7 @@ from litestar.testing import TestClient
 
 from omlx.app.api.app import create_app
 from omlx.app.api.dashboard import RequestSeries
+from omlx.app.cache_controls.maintenance import CacheMaintenance
 from omlx.app.ops.request_log import RequestLog, current_api
 from omlx.domain.generation import Finished
 from tests.fakes import FakeColdSource
@@ -185,9 +186,9 @@ def test_actions_take_json_only_and_refuse_by_name():
 def test_clearing_a_model_empties_its_hot_tier_and_its_blocks_are_written_again():
     cold = FakeColdSource()
     prefix_cache = make(cold=cold)
-    container = fake_container()
-    (served,) = container.pool.loaded()
-    served.prefix_cache = prefix_cache
+    engine = FakeEngine()
+    engine.prefix_cache = prefix_cache  # the model's services are built over it
+    container = fake_container(engine)
     prompt = seq(40)
     serve(prefix_cache, prompt)
     assert serve(prefix_cache, prompt) > 0
@@ -211,9 +212,12 @@ def test_an_index_that_does_not_answer_leaves_the_rest_of_the_page():
 
     class Ssd:
         index = AwayIndex()
+        dir, shared = "/nowhere", False
 
     container = fake_container()
-    container.ssd = Ssd()
+    container.maintenance = CacheMaintenance(
+        Ssd(), max_bytes=1 << 30, lease=60.0, is_pinned=lambda key: False, loaded=dict
+    )
     with TestClient(create_app(container)) as c:
         r = c.get("/v1/dashboard/state")
     assert r.status_code == 200

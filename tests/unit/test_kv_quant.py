@@ -60,7 +60,7 @@ def test_the_setting_is_a_separate_namespace_field_only_when_on() -> None:
 
 
 def test_a_model_folders_omlx_json_sets_its_own_kv_bits(tmp_path) -> None:
-    from omlx.app.wiring.model_loader import kv_quant_for
+    from omlx.app.models.options import kv_quant_for
 
     folder = tmp_path / "model"
     folder.mkdir()
@@ -76,7 +76,7 @@ def test_a_model_folders_omlx_json_sets_its_own_kv_bits(tmp_path) -> None:
 
 
 def test_kv_mode_is_auto_by_default_and_auto_is_store_on_the_cpu_exact_on_a_gpu(tmp_path) -> None:
-    from omlx.app.wiring.model_loader import kv_quant_for
+    from omlx.app.models.options import kv_quant_for
 
     settings = load_settings(env={}, flags={"kv_bits": "8"})
     assert settings.kv_mode == "auto"
@@ -96,7 +96,7 @@ def test_kv_mode_is_auto_by_default_and_auto_is_store_on_the_cpu_exact_on_a_gpu(
 
 
 def test_kv_mode_from_flags_env_toml_and_a_models_omlx_json(tmp_path) -> None:
-    from omlx.app.wiring.model_loader import kv_quant_for
+    from omlx.app.models.options import kv_quant_for
 
     assert load_settings(env={}, flags={"kv_mode": "exact"}).kv_mode == "exact"
     assert load_settings(env={"OMLX_KV_MODE": "store"}).kv_mode == "store"

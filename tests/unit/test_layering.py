@@ -1,5 +1,6 @@
 """Imports point inward (DESIGN §3): the adapters and the ``omlx.cache`` library never reach
-up into the app, and the adapters never into the library built on them."""
+up into the app, the adapters never into the library built on them, and the HTTP edge
+(``app/api``) never past the app's services to an adapter."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "omlx"
 FORBIDDEN = {
     "adapters": ("omlx.app", "omlx.cache"),
     "cache": ("omlx.app",),
+    # The HTTP edge calls the app's services; only the composition root builds adapters.
+    "app/api": ("omlx.adapters",),
 }
 
 

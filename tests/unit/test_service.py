@@ -47,11 +47,15 @@ class Observer:
     def cancelled(self):
         self.left += 1
 
+    def completed(self, event, ttft_s, decode_s):
+        pass
+
 
 def service(engine: FakeEngine) -> GenerationService:
-    svc = GenerationService(engine, FakeModel(), max_queued=4, default_max_tokens=8)
-    svc.observer = Observer()
-    return svc
+    observer = Observer()
+    return GenerationService(
+        engine, FakeModel(), max_queued=4, default_max_tokens=8, observer=observer
+    )
 
 
 def request(svc: GenerationService):

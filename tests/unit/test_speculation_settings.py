@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from omlx.app.models.options import speculation_for
 from omlx.app.settings import load_settings
-from omlx.app.wiring.model_loader import speculation_for
 
 
 def test_on_by_default_off_by_flag_or_environment() -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omlx.domain.speculation import SpeculationSummary
+
+if TYPE_CHECKING:
+    from omlx.domain.cache.blocks import CachedPrefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,10 @@ class GenerationRequest:
     cache_store: bool = True
     # The API key's tenant (``--api-keys-file``): its blocks are keyed from its own root.
     cache_tenant: str | None = None
+    # What the prefix cache's probe found of the prompt when the request was prepared (its
+    # chain keys and the index's answer): the engine's lookup starts from it instead of
+    # hashing the prompt and asking the index again.
+    cache_probe: CachedPrefix | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -375,16 +375,31 @@ class ColdSource(Protocol):
         ...
 
     def get_many(
-        self, chain: Sequence[tuple[str, str]], *, touch: bool = True
+        self,
+        chain: Sequence[tuple[str, str]],
+        *,
+        touch: bool = True,
+        rows: Mapping[str, StoredBlock] | None = None,
     ) -> Generator[tuple[tuple[int, ...], Any], None, None]:
         """``get`` of each ``(key, parent_key)`` of ``chain`` in order, up to the first ``None``.
 
-        For a prefix's remaining blocks: one index query, and the store's batched read
+        For a prefix's remaining blocks: one index query (none when ``rows``, the chain's
+        rows as ``rows`` answered them, is given), and the store's batched read
         (``BlockStore.read_many``: read ahead and checksummed as its medium suits) while
         the caller's thread decodes them in order (the payload is made there). Stops at
         the first missing, unreadable, late or corrupt block (corrupt ones are dropped,
         as ``get`` does); ``close()`` it to stop early.
         """
+        ...
+
+    def verify(self, data: bytes, meta: BlockMeta) -> tuple[DecodedBlock | None, str]:
+        """``data`` decoded if it is the object ``meta`` names, else None and what is wrong
+        (the checks every read gets; an import's blocks get them before they are queued)."""
+        ...
+
+    def rows(self, keys: Sequence[str]) -> dict[str, StoredBlock] | None:
+        """The index rows of a chain's ``keys`` in this namespace, asked as ``get_many``
+        asks (its head first); None when the index did not answer."""
         ...
 
     def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> None:
@@ -393,6 +408,11 @@ class ColdSource(Protocol):
 
     def contains(self, key: str) -> bool:
         """Whether the key is on disk or already queued for it."""
+        ...
+
+    def files(self, keys: Sequence[str]) -> list[tuple[StoredBlock, bytes]]:
+        """The rows and file bytes of ``keys``, in order, to the first one missing (an
+        export's source: nothing is decoded, touched or dropped)."""
         ...
 
     def present(self, keys: Sequence[str]) -> set[str]:

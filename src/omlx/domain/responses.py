@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 DAY = 86_400.0
 
@@ -96,6 +96,7 @@ class TooLargeToStore(Exception):
     """One response is larger than the whole byte budget of the store."""
 
 
+@runtime_checkable  # handlers receive one through litestar, which checks its type
 class ResponseStore(Protocol):
     """Where stored responses live: the index database, or memory without an SSD tier.
 

@@ -379,7 +379,10 @@ class MLXEngine:
         job.times.setdefault("considered", time.monotonic())
         request = job.request
         return self.prefix_cache.begin(
-            request.prompt_tokens, store=request.cache_store, tenant=request.cache_tenant
+            request.prompt_tokens,
+            store=request.cache_store,
+            tenant=request.cache_tenant,
+            probed=request.cache_probe,  # the app's probe: no second hash, no second query
         )
 
     def _admit(self, job: Job) -> None:

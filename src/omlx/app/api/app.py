@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 
 from litestar import Litestar
 from litestar.di import Provide
@@ -28,54 +27,41 @@ from omlx.app.api.health import HealthController
 from omlx.app.api.metrics import Metrics, MetricsController, RequestMetrics, count_unmatched
 from omlx.app.api.openai.controller import OpenAIController
 from omlx.app.api.responses.controller import ResponsesController
+from omlx.app.api.translators import Translators
 from omlx.app.cache_controls.tenants import load_keys
 from omlx.app.ops.request_log import RequestLog
+from omlx.app.ops.status import ServerStatus
 from omlx.app.wiring.container import Container
 
 
 def create_app(container: Container) -> Litestar:
     settings = container.settings
     tenants = load_keys(settings.api_keys_file) if settings.api_keys_file else None
-    metrics = Metrics(container)
+    status = ServerStatus(container)
+    metrics = Metrics(status)
     request_log = RequestLog()
     dashboard = Dashboard(
         request_log, RequestSeries(request_log, settings.dashboard_sample_seconds)
     )
+    # Every model, loaded now or later, reports through the root's hub.
+    container.observers.generations.append(metrics)
+    container.observers.misses.append(metrics)
+    container.observers.recorders.append(request_log.record)
+    tasks: list[asyncio.Task] = []
 
-    def observe(served) -> None:  # every model, loaded now or later, reports to these metrics
-        if served.generation is not None:
-            served.generation.observer = metrics
-            served.generation.finished_hook = functools.partial(request_log.record, served.id)
-        if served.chat is not None:
-            served.chat.observer = metrics
-
-    container.pool.observers.append(observe)
-    for served in container.pool.loaded():
-        observe(served)
-    reaper: list[asyncio.Task] = []
-
-    async def start_reaper() -> None:
+    async def start_tasks() -> None:
         if container.pool.idle_timeout:
-            reaper.append(asyncio.create_task(container.pool.reap_idle()))
-        reaper.append(asyncio.create_task(dashboard.series.run()))
+            tasks.append(asyncio.create_task(container.pool.reap_idle()))
+        tasks.append(asyncio.create_task(dashboard.series.run()))
 
     async def start_loads() -> None:  # the port is open: now the models named at start
         for spec in container.start_loads:
-            reaper.append(asyncio.create_task(container.pool.load_at_start(spec)))
+            tasks.append(asyncio.create_task(container.pool.load_at_start(spec)))
         container.start_loads = []
 
-    async def stop_reaper() -> None:
-        for task in reaper:
+    async def stop_tasks() -> None:
+        for task in tasks:
             task.cancel()
-
-    def provide_container() -> Container:
-        return container
-
-    def provide_metrics() -> Metrics:
-        return metrics
-
-    def provide_dashboard() -> Dashboard:
-        return dashboard
 
     return Litestar(
         route_handlers=[
@@ -89,11 +75,17 @@ def create_app(container: Container) -> Litestar:
             DashboardController,
             CacheController,
         ],
-        dependencies={
-            "container": Provide(provide_container, sync_to_thread=False),
-            "metrics": Provide(provide_metrics, sync_to_thread=False),
-            "dashboard": Provide(provide_dashboard, sync_to_thread=False),
-        },
+        dependencies=_providers(
+            pool=container.pool,
+            translate=Translators(container.normalizer, container.seal),
+            responses=container.responses,
+            maintenance=container.maintenance,
+            settings=settings,
+            started_at=container.started_at,
+            status=status,
+            metrics=metrics,
+            dashboard=dashboard,
+        ),
         guards=[api_key_guard(settings.api_key, tenants)] if settings.api_key or tenants else [],
         middleware=[release_large_bodies, RequestMetrics(metrics), ApiFamily()],
         before_send=[count_unmatched(metrics), add_cache_header],
@@ -106,10 +98,19 @@ def create_app(container: Container) -> Litestar:
             path="/schema",
             description="OpenAI- and Anthropic-compatible inference on MLX with a persistent prefix cache.",
         ),
-        on_startup=[start_reaper, start_loads],
-        on_shutdown=[stop_reaper, container.close],
+        on_startup=[start_tasks, start_loads],
+        on_shutdown=[stop_tasks, container.close],
         debug=False,
         # The CLI configures logging (format, --log-level); Litestar's default config would
         # replace it with its own at INFO and drop the engine's debug lines.
         logging_config=None,
     )
+
+
+def _providers(**services: object) -> dict[str, Provide]:
+    """Each service a handler may ask for by its parameter's name (litestar's ``Provide``)."""
+
+    def provider(value: object) -> Provide:
+        return Provide(lambda: value, sync_to_thread=False, use_cache=True)
+
+    return {name: provider(value) for name, value in services.items()}

@@ -1,14 +1,16 @@
-"""``/v1/cache``: explain what a request would restore, and pin prefixes (issue 24).
+"""``/v1/cache``: explain what a request would restore, pin prefixes, export and import (issue 24).
 
 A body names its prompt as any chat API does: OpenAI ``messages`` (with ``tools``),
-Anthropic ``system`` + ``messages`` (or ``"api": "anthropic"``), or a raw ``prompt``
-(a string or token ids). Explaining runs nothing and changes nothing; a pin keeps the
-prompt's blocks from eviction, in RAM and on disk, for ``ttl_seconds``.
+Anthropic ``system`` + ``messages`` (or ``"api": "anthropic"``), a stored response
+(``response_id``) or a raw ``prompt`` (a string or token ids). Explaining runs nothing and
+changes nothing; a pin keeps the prompt's blocks from eviction, in RAM and on disk, for
+``ttl_seconds``. Each route calls the served model's ``CacheControls``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict
+from typing import Any, Literal
 
 import anyio
 import msgspec
@@ -16,117 +18,171 @@ from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import Parameter
 
 from omlx.app.api.anthropic.schemas import MessagesRequest
-from omlx.app.api.anthropic.translate import Translator as AnthropicTranslator
 from omlx.app.api.auth import tenant_of
 from omlx.app.api.cache_edge import recent_reports
 from omlx.app.api.openai.schemas import ChatCompletionRequest, OpenAIErrorResponse
-from omlx.app.api.openai.translate import chat_request
 from omlx.app.api.openapi import error_responses
-from omlx.app.api.translators import translator
-from omlx.app.cache_controls.report import report
-from omlx.app.cache_controls.transfer import (
+from omlx.app.api.responses.controller import history
+from omlx.app.api.responses.schemas import ResponsesRequest
+from omlx.app.api.translators import Translators
+from omlx.app.cache_controls.report import CacheReport
+from omlx.app.cache_controls.service import (
+    CacheControls,
     ImportRefused,
-    export_archive,
-    import_blocks,
-    read_archive,
+    NoPrefixCache,
+    PinRefused,
+    PinView,
 )
+from omlx.app.chat.pipeline import ChatRequest
 from omlx.app.errors import InvalidRequest, NotFound
-from omlx.app.models.pool import Served
-from omlx.app.wiring.container import Container
-from omlx.domain.cache.pins import Pin, PinRefused
+from omlx.app.models.pool import ModelPool, Served
+from omlx.domain.responses import ResponseStore
 
 _ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404)
 DEFAULT_PIN_TTL = 3600.0
 
 
-def is_anthropic(body: dict[str, Any]) -> bool:
-    """A top-level ``system`` is Anthropic's shape (OpenAI puts it in ``messages``)."""
-    return body.get("api") == "anthropic" or "system" in body
+class CachePrompt(msgspec.Struct, kw_only=True):
+    """A prompt named the way a chat request names it (see the module docstring).
+
+    The chat shapes' other fields (``tools``, ``chat_template_kwargs``, ...) are read from
+    the same body by that API's own request type, so the prompt renders as a chat would.
+    """
+
+    model: str
+    api: Literal["openai", "anthropic"] | None = None
+    prompt: str | list[int] | None = None
+    response_id: str | None = None
+    messages: list[Any] | None = None
+    system: Any = None
+
+    @property
+    def anthropic(self) -> bool:
+        """A top-level ``system`` is Anthropic's shape (OpenAI puts it in ``messages``)."""
+        return self.api == "anthropic" or self.system is not None
 
 
-def chat_of(body: dict[str, Any], container: Container, served: Served) -> Any:
+class PinRequest(CachePrompt, kw_only=True):
+    ttl_seconds: float = DEFAULT_PIN_TTL
+
+
+class PinJSON(msgspec.Struct):
+    """A pin; ``held_blocks``: how many of its leading blocks RAM or disk holds now."""
+
+    id: str
+    model: str
+    tokens: int
+    blocks: int
+    held_blocks: int
+    created_at: float
+    expires_at: float
+    source: str
+    group: str | None
+
+
+class PinList(msgspec.Struct):
+    data: list[PinJSON]
+    object: str = "list"
+
+
+class Unpinned(msgspec.Struct):
+    id: str
+    model: str
+    deleted: bool = True
+
+
+class ImportedJSON(msgspec.Struct):
+    model: str
+    blocks: int
+    queued: int
+    present: int
+    tokens: int
+
+
+def pin_json(model: str, view: PinView) -> PinJSON:
+    pin = view.pin
+    return PinJSON(
+        pin.id,
+        model,
+        pin.tokens,
+        len(pin.keys),
+        view.held_blocks,
+        pin.created_at,
+        pin.expires_at,
+        pin.source,
+        pin.group,
+    )
+
+
+async def chat_of(
+    body: CachePrompt, raw: bytes, served: Served, translate: Translators, responses: ResponseStore
+) -> ChatRequest:
     """The body's chat request, in the family its shape names; 400 on a malformed one."""
-    fields = {k: v for k, v in body.items() if k not in ("api", "ttl_seconds")}
+    assert served.chat is not None  # the pool hands these routes chat models
+    if body.response_id is not None:  # a stored response's conversation: input, then output
+        past = await history(responses, body.response_id)
+        data = ResponsesRequest(model=served.id, input=[])
+        return translate.responses(served.chat).translate(data, served.id, past).chat
+    if not body.messages:
+        raise InvalidRequest("give messages, a prompt or a response_id", param="messages")
     try:
-        if is_anthropic(body):
+        if body.anthropic:
+            fields = msgspec.json.decode(raw)
             fields.setdefault("max_tokens", 1)
-            data = msgspec.convert(fields, MessagesRequest)
-            return translator(AnthropicTranslator, container, served).chat_request(data, served.id)
-        data = msgspec.convert(fields, ChatCompletionRequest)
+            message = msgspec.convert(fields, MessagesRequest)
+            return translate.anthropic(served.chat).chat_request(message, served.id)
+        request = msgspec.json.decode(raw, type=ChatCompletionRequest)
     except msgspec.ValidationError as exc:
-        raise InvalidRequest(
-            f"the request body is not a chat request: {exc}", param="messages"
-        ) from exc
-    effort = served.chat.renderer.accepts_reasoning_effort
-    return chat_request(data, served.id, container.normalizer, effort_kwarg=effort)
-
-
-async def stored_chat(response_id: str, container: Container, served: Served) -> Any:
-    """A stored response's conversation (its input, then its output) as a chat request."""
-    from omlx.app.api.responses.controller import history
-    from omlx.app.api.responses.schemas import ResponsesRequest
-    from omlx.app.api.responses.translate import Translator as ResponsesTranslator
-
-    past = await history(container, response_id)
-    data = ResponsesRequest(model=served.id, input=[])
-    return translator(ResponsesTranslator, container, served).translate(data, served.id, past).chat
+        message = f"the request body is not a chat request: {exc}"
+        raise InvalidRequest(message, param="messages") from exc
+    return translate.openai(request, served.id, served.chat)
 
 
 async def prompt_of(
-    body: dict[str, Any], container: Container, tenant: str | None
-) -> tuple[Served, list[int], Any]:
-    """The served model, the prompt's tokens and its cache report (``tenant``'s cache)."""
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise InvalidRequest("model is required", param="model")
-    served = await container.pool.acquire(model)
-    cache = served.prefix_cache
-    if cache is None:
+    body: CachePrompt,
+    request: Request,
+    pool: ModelPool,
+    translate: Translators,
+    responses: ResponseStore,
+) -> tuple[Served, CacheControls, list[int], CacheReport]:
+    """The served model, its controls, the prompt's tokens and its report (the tenant's cache)."""
+    served = await pool.acquire(body.model)
+    controls, tenant = served.controls, tenant_of(request)
+    if controls is None or not controls.enabled:
         raise InvalidRequest(f"{served.id} has no prefix cache", param="model")
-    prompt = body.get("prompt")
-    if prompt is not None:
-        if isinstance(prompt, str):
-            tokens = served.generation.encode_text(prompt, param="prompt")
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            tokens = list(prompt)
+    if body.prompt is not None:
+        if isinstance(body.prompt, str):
+            encode = served.generation.encode_text
+            tokens = await anyio.to_thread.run_sync(encode, body.prompt, "prompt")
+        elif body.prompt:
+            tokens = list(body.prompt)
+            served.generation.check_token_ids(tokens)
         else:
             raise InvalidRequest("prompt must be a string or a list of token ids", param="prompt")
-        decode = served.generation.tokenizer.decode
-        return served, tokens, report(cache, tokens, lambda t: decode(list(t)), tenant=tenant)
-    if isinstance(body.get("response_id"), str):
-        chat = await stored_chat(body["response_id"], container, served)
-    elif not body.get("messages"):
-        raise InvalidRequest("give messages, a prompt or a response_id", param="messages")
-    else:
-        chat = chat_of(body, container, served)
-    chat.cache_tenant = tenant
-    tokens, found = await served.chat.explain(chat)
-    return served, tokens, found
+        report = await anyio.to_thread.run_sync(controls.explain, tokens, tenant)
+        return served, controls, tokens, report
+    chat = await chat_of(body, await request.body(), served, translate, responses)
+    tokens, report = await served.chat.explain(chat, tenant)
+    assert report is not None  # a model with a prefix cache always reports
+    return served, controls, tokens, report
 
 
-def pin_json(model: str, pin: Pin, held: int) -> dict[str, Any]:
-    """``held_blocks``: how many of its leading blocks the cache holds now (RAM or disk)."""
-    return {
-        "id": pin.id,
-        "model": model,
-        "tokens": pin.tokens,
-        "blocks": len(pin.keys),
-        "held_blocks": held,
-        "created_at": pin.created_at,
-        "expires_at": pin.expires_at,
-        "source": pin.source,
-        "group": pin.group,
-    }
+def _loaded(pool: ModelPool) -> list[tuple[str, CacheControls]]:
+    """The loaded models that have a prefix cache, with their controls."""
+    return [(s.id, s.controls) for s in pool.loaded() if s.controls and s.controls.enabled]
 
 
-def pins_of(container: Container) -> list[tuple[Served, Any]]:
-    """The loaded models that have a prefix cache, with it."""
-    found = []
-    for served in container.pool.loaded():
-        cache = served.prefix_cache
-        if cache is not None:
-            found.append((served, cache))
-    return found
+def unpin(pool: ModelPool, pin_id: str, tenant: str | None) -> Unpinned:
+    """A tenant unpins only its own pins (another's id is as unknown as a wrong one)."""
+    for model, controls in _loaded(pool):
+        if controls.unpin(pin_id, tenant):
+            return Unpinned(pin_id, model)
+    raise NotFound(f"no pin {pin_id!r}", param="id")
+
+
+def pins_of(pool: ModelPool, tenant: str | None) -> dict[str, list[PinView]]:
+    """Each loaded model's live pins of ``tenant``, soonest to expire first."""
+    return {model: controls.pins(tenant) for model, controls in _loaded(pool)}
 
 
 class CacheController(Controller):
@@ -141,11 +197,15 @@ class CacheController(Controller):
         responses=_ERRORS,
     )
     async def explain(
-        self, data: dict[str, Any], container: Container, request: Request
+        self,
+        data: CachePrompt,
+        request: Request,
+        pool: ModelPool,
+        translate: Translators,
+        responses: ResponseStore,
     ) -> dict[str, Any]:
-        served, _tokens, found = await prompt_of(data, container, tenant_of(request))
-        assert found is not None  # prompt_of refuses a model without a cache
-        return {"model": served.id, **found.as_json()}
+        served, _, _, report = await prompt_of(data, request, pool, translate, responses)
+        return {"model": served.id, **report.as_json()}
 
     @post(
         "/pins",
@@ -155,23 +215,20 @@ class CacheController(Controller):
         responses=_ERRORS,
     )
     async def create_pin(
-        self, data: dict[str, Any], container: Container, request: Request
-    ) -> dict[str, Any]:
-        ttl = data.get("ttl_seconds", DEFAULT_PIN_TTL)
-        if not isinstance(ttl, int | float) or isinstance(ttl, bool):
-            raise InvalidRequest("ttl_seconds must be a number of seconds", param="ttl_seconds")
-        tenant = tenant_of(request)
-        served, tokens, _found = await prompt_of(data, container, tenant)
-        cache = served.prefix_cache
-        assert cache is not None  # prompt_of refuses a model without a cache
+        self,
+        data: PinRequest,
+        request: Request,
+        pool: ModelPool,
+        translate: Translators,
+        responses: ResponseStore,
+    ) -> PinJSON:
+        served, controls, tokens, _ = await prompt_of(data, request, pool, translate, responses)
         try:
-            root = cache.root_of(tenant)
-            pin = cache.pins.pin(tokens, float(ttl), "api", root=root, tenant=tenant or "")
+            view = controls.pin(tokens, data.ttl_seconds, tenant=tenant_of(request))
         except PinRefused as exc:
-            raise InvalidRequest(
-                str(exc), param="ttl_seconds" if "ttl" in str(exc) else "messages"
-            ) from exc
-        return pin_json(served.id, pin, cache.held_blocks(pin.keys))
+            param = "ttl_seconds" if "ttl" in str(exc) else "messages"
+            raise InvalidRequest(str(exc), param=param) from exc
+        return pin_json(served.id, view)
 
     @get(
         "/pins",
@@ -179,12 +236,9 @@ class CacheController(Controller):
         summary="The live pins of every loaded model",
         responses=_ERRORS,
     )
-    async def list_pins(self, container: Container, request: Request) -> dict[str, Any]:
-        data = []
-        for served, cache in pins_of(container):
-            for pin in cache.pins.pins(tenant_of(request) or ""):
-                data.append(pin_json(served.id, pin, cache.held_blocks(pin.keys)))
-        return {"object": "list", "data": data}
+    async def list_pins(self, pool: ModelPool, request: Request) -> PinList:
+        pins = pins_of(pool, tenant_of(request))
+        return PinList([pin_json(model, view) for model, views in pins.items() for view in views])
 
     @delete(
         "/pins/{pin_id:str}",
@@ -193,10 +247,8 @@ class CacheController(Controller):
         summary="Unpin a prefix",
         responses=_ERRORS,
     )
-    async def delete_pin(
-        self, pin_id: str, container: Container, request: Request
-    ) -> dict[str, Any]:
-        return unpin(container, pin_id, tenant_of(request) or "")
+    async def delete_pin(self, pin_id: str, pool: ModelPool, request: Request) -> Unpinned:
+        return unpin(pool, pin_id, tenant_of(request))
 
     @delete(
         "/pins",
@@ -206,9 +258,9 @@ class CacheController(Controller):
         responses=_ERRORS,
     )
     async def delete_pin_by_query(
-        self, container: Container, request: Request, pin_id: str = Parameter(query="id")
-    ) -> dict[str, Any]:
-        return unpin(container, pin_id, tenant_of(request) or "")
+        self, pool: ModelPool, request: Request, pin_id: str = Parameter(query="id")
+    ) -> Unpinned:
+        return unpin(pool, pin_id, tenant_of(request))
 
     @post(
         "/export",
@@ -218,9 +270,23 @@ class CacheController(Controller):
         responses=_ERRORS,
     )
     async def export(
-        self, data: dict[str, Any], container: Container, request: Request
+        self,
+        data: CachePrompt,
+        request: Request,
+        pool: ModelPool,
+        translate: Translators,
+        responses: ResponseStore,
     ) -> Response:
-        return await export_of(data, container, tenant_of(request))
+        _, controls, tokens, _ = await prompt_of(data, request, pool, translate, responses)
+        try:
+            made = await anyio.to_thread.run_sync(controls.export, tokens, tenant_of(request))
+        except ImportRefused as exc:
+            raise InvalidRequest(str(exc), param="messages") from exc
+        headers = {
+            "x-omlx-export-tokens": str(made.tokens),
+            "x-omlx-prompt-tokens": str(len(tokens)),
+        }
+        return Response(made.archive, media_type="application/x-tar", headers=headers)
 
     @post(
         "/import",
@@ -230,27 +296,19 @@ class CacheController(Controller):
         responses=_ERRORS,
     )
     async def import_archive(
-        self, container: Container, request: Request, model: str = Parameter(query="model")
-    ) -> dict[str, Any]:
+        self, request: Request, pool: ModelPool, model: str = Parameter(query="model")
+    ) -> ImportedJSON:
         archive = await request.body()
-        served = await container.pool.acquire(model)
-        cache = served.prefix_cache
-        if cache is None:
+        served = await pool.acquire(model)
+        if served.controls is None or not served.controls.enabled:
             raise InvalidRequest(f"{served.id} has no prefix cache", param="model")
-        tenant = tenant_of(request)
         try:
-            blocks = await anyio.to_thread.run_sync(read_archive, archive, cache, tenant)
-            queued, present = await anyio.to_thread.run_sync(import_blocks, cache, blocks)
-        except ImportRefused as exc:
+            done = await anyio.to_thread.run_sync(
+                served.controls.import_, archive, tenant_of(request)
+            )
+        except (ImportRefused, NoPrefixCache) as exc:
             raise InvalidRequest(f"import refused: {exc}", param="archive") from exc
-        tokens = sum(b.meta.token_count for b in blocks)
-        return {
-            "model": served.id,
-            "blocks": len(blocks),
-            "queued": queued,
-            "present": present,
-            "tokens": tokens,
-        }
+        return ImportedJSON(served.id, done.blocks, done.queued, done.present, done.tokens)
 
     @get(
         "/recent",
@@ -267,30 +325,16 @@ class CacheController(Controller):
         summary="The caller's tenant: lookups, prompt and restored tokens, pins, per model",
         responses=_ERRORS,
     )
-    async def tenant_stats(self, container: Container, request: Request) -> dict[str, Any]:
-        tenant = tenant_of(request) or ""
-        models = {
-            served.id: {**cache.tenants.read(tenant), "pins": len(cache.pins.pins(tenant))}
-            for served, cache in pins_of(container)
-        }
-        return {"tenant": tenant or None, "models": models}
+    async def tenant_stats(self, pool: ModelPool, request: Request) -> dict[str, Any]:
+        tenant = tenant_of(request)
+        return {"tenant": tenant or None, "models": _usage(pool, tenant)}
 
 
-async def export_of(data: dict[str, Any], container: Container, tenant: str | None) -> Response:
-    served, tokens, _found = await prompt_of(data, container, tenant)
-    cache = served.prefix_cache
-    assert cache is not None  # prompt_of refuses a model without a cache
-    try:
-        archive, covered = await anyio.to_thread.run_sync(export_archive, cache, tokens, tenant)
-    except ImportRefused as exc:
-        raise InvalidRequest(str(exc), param="messages") from exc
-    headers = {"x-omlx-export-tokens": str(covered), "x-omlx-prompt-tokens": str(len(tokens))}
-    return Response(archive, media_type="application/x-tar", headers=headers)
-
-
-def unpin(container: Container, pin_id: str, tenant: str) -> dict[str, Any]:
-    """A tenant unpins only its own pins (another's id is as unknown as a wrong one)."""
-    for served, cache in pins_of(container):
-        if cache.pins.unpin(pin_id, tenant):
-            return {"id": pin_id, "model": served.id, "deleted": True}
-    raise NotFound(f"no pin {pin_id!r}", param="id")
+def _usage(pool: ModelPool, tenant: str | None) -> dict[str, dict[str, int]]:
+    """Per loaded model: ``tenant``'s lookups, prompt and restored tokens, and pins."""
+    out = {}
+    for model, controls in _loaded(pool):
+        usage = controls.usage(tenant)
+        if usage is not None:
+            out[model] = asdict(usage)
+    return out

@@ -1,4 +1,4 @@
-"""The cache controls at the HTTP edge: the ``x-omlx-cache`` header and no-store requests.
+"""The cache controls at the HTTP edge: a turn's ``TurnControls``, the ``x-omlx-cache`` header.
 
 A handler notes its prompt's ``CacheReport`` on the request's ASGI state; a
 ``before_send`` hook adds the header to the response's start, so JSON answers and SSE
@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import replace
+from collections.abc import Sequence
 from typing import Any
 
-import anyio
 from litestar import Request
 from litestar.types import Message, Scope
 
 from omlx.app.api.auth import tenant_of
-from omlx.app.cache_controls.report import HEADER, CacheReport, report
+from omlx.app.cache_controls.controls import TurnControls
+from omlx.app.cache_controls.hints import Breakpoint
+from omlx.app.cache_controls.report import HEADER, CacheReport
 from omlx.app.errors import InvalidRequest
 from omlx.app.ops.request_log import current_report
-from omlx.domain.generation import GenerationRequest
 
 CONTROL_HEADER = "x-omlx-cache-control"
 CONTROL_FIELD = "omlx_cache_control"
@@ -50,18 +50,28 @@ def no_store(request: Request, field: str | None) -> bool:
     return False
 
 
-def with_controls(request: Request, field: str | None, gen: GenerationRequest) -> GenerationRequest:
-    """``gen`` with its key's tenant, and marked no-store when the request asks it."""
-    return replace(gen, cache_store=not no_store(request, field), cache_tenant=tenant_of(request))
+def turn_controls(
+    request: Request,
+    field: str | None,
+    *,
+    retention: float | None = None,
+    session_key: str | None = None,
+    breakpoints: Sequence[Breakpoint] = (),
+) -> TurnControls:
+    """The turn's cache controls: the key's tenant, no-store, and the body's cache hints."""
+    return TurnControls(
+        tenant=tenant_of(request),
+        store=not no_store(request, field),
+        retention=retention,
+        session_key=session_key,
+        breakpoints=tuple(breakpoints),
+    )
 
 
-def note(
-    request: Request, cache: CacheReport | None, *, stored: bool = True, model: str = ""
-) -> None:
+def note(request: Request, cache: CacheReport | None, model: str = "") -> None:
     """Remember the prompt's report for the response header, and among the recent ones."""
     if cache is None:
         return
-    cache = replace(cache, no_store=not stored)
     state = request.scope.setdefault("state", {})  # type: ignore[typeddict-item]
     state[_STATE_KEY] = cache
     slot = current_report.get()
@@ -85,20 +95,6 @@ def recent_reports(request: Request, tenant: str) -> list[dict[str, Any]]:
     """The last reports of ``tenant``'s requests, newest first (``GET /v1/cache/recent``)."""
     recent = request.app.state.get(RECENT_KEY) or ()
     return [r for r in reversed(recent) if r["tenant"] == tenant]
-
-
-async def note_tokens(request: Request, served: Any, tokens: list[int], *, stored: bool) -> None:
-    """The report of a raw prompt (``/v1/completions``): no messages to name."""
-    tokenizer = served.generation.tokenizer
-    cache = await anyio.to_thread.run_sync(
-        lambda: report(
-            served.prefix_cache,
-            tokens,
-            lambda t: tokenizer.decode(list(t)),
-            tenant=tenant_of(request),
-        )
-    )
-    note(request, cache, stored=stored, model=served.id)
 
 
 async def add_cache_header(message: Message, scope: Scope) -> None:

@@ -21,7 +21,7 @@ from omlx.app.api.encoding_schemas import (
 from omlx.app.api.openai.schemas import OpenAIErrorResponse
 from omlx.app.api.openapi import error_responses
 from omlx.app.models.catalog import EMBEDDING, RERANK
-from omlx.app.wiring.container import Container
+from omlx.app.models.pool import ModelPool
 
 _ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404, 413, 429, 500)
 
@@ -37,8 +37,8 @@ class EncodingController(Controller):
         summary="Embeddings of strings or token ids by an embedding model",
         responses=_ERRORS,
     )
-    async def embeddings(self, data: EmbeddingsRequest, container: Container) -> EmbeddingList:
-        served = await container.pool.acquire(data.model, EMBEDDING)
+    async def embeddings(self, data: EmbeddingsRequest, pool: ModelPool) -> EmbeddingList:
+        served = await pool.acquire(data.model, EMBEDDING)
         result = await served.encoder.embed(
             data.input, dimensions=data.dimensions, encoding=data.encoding_format
         )
@@ -55,8 +55,8 @@ class EncodingController(Controller):
         summary="Documents ranked by relevance to a query, by a rerank model",
         responses=_ERRORS,
     )
-    async def rerank(self, data: RerankRequest, container: Container) -> RerankResponse:
-        served = await container.pool.acquire(data.model, RERANK)
+    async def rerank(self, data: RerankRequest, pool: ModelPool) -> RerankResponse:
+        served = await pool.acquire(data.model, RERANK)
         texts = [d if isinstance(d, str) else d.text for d in data.documents]
         ranked, tokens = await served.encoder.rank(
             data.query, texts, top_n=data.top_n, instruction=data.instruction

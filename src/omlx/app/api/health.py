@@ -2,12 +2,76 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from litestar import Controller, get
 
 from omlx.app.api.auth import PUBLIC
-from omlx.app.wiring.container import Container
+from omlx.app.ops.status import CacheState, ModelState, ServerState, ServerStatus
+
+
+def health_json(state: ServerState) -> dict[str, Any]:
+    """``GET /health``: readiness, each model's state and cache, memory, the BLAS in use."""
+    models = {m.id: _model(m) for m in state.models}
+    first = next((m for m in state.models if m.loaded and m.task == "chat"), None)
+    loaded = [m for m in state.models if m.loaded]
+    return {
+        "status": "ok",
+        # False while a model named at start is still loading (requests wait for it).
+        "ready": state.ready,
+        "model": first.id if first is not None else state.models[0].id,
+        "engine": {
+            "active": sum(m.active for m in loaded),
+            "queued": sum(m.queued for m in loaded),
+        },
+        "cache": models[first.id]["cache"] if first is not None else {"enabled": False},
+        "models": models,
+        "memory": {
+            "max_model_memory": state.memory_limit,
+            "held": state.memory_held,
+            "by_model": state.memory_by_model,
+        },
+        "blas": state.blas,
+    }
+
+
+def _model(m: ModelState) -> dict[str, Any]:
+    out: dict[str, Any] = {"state": m.state, "task": m.task}
+    if m.error is not None:
+        out["error"] = m.error
+    if not m.loaded:
+        return out
+    out["engine"] = {"active": m.active, "queued": m.queued}
+    out["weights_bytes"] = m.weights_bytes
+    out["load_seconds"] = round(m.load_seconds, 3)
+    if m.cache is not None:
+        out["cache"] = _cache(m.cache)
+    return out
+
+
+def _cache(c: CacheState) -> dict[str, Any]:
+    out: dict[str, Any] = {"enabled": c.enabled}
+    if c.disabled_reason is not None:
+        out["disabled_reason"] = c.disabled_reason
+    if c.layout is not None:  # what each layer keeps: kv, window W, state
+        out["layout"] = c.layout
+    s = c.stats
+    if s is not None:
+        out["block_size"] = c.block_size
+        out["hot"] = asdict(s.hot)
+        # What lookups restored, partial blocks included: ``hot.hits`` counts only whole
+        # blocks found in RAM, so a replay restored from partial blocks showed 0 hits there.
+        out["restored"] = {
+            "lookups": s.lookups,
+            "tokens": s.hit_tokens,
+            "blocks_from_ram": s.hot_hits,
+            "blocks_from_disk": s.cold_hits,
+            "partial_blocks": s.partial_hits,
+            "partial_tokens": s.partial_tokens,
+        }
+        out["ssd"] = c.cold is not None
+    return out
 
 
 class HealthController(Controller):
@@ -19,5 +83,5 @@ class HealthController(Controller):
         summary="Server, engine and cache state (no API key needed)",
         opt={PUBLIC: True},
     )
-    async def health(self, container: Container) -> dict[str, Any]:
-        return container.health()
+    async def health(self, status: ServerStatus) -> dict[str, Any]:
+        return health_json(status.read())

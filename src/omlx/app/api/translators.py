@@ -1,31 +1,35 @@
-"""The Anthropic and Responses translators, built one way: the container's prompt normalizer
-and reasoning seal, and whether the served model's chat template takes a reasoning effort."""
+"""``Translators``: each API family's wire shape into one ``ChatRequest``, built one way.
+
+They share the server's prompt normalizer and reasoning seal, and ask the served model's
+chat template whether it takes a reasoning effort. Handlers receive one (a dependency).
+"""
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
 
+from omlx.app.api.anthropic.translate import Translator as AnthropicTranslator
+from omlx.app.api.openai.schemas import ChatCompletionRequest
+from omlx.app.api.openai.translate import chat_request
+from omlx.app.api.responses.translate import Translator as ResponsesTranslator
 from omlx.app.chat.normalize import PromptNormalizer
+from omlx.app.chat.pipeline import ChatPipeline, ChatRequest
 from omlx.app.chat.sealing import ReasoningSeal
-from omlx.app.models.pool import Served
-from omlx.app.wiring.container import Container
-
-T_co = TypeVar("T_co", covariant=True)
 
 
-class TranslatorKind(Protocol[T_co]):
-    """A translator class: ``anthropic.translate.Translator`` or ``responses.translate.Translator``."""
+@dataclass(frozen=True, slots=True)
+class Translators:
+    normalizer: PromptNormalizer
+    seal: ReasoningSeal  # signs the reasoning a client sends back unread
 
-    def __call__(
-        self, normalizer: PromptNormalizer, seal: ReasoningSeal, *, effort_kwarg: bool = False
-    ) -> T_co: ...
+    def openai(self, data: ChatCompletionRequest, model_id: str, chat: ChatPipeline) -> ChatRequest:
+        effort = chat.renderer.accepts_reasoning_effort
+        return chat_request(data, model_id, self.normalizer, effort_kwarg=effort)
 
+    def anthropic(self, chat: ChatPipeline) -> AnthropicTranslator:
+        effort = chat.renderer.accepts_reasoning_effort
+        return AnthropicTranslator(self.normalizer, self.seal, effort_kwarg=effort)
 
-def translator(kind: TranslatorKind[T_co], container: Container, served: Served) -> T_co:
-    """A ``kind`` translator for requests to ``served`` (a chat model)."""
-    assert served.chat is not None, "the pool hands a chat route a chat model"
-    return kind(
-        container.normalizer,
-        container.seal,
-        effort_kwarg=served.chat.renderer.accepts_reasoning_effort,
-    )
+    def responses(self, chat: ChatPipeline) -> ResponsesTranslator:
+        effort = chat.renderer.accepts_reasoning_effort
+        return ResponsesTranslator(self.normalizer, self.seal, effort_kwarg=effort)

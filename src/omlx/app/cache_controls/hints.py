@@ -1,4 +1,4 @@
-"""The clients' own cache hints, honoured as pins (issue 24).
+"""The clients' own cache hints, read into pins (issue 24; ``CacheControls.honour`` pins them).
 
 Anthropic ``cache_control`` breakpoints (``{"type": "ephemeral", "ttl": "5m" | "1h"}`` on
 a tool, a system block or a message's content block, or at the top level for the whole
@@ -10,18 +10,12 @@ a hint that does not fit is logged and skipped, never an error (the request is s
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-
 from omlx.app.errors import InvalidRequest
 from omlx.domain.cache.partial_match import common_prefix
-from omlx.domain.cache.pins import PinRefused
-
-log = logging.getLogger(__name__)
 
 ANTHROPIC_TTLS = {"5m": 300.0, "1h": 3600.0}
 OPENAI_RETENTIONS = {"in_memory": None, "in-memory": None, "24h": 24 * 3600.0}
@@ -98,78 +92,3 @@ def breakpoint_ends(
         if end > 0:
             ends[end] = max(ends.get(end, 0.0), point.ttl)
     return sorted(ends.items())
-
-
-def pin_prefixes(
-    cache: Any,
-    prompt: Sequence[int],
-    ends: Sequence[tuple[int, float]],
-    source: str,
-    group: str | None = None,
-    tenant: str | None = None,
-) -> list[Any]:
-    """Pin ``prompt[:end]`` for each ``(end, ttl)`` (``tenant``'s blocks); the pins that fit."""
-    pins = []
-    root = cache.root_of(tenant)
-    for end, ttl in ends:
-        try:
-            pin = cache.pins.pin(prompt[:end], ttl, source, group, root=root, tenant=tenant or "")
-            pins.append(pin)
-        except PinRefused as exc:
-            log.info("a %s hint for %d tokens was not pinned: %s", source, end, exc)
-    return pins
-
-
-async def honour_breakpoints(
-    served: Any, chat: Any, prompt: Sequence[int], points: Sequence[Breakpoint]
-) -> int:
-    """Pin each breakpoint's prefix in the served model's cache; the last breakpoint's offset.
-
-    That offset bounds what Anthropic's usage reports as written to the cache.
-    """
-    cache = served.prefix_cache
-    if cache is None or not points:
-        return 0
-
-    def pin() -> int:
-        ends = breakpoint_ends(prompt, points, served.chat.prefix_renderer(chat))
-        pins = pin_prefixes(cache, prompt, ends, "cache_control", tenant=chat.cache_tenant)
-        log.debug("cache_control: %d breakpoints pinned at %s", len(pins), [e for e, _ in ends])
-        return ends[-1][0] if ends else 0
-
-    return await anyio.to_thread.run_sync(pin)
-
-
-async def honour_retention(
-    served: Any,
-    prompt: Sequence[int],
-    seconds: float | None,
-    group: str | None,
-    tenant: str | None = None,
-) -> None:
-    """Pin the whole prompt for ``prompt_cache_retention``'s time, grouped by ``prompt_cache_key``."""
-    cache = served.prefix_cache
-    if cache is None or seconds is None:
-        return
-    await anyio.to_thread.run_sync(
-        lambda: pin_prefixes(
-            cache, prompt, [(len(prompt), seconds)], "prompt_cache_retention", group, tenant
-        )
-    )
-
-
-def session_name(key: str) -> str:
-    return f"prompt_cache_key:{key}"
-
-
-def session_turn(served: Any, key: str | None) -> str | None:
-    """The previous turn of ``prompt_cache_key``'s session, for diagnostics; None if none yet."""
-    if not key or served.chat.fingerprints.get(session_name(key)) is None:
-        return None
-    return session_name(key)
-
-
-def remember_session(served: Any, key: str | None, turn: Any) -> None:
-    """Make ``turn`` the session's latest, so its next turn is compared with it."""
-    if key:
-        served.chat.fingerprints.record(session_name(key), turn.fingerprint)

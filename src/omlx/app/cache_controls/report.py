@@ -1,7 +1,7 @@
 """What the cache holds of a request's prompt, and where the prompt left it (``x-omlx-cache``).
 
 The prefix cache's ``probe`` says how many prompt tokens it holds and in which tier,
-changing nothing; this module turns the token where that prefix ends into the message
+changing nothing (``CacheControls.look``); this module turns the token where that prefix ends into the message
 it falls in (index and role, from the rendered template's message boundaries), with a
 short excerpt of the prompt and of what the cache holds there. Every chat response
 carries it as a header, ``POST /v1/cache/explain`` returns it whole, and the debug
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omlx.domain.cache.partial_match import common_prefix
+from omlx.domain.cache.probe import CachedPrefix
 
 log = logging.getLogger(__name__)
 
@@ -110,43 +111,48 @@ def _within(at: int, span: Callable[[], tuple[int, int]] | None) -> bool:
     return start <= at < end
 
 
+@dataclass(frozen=True, slots=True)
+class PromptParts:
+    """What names a prompt's parts in a report: its template messages and their labels.
+
+    ``prefix_tokens(k)``: the rendered prompt of the first ``k`` messages. ``changed_part``:
+    the request part the conversation's previous turn says changed
+    (``diagnostics.compare``); ``tools_span``: the prompt tokens the tool list renders as.
+    Either names a tool-list change, which falls inside a message's rendering. Empty for a
+    raw prompt.
+    """
+
+    messages: Sequence[dict[str, Any]] = ()
+    labels: Sequence[str] = ()
+    prefix_tokens: Callable[[int], Sequence[int]] | None = None
+    changed_part: str | None = None
+    tools_span: Callable[[], tuple[int, int]] | None = None
+
+
 def report(
-    prefix_cache: Any,
+    found: CachedPrefix,
     prompt: Sequence[int],
     decode: Callable[[Sequence[int]], str],
-    *,
-    tenant: str | None = None,
-    messages: Sequence[dict[str, Any]] = (),
-    labels: Sequence[str] = (),
-    prefix_tokens: Callable[[int], Sequence[int]] | None = None,
-    changed_part: str | None = None,
-    tools_span: Callable[[], tuple[int, int]] | None = None,
-) -> CacheReport | None:
-    """The report for ``prompt``; None when the model has no prefix cache.
-
-    ``changed_part``: the request part the conversation's previous turn says changed
-    (``diagnostics.compare``); ``tools_span``: the prompt tokens the tool list renders
-    as. Either names a tool-list change, which falls inside a message's rendering.
-    """
-    if prefix_cache is None:
-        return None
-    found = prefix_cache.probe(prompt, tenant)
+    parts: PromptParts,
+) -> CacheReport:
+    """``found`` (the prefix cache's probe of ``prompt``) as a report naming where it ends."""
     if found.full_hit:
         return CacheReport(len(prompt), found.tokens, found.tier, True)
     at = found.tokens
     message = role = part = None
+    messages, labels = parts.messages, parts.labels
     if messages:
         index = 0
-        if at > 0 and prefix_tokens is not None and len(messages) > 1:
+        if at > 0 and parts.prefix_tokens is not None and len(messages) > 1:
             try:
-                index = message_at(at, len(messages), prompt, prefix_tokens)
+                index = message_at(at, len(messages), prompt, parts.prefix_tokens)
             except Exception:  # a template that rejects a prefix: say less, never fail
                 log.debug("could not locate token %d among the messages", at, exc_info=True)
                 index = None  # type: ignore[assignment]
         if index is not None:
             message, role = index, str(messages[index].get("role", ""))
             part = labels[index] if index < len(labels) else None
-            if index == 0 and (changed_part == "tools" or _within(at, tools_span)):
+            if index == 0 and (parts.changed_part == "tools" or _within(at, parts.tools_span)):
                 part = "tools"  # the tools render with the first message
     result = CacheReport(
         len(prompt),

@@ -18,11 +18,10 @@ import json
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from omlx.adapters.blockfiles.format import unpack_block
 from omlx.domain.cache.blocks import BlockMeta
-from omlx.domain.cache.keys import CACHE_FORMAT_VERSION, KV, block_key
+from omlx.domain.cache.keys import CACHE_FORMAT_VERSION, KV, stored_keys
+from omlx.domain.cache.prefix_cache import PrefixCache
 
 ARCHIVE_FORMAT = "omlx-cache-export"
 ARCHIVE_VERSION = 1
@@ -40,25 +39,16 @@ class ImportedBlock:
     data: bytes
 
 
-def prefix_keys(root: str, tokens: Sequence[int], block_size: int) -> list[str]:
-    """The keys a prompt's blocks have: every full one, then the trailing partial one."""
-    keys, parent = [], root
-    for start in range(0, len(tokens), block_size):
-        parent = block_key(parent, tokens[start : start + block_size])
-        keys.append(parent)
-    return keys
-
-
 def export_archive(
-    prefix_cache: Any, tokens: Sequence[int], tenant: str | None
+    prefix_cache: PrefixCache, tokens: Sequence[int], tenant: str | None
 ) -> tuple[bytes, int]:
     """The archive of what the cold tier holds of ``tokens``' prefix; and its token count."""
     cold = prefix_cache.cold
-    if cold is None or not hasattr(cold, "files"):
+    if cold is None:
         raise ImportRefused("this model has no disk tier to export from")
     namespace = prefix_cache.namespace
     root = prefix_cache.root_of(tenant) or namespace.digest
-    files = cold.files(prefix_keys(root, tokens, namespace.block_size))
+    files = cold.files(stored_keys(root, tokens, namespace.block_size))
     if not files:
         raise ImportRefused(
             "nothing of this prompt is on disk yet (a block is written once it completes)"
@@ -89,7 +79,9 @@ def export_archive(
     return out.getvalue(), sum(row.token_count for row, _ in files)
 
 
-def read_archive(archive: bytes, prefix_cache: Any, tenant: str | None) -> list[ImportedBlock]:
+def read_archive(
+    archive: bytes, prefix_cache: PrefixCache, tenant: str | None
+) -> list[ImportedBlock]:
     """Every block of ``archive``, verified for this model and tenant (``ImportRefused``)."""
     try:
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
@@ -116,23 +108,25 @@ def read_archive(archive: bytes, prefix_cache: Any, tenant: str | None) -> list[
             f"this server's {namespace.model_name!r} is namespace {namespace.digest[:12]}: another model, "
             "quantization or block size"
         )
+    cold = prefix_cache.cold
+    if cold is None:
+        raise ImportRefused("this model has no disk tier to import into")
     parent = prefix_cache.root_of(tenant) or namespace.digest
     verified: list[ImportedBlock] = []
     for entry in blocks:
         key, data = entry["key"], files[entry["key"]]
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise ImportRefused(f"block {key}: its bytes do not match the manifest's checksum")
-        try:
-            tokens, _, metadata = unpack_block(data)
-        except ValueError as exc:
-            raise ImportRefused(f"block {key}: {exc}") from exc
         if entry.get("kind", KV) != KV or entry["parent_key"] != parent:
             raise ImportRefused(
                 f"block {key}: not the next block of this tenant's chain (exported by another "
                 "tenant, or out of order)"
             )
-        if metadata.get("namespace") != namespace.digest or block_key(parent, tokens) != key:
-            raise ImportRefused(f"block {key}: its tokens do not hash to its key")
+        # The cold tier's own check of every block it reads: decoded, rehashed, named.
+        decoded, problem = cold.verify(data, BlockMeta(key, parent, namespace.digest, 0))
+        if decoded is None:
+            raise ImportRefused(f"block {key}: {problem}")
+        tokens = tuple(decoded.tokens)
         meta = BlockMeta(key, parent, namespace.digest, len(tokens))
         verified.append(ImportedBlock(meta, tokens, data))
         if len(tokens) == namespace.block_size:
@@ -140,7 +134,7 @@ def read_archive(archive: bytes, prefix_cache: Any, tenant: str | None) -> list[
     return verified
 
 
-def import_blocks(prefix_cache: Any, blocks: Sequence[ImportedBlock]) -> tuple[int, int]:
+def import_blocks(prefix_cache: PrefixCache, blocks: Sequence[ImportedBlock]) -> tuple[int, int]:
     """Queue the verified blocks the disk tier lacks for writing; (queued, already there)."""
     cold = prefix_cache.cold
     if cold is None:

@@ -11,20 +11,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import replace
+from typing import Any
 
 import anyio
 
-from omlx.app.cache_controls.report import CacheReport, report, tools_span_of
+from omlx.app.cache_controls.controls import TurnControls
+from omlx.app.cache_controls.report import CacheReport, PromptParts, tools_span_of
+from omlx.app.cache_controls.service import CacheControls
 from omlx.app.chat.constraints import ResponseFormat, forced_format, output_grammar
-from omlx.app.chat.diagnostics import (
-    Divergence,
-    Fingerprint,
-    FingerprintStore,
-    compare,
-    fingerprint,
-)
+from omlx.app.chat.diagnostics import Fingerprint, FingerprintStore, compare, fingerprint
+from omlx.app.chat.observers import CacheMissObserver
 from omlx.app.chat.output import (
     OutputFormat,
     OutputSplitter,
@@ -37,12 +34,23 @@ from omlx.app.chat.sampling import Sampling
 from omlx.app.chat.service import GenerationService
 from omlx.app.chat.templates import ChatRenderer, RenderedPrompt
 from omlx.app.chat.tool_calls import HERMES
+from omlx.app.chat.turn import (
+    ChatEvent,
+    ChatRequest,
+    ChatResult,
+    ChatTurn,
+    Done,
+    Error,
+    Output,
+    Started,
+    ToolChoice,
+)
 from omlx.app.errors import GenerationFailed, InvalidRequest
+from omlx.domain.cache.probe import CachedPrefix
 from omlx.domain.generation import (
     Failed,
     Finished,
     GenerationEvent,
-    GenerationRequest,
     PrefillStarted,
     ReasoningBudget,
     TextDelta,
@@ -53,6 +61,7 @@ __all__ = [
     "ChatEvent",
     "ChatPipeline",
     "ChatRequest",
+    "ChatTurn",
     "Done",
     "Error",
     "Output",
@@ -62,101 +71,7 @@ __all__ = [
     "ToolChoice",
 ]
 
-if TYPE_CHECKING:
-    from omlx.domain.cache.prefix_cache import PrefixCache
-
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ToolChoice:
-    """``auto`` (the model decides), ``none``, ``required`` or ``function`` (``name``)."""
-
-    mode: str = "auto"
-    name: str | None = None
-
-
-@dataclass(slots=True)
-class ChatRequest:
-    """One chat turn in API-neutral form: chat-template messages and generation settings.
-
-    ``labels[i]`` names the part of the client's request ``messages[i]`` came from
-    ("system" or "messages[k]"), for cache-miss diagnostics.
-    """
-
-    model: str  # the served model id
-    messages: list[dict[str, Any]]
-    labels: list[str]
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: ToolChoice = field(default_factory=ToolChoice)
-    sampling: Sampling = field(default_factory=Sampling)
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-    parallel_tool_calls: bool = True
-    # A forced call may be several only when asked for outright (parallel_tool_calls: true):
-    # forced, a small model calls again and again until max_tokens.
-    several_forced_calls: bool = False
-    response_format: ResponseFormat | None = None  # the answer as JSON (structured output)
-    reasoning_budget: int | None = None  # most reasoning tokens before the end marker is forced
-    cache_tenant: str | None = None  # the API key's tenant: its own cache namespace
-
-
-@dataclass(slots=True)
-class ChatTurn:
-    """A rendered, validated turn, ready to run."""
-
-    prompt: RenderedPrompt
-    request: GenerationRequest
-    splitter: OutputSplitter
-    parallel_tool_calls: bool
-    fingerprint: Fingerprint
-    divergence: Divergence | None = None  # vs the conversation's previous turn
-    previous: Fingerprint | None = None
-    previous_named: bool = False  # the client named the previous turn (vs found by prefix)
-    cached_tokens: int | None = None  # known once the engine started it
-    tool_calls: int = 0
-    cache: CacheReport | None = None  # what the cache held of its prompt on arrival
-
-
-# What a running turn reports, in order: Started, then Output..., then Done or Error.
-@dataclass(frozen=True, slots=True)
-class Started:
-    prompt_tokens: int
-    cached_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class Output:
-    pieces: list[Piece]
-    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens since the previous event
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    finished: Finished
-    pieces: list[Piece]  # the last pieces the splitter held back
-    tool_calls: int
-
-
-@dataclass(frozen=True, slots=True)
-class Error:
-    message: str
-
-
-ChatEvent = Started | Output | Done | Error
-
-
-@dataclass(frozen=True, slots=True)
-class ChatResult:
-    pieces: list[Piece]
-    finished: Finished
-    tool_calls: int
-    logprobs: tuple[TokenLogprob, ...] = ()
-
-
-class CacheMissObserver(Protocol):
-    """Told of each prefix-cache miss a turn's diagnosis finds, by kind (metrics)."""
-
-    def cache_miss(self, kind: str) -> None: ...
 
 
 class ChatPipeline:
@@ -166,14 +81,17 @@ class ChatPipeline:
         self,
         service: GenerationService,
         renderer: ChatRenderer,
+        controls: CacheControls,
+        *,
         fingerprints: FingerprintStore | None = None,
+        observer: CacheMissObserver | None = None,
     ) -> None:
         self.service = service
         self.renderer = renderer
+        self.controls = controls  # the model's cache controls: reports, pins
         self.native_format = OutputFormat.of(service.tokenizer)
         self.fingerprints = fingerprints or FingerprintStore()
-        self.observer: CacheMissObserver | None = None  # the API's metrics
-        self.prefix_cache: PrefixCache | None = None  # the model's, for cache reports
+        self.observer = observer  # told of cache misses (metrics)
 
     async def count_tokens(self, chat: ChatRequest) -> int:
         def count() -> int:
@@ -182,14 +100,45 @@ class ChatPipeline:
 
         return await anyio.to_thread.run_sync(count)
 
+    async def start(
+        self,
+        chat: ChatRequest,
+        response_id: str,
+        controls: TurnControls,
+        previous_id: str | None = None,
+    ) -> ChatTurn:
+        """A turn ready to run, its cache controls applied: rendered, reported, pinned.
+
+        It is remembered as ``response_id``, and as its session's latest turn when the
+        controls name a session (``prompt_cache_key``). ``previous_id`` names the
+        conversation's previous turn for diagnostics; else the session's latest, else the
+        recent turn sharing the longest prompt prefix.
+        """
+        session = _session_name(controls.session_key)
+        if previous_id is None and session and self.fingerprints.get(session) is not None:
+            previous_id = session
+        turn = await self.prepare(chat, response_id, previous_id, controls)
+        if session:
+            self.fingerprints.record(session, turn.fingerprint)
+        if controls.store and (controls.retention is not None or controls.breakpoints):
+            pins = (turn.prompt.tokens, controls, self.prefix_renderer(chat))
+            turn.cache_written = await anyio.to_thread.run_sync(self.controls.honour, *pins)
+        return turn
+
     async def prepare(
-        self, chat: ChatRequest, response_id: str, previous_id: str | None = None
+        self,
+        chat: ChatRequest,
+        response_id: str,
+        previous_id: str | None = None,
+        controls: TurnControls | None = None,
     ) -> ChatTurn:
         """Render and validate ``chat``; the turn is remembered as ``response_id``.
 
         ``previous_id`` names the conversation's previous turn for diagnostics; without
-        it, the recent turn sharing the longest prompt prefix is taken.
+        it, the recent turn sharing the longest prompt prefix is taken. Nothing is pinned
+        (``start`` does that).
         """
+        controls = controls if controls is not None else TurnControls()
         started = time.monotonic()
         prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
         request = self.service.build_request(prompt.tokens, chat.sampling)
@@ -221,7 +170,6 @@ class ChatPipeline:
             request,
             render_seconds=time.monotonic() - started - grammar_seconds,
             grammar_seconds=grammar_seconds,
-            cache_tenant=chat.cache_tenant,
         )
         splitter = OutputSplitter(
             fmt,
@@ -229,11 +177,15 @@ class ChatPipeline:
             in_reasoning=in_reasoning,
             forced_name=_forced_name(chat) if wanted is not None and grammar.calls else None,
         )
-        turn = ChatTurn(prompt, request, splitter, chat.parallel_tool_calls, fp)
+        turn = ChatTurn(prompt, request, splitter, chat.parallel_tool_calls, fp, controls=controls)
         self._diagnose(turn, previous_id, last_label=chat.labels[-1] if chat.labels else "")
         self.fingerprints.record(response_id, fp)
         changed = turn.divergence.part if turn.divergence is not None else None
-        turn.cache = await anyio.to_thread.run_sync(self._report, chat, prompt.tokens, changed)
+        found, turn.cache = await anyio.to_thread.run_sync(
+            self._report, chat, prompt.tokens, changed, controls
+        )
+        # The probe's keys and index answer go with the request: it is looked up once.
+        turn.request = self.controls.apply(request, controls, found)
         return turn
 
     def format_for(self, tools: list[dict[str, Any]] | None) -> OutputFormat:
@@ -243,14 +195,19 @@ class ChatPipeline:
             return self.native_format.with_calls(HERMES)
         return self.native_format
 
-    async def explain(self, chat: ChatRequest) -> tuple[list[int], CacheReport | None]:
-        """What the cache holds of ``chat``'s prompt and where it leaves it; nothing is run
-        or remembered (``POST /v1/cache/explain``)."""
+    async def explain(
+        self, chat: ChatRequest, tenant: str | None
+    ) -> tuple[list[int], CacheReport | None]:
+        """``chat``'s prompt, and what ``tenant``'s cache holds of it and where it leaves it;
+        nothing is run or remembered (``POST /v1/cache/explain``)."""
         prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
         previous = self.fingerprints.closest(fp)
         divergence = compare(previous, fp) if previous is not None else None
         changed = divergence.part if divergence is not None else None
-        cache = await anyio.to_thread.run_sync(self._report, chat, prompt.tokens, changed)
+        controls = TurnControls(tenant=tenant)
+        _, cache = await anyio.to_thread.run_sync(
+            self._report, chat, prompt.tokens, changed, controls
+        )
         return prompt.tokens, cache
 
     def prefix_renderer(
@@ -266,26 +223,29 @@ class ChatPipeline:
         return prefix_tokens
 
     def _report(
-        self, chat: ChatRequest, tokens: list[int], changed_part: str | None
-    ) -> CacheReport | None:
-        """The turn's ``x-omlx-cache`` report (``cache_report``), off the event loop."""
-
+        self,
+        chat: ChatRequest,
+        tokens: list[int],
+        changed_part: str | None,
+        controls: TurnControls,
+    ) -> tuple[CachedPrefix | None, CacheReport | None]:
+        """The cache's probe of the turn's prompt and its ``x-omlx-cache`` report (off the loop)."""
+        found = self.controls.look(tokens, controls.tenant)
+        if found is None:
+            return None, None
         prefix_tokens = self.prefix_renderer(chat)
 
         def tools_span() -> tuple[int, int]:
             return tools_span_of(prefix_tokens(1), self.prefix_renderer(chat, tools=False)(1))
 
-        return report(
-            self.prefix_cache,
-            tokens,
-            lambda tokens: self.service.tokenizer.decode(list(tokens)),
-            tenant=chat.cache_tenant,
-            messages=chat.messages,
-            labels=chat.labels,
-            prefix_tokens=prefix_tokens,
-            changed_part=changed_part,
-            tools_span=tools_span if chat.tools else None,
+        parts = PromptParts(
+            chat.messages,
+            chat.labels,
+            prefix_tokens,
+            changed_part,
+            tools_span if chat.tools else None,
         )
+        return found, self.controls.report(found, tokens, parts, store=controls.store)
 
     def _budget(self, tokens: int, opened: bool, fmt: OutputFormat) -> ReasoningBudget:
         start, end = fmt.think
@@ -404,6 +364,11 @@ class ChatPipeline:
                     turn.tool_calls += 1
             kept.append(piece)
         return kept
+
+
+def _session_name(key: str | None) -> str | None:
+    """Where a ``prompt_cache_key`` session's latest turn is remembered."""
+    return f"prompt_cache_key:{key}" if key else None
 
 
 def _forced_name(chat: ChatRequest) -> str | None:

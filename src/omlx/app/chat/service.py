@@ -12,10 +12,11 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 
+from omlx.app.chat.observers import ModelObservers
 from omlx.app.chat.prompt_limit import PromptLimit
 from omlx.app.chat.sampling import Sampling, sampling_params
 from omlx.app.chat.sampling import logprobs_count as _logprobs
@@ -45,16 +46,6 @@ class Completion:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
-class GenerationObserver(Protocol):
-    """Told about every generation (metrics)."""
-
-    def first_token(self, seconds: float) -> None: ...
-
-    def finished(self, event: Finished) -> None: ...
-
-    def cancelled(self) -> None: ...
-
-
 class GenerationService:
     """What the HTTP controllers call; knows the model's tokenizer and the engine."""
 
@@ -68,6 +59,7 @@ class GenerationService:
         encode: Callable[[str], list[int]] | None = None,
         grammars: GrammarCompiler | None = None,
         sampling_defaults: Mapping[str, Any] | None = None,
+        observer: ModelObservers | None = None,
     ) -> None:
         self.engine = engine
         self.sampling_defaults = dict(sampling_defaults or {})  # the model's generation_config
@@ -82,10 +74,8 @@ class GenerationService:
         self.prompt_limit = PromptLimit.of(self.tokenizer, model.context_length)
         self.max_queued = max_queued
         self.default_max_tokens = default_max_tokens
-        self.observer: GenerationObserver | None = None
-        # Told of each finished generation with its TTFT and decode seconds (the dashboard's
-        # request log: ``omlx.app.ops.request_log``).
-        self.finished_hook: Callable[[Finished, float | None, float], None] | None = None
+        # Metrics and the dashboard's request log hear of each generation through it.
+        self.observer = observer
         self.in_flight = 0  # generations being streamed (the event loop's count: the pool reads it)
 
     # ---- prompts ----------------------------------------------------------
@@ -98,6 +88,13 @@ class GenerationService:
             return self._encode(text)
         except Exception as exc:  # e.g. lone surrogates from a JSON \ud800 escape
             raise InvalidRequest(f"the text cannot be tokenized: {exc}", param=param) from exc
+
+    def check_token_ids(self, tokens: Sequence[int], param: str = "prompt") -> int:
+        """Refuse ids outside the vocabulary (a client's mistake, never a 500); its size."""
+        vocab = len(self.tokenizer)
+        if any(not 0 <= t < vocab for t in tokens):
+            raise InvalidRequest(f"token ids must be in [0, {vocab})", param=param)
+        return vocab
 
     def build_request(
         self, prompt_tokens: Sequence[int], sampling: Sampling | None = None
@@ -124,9 +121,7 @@ class GenerationService:
         stops = (s.stop,) if isinstance(s.stop, str) else tuple(s.stop or ())
         if len(stops) > 16:
             raise InvalidRequest("at most 16 stop sequences", param="stop")
-        vocab = len(self.tokenizer)
-        if any(not 0 <= t < vocab for t in prompt_tokens):
-            raise InvalidRequest(f"token ids must be in [0, {vocab})", param="prompt")
+        vocab = self.check_token_ids(prompt_tokens)
         return GenerationRequest(
             prompt_tokens=tuple(prompt_tokens),
             max_tokens=max_tokens,
@@ -240,9 +235,9 @@ class GenerationService:
                     finished = True
                     if isinstance(event, Finished):
                         self._observe_finished(event)
-                        if self.finished_hook is not None:
+                        if self.observer is not None:
                             decode = time.monotonic() - started - ttft if ttft is not None else 0.0
-                            self.finished_hook(event, ttft, decode)
+                            self.observer.completed(event, ttft, decode)
                 yield event
                 if finished:
                     return

@@ -31,6 +31,7 @@ from omlx.domain.ports import ChatModel, ModelWorker
 from omlx.domain.sizes import format_bytes
 
 if TYPE_CHECKING:  # the services import the pool's errors; the pool only holds them
+    from omlx.app.cache_controls.service import CacheControls
     from omlx.app.chat.pipeline import ChatPipeline
     from omlx.app.chat.service import GenerationService
     from omlx.app.models.encoding import EmbeddingService, RerankService
@@ -57,8 +58,10 @@ class Served:
     model: ChatModel | None  # chat models; an encoder's model is its service's
     engine: ModelWorker  # MLXEngine (chat) or MLXRunner (embedding, rerank)
     weights: int = 0
+    kv_bytes_per_token: int | None = None  # its memory guard's count; None: no guard
     generation: GenerationService | None = None  # chat
     chat: ChatPipeline | None = None  # chat
+    controls: CacheControls | None = None  # chat: what users see and steer of its cache
     encoder: EmbeddingService | RerankService | None = None
     prefix_cache: PrefixCache | None = None
     cold_tier: ColdTier | None = None
@@ -127,7 +130,6 @@ class ModelPool:
         self._clock = clock
         self._loaded: dict[str, Served] = {}
         self._loading: dict[str, asyncio.Future[Served]] = {}  # one load per model at a time
-        self.observers: list[Callable[[Served], None]] = []  # told of every load (metrics)
         self.loads = 0
         self.load_errors: dict[str, str] = {}  # the last failed load of each model (/health)
         self.starting: set[str] = set()  # start-up loads still running (/health "ready")
@@ -147,8 +149,6 @@ class ModelPool:
         served.loaded_at = served.last_used = self._clock()
         self._loaded[served.id] = served
         self.account.set_weights(served.id, served.weights)
-        for observe in self.observers:
-            observe(served)
 
     def is_pinned(self, key: str) -> bool:
         """Whether a running request of any loaded model holds ``key`` (the shared writer asks)."""

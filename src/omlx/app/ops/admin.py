@@ -11,24 +11,22 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from omlx.adapters.blockfiles.budget import DiskBudget, default_reserve
+from omlx.adapters.blockfiles.budget import default_reserve
 from omlx.adapters.blockfiles.lock import lock_holder
 from omlx.adapters.blockfiles.maintenance import (
     LIVE_GRACE_S,
-    delete_files,
-    reconcile,
     remove_blocks,
     verify,
 )
 from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.sqlindex import SqlBlockIndex, current_revision, index_path, upgrade
+from omlx.app.cache_controls.maintenance import clear_blocks, count, vacuum_blocks
 from omlx.app.ops.admin_target import (
     Target,
     cache_dir_option,
@@ -37,7 +35,6 @@ from omlx.app.ops.admin_target import (
     owned_or_shared,
 )
 from omlx.app.progress import track
-from omlx.domain.cache.eviction import evict
 from omlx.domain.sizes import format_bytes, parse_size
 
 T = TypeVar("T")
@@ -95,14 +92,14 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
     )
     for ns in report["namespaces"]:
         click.echo(
-            f"  {ns['model_name']} [{ns['namespace'][:12]}]: {_count(ns['blocks'], 'block')}, "
-            f"{_count(ns['tokens'], 'token')}, {format_bytes(ns['nbytes'])}, "
+            f"  {ns['model_name']} [{ns['namespace'][:12]}]: {count(ns['blocks'], 'block')}, "
+            f"{count(ns['tokens'], 'token')}, {format_bytes(ns['nbytes'])}, "
             f"{ns['kv_dtype']} {_per_token(ns['bytes_per_token'])}, "
             f"last used {_ago(ns['newest_access'] or ns['last_used_at'])}"
         )
     total, disk = report["total"], report["disk"]
     click.echo(
-        f"total:        {_count(total['blocks'], 'block')}, {_count(total['tokens'], 'token')}, "
+        f"total:        {count(total['blocks'], 'block')}, {count(total['tokens'], 'token')}, "
         f"{format_bytes(total['nbytes'])}"
     )
     prepared = report["prepared_weights"]
@@ -277,6 +274,8 @@ def vacuum_command(
                 # Beside a live server the grace spares its recent blocks from eviction
                 # too, as the line above promised; a shared index has its lease.
                 lease=lease if target.shared else spare,
+                say=click.echo,
+                progress=_progress,
             )
             if freed is None:
                 raise click.ClickException(
@@ -305,75 +304,6 @@ def _compact(target: Target, index: SqlBlockIndex, *, owned: bool) -> None:
     click.echo(f"index compacted: {format_bytes(before)} -> {format_bytes(after)}")
 
 
-def vacuum_blocks(
-    index: SqlBlockIndex,
-    store: FileBlockStore,
-    *,
-    grace: float | None,
-    max_bytes: int | None,
-    unused_namespaces: bool = False,
-    unused_days: float = 30.0,
-    lease: float | None = None,
-    is_pinned: Callable[[str], bool] = lambda key: False,
-    say: Callable[[str], None] = click.echo,
-    progress: Any = _progress,
-) -> int | None:
-    """Reconcile, drop unused namespaces if asked, evict LRU blocks past ``max_bytes``.
-
-    The bytes of block files freed; None when another server or admin holds the
-    maintenance lock. ``omlx admin cache vacuum`` and the dashboard's vacuum both run it.
-    """
-    with index.maintenance_lock() as ours:
-        if not ours:
-            return None
-        report = reconcile(index, store, grace=grace, progress=progress)
-        say(f"removed {report.temp_files} leftover temporary files")
-        say(f"removed {report.rows_without_files} rows without files")
-        say(
-            f"removed {report.files_without_rows} files without rows "
-            f"({format_bytes(report.orphan_bytes)})"
-        )
-        freed = report.orphan_bytes
-        if unused_namespaces:
-            stale = _unused_namespaces(index, unused_days)
-            blocks = index.remove_namespaces([ns for ns, _ in stale])
-            for digest, name in stale:
-                say(f"dropped unused model {name} [{digest[:12]}]")
-            gone = delete_files(store, blocks, progress)
-            say(
-                f"dropped {_count(len(stale), 'unused namespace')}: "
-                f"{_count(len(blocks), 'block')} ({format_bytes(gone)})"
-            )
-            freed += gone
-        budget = DiskBudget(store.root, max_bytes=max_bytes if max_bytes is not None else 2**62)
-        used = index.total_bytes()
-        accessed_before = None if lease is None else time.time() - lease
-        victims = evict(
-            index, store, budget.limit(used), is_pinned, accessed_before=accessed_before
-        )
-        if victims is None:
-            say("another server is evicting now; the budget is left to it")
-            victims = []
-        evicted = sum(v.nbytes for v in victims)
-        spared = "" if lease is None else f"; blocks used in the last {lease:.0f} s were spared"
-        say(f"evicted {len(victims)} least recently used blocks ({format_bytes(evicted)}){spared}")
-        return freed + evicted
-
-
-def _unused_namespaces(index: SqlBlockIndex, days: float) -> list[tuple[str, str]]:
-    """Namespaces whose model folder or file is gone, or unused (no use, no hit) for ``days``."""
-    newest = {u.namespace: u.newest_access or 0.0 for u in index.usage()}
-    cutoff = time.time() - days * 86400
-    stale = []
-    for rec in index.namespace_records():
-        path = Path(rec.info.model_path)
-        gone = path.is_absolute() and not path.exists()
-        last_use = max(rec.last_used_at, newest.get(rec.info.digest, 0.0))
-        if gone or last_use < cutoff:
-            stale.append((rec.info.digest, rec.info.model_name))
-    return stale
-
-
 @cache_group.command("clear")
 @cache_dir_option
 @click.option(
@@ -393,7 +323,7 @@ def clear_command(cache_dir: Path, model: str | None, yes: bool, index_url: str 
         return
     store = FileBlockStore(cache_dir)
     try:
-        cleared = clear_blocks(index, store, model)
+        cleared = clear_blocks(index, store, model, progress=_progress)
     except LookupError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
@@ -401,34 +331,9 @@ def clear_command(cache_dir: Path, model: str | None, yes: bool, index_url: str 
     if not target.shared and lock_holder(cache_dir) is None:
         store.prune_empty_dirs()  # with servers running, a new folder may be about to get a file
     click.echo(
-        f"cleared {_count(cleared.blocks, 'block')} of {_count(cleared.namespaces, 'namespace')} "
+        f"cleared {count(cleared.blocks, 'block')} of {count(cleared.namespaces, 'namespace')} "
         f"({format_bytes(cleared.nbytes)})"
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Cleared:
-    blocks: int
-    namespaces: int
-    nbytes: int
-
-
-def clear_blocks(
-    index: SqlBlockIndex, store: FileBlockStore, model: str | None, progress: Any = _progress
-) -> Cleared:
-    """Delete every cached block, or ``model``'s (rows first, files second).
-
-    LookupError names the cached models when none is called ``model``. ``omlx admin
-    cache clear`` and the dashboard's clear both run it.
-    """
-    records = index.namespace_records()
-    chosen = [r for r in records if model is None or r.info.model_name == model]
-    if model is not None and not chosen:
-        known = ", ".join(sorted({r.info.model_name for r in records})) or "none"
-        raise LookupError(f"no cached model named {model!r} (cached: {known})")
-    blocks = index.remove_namespaces([r.info.digest for r in chosen])
-    freed = delete_files(store, blocks, progress)
-    return Cleared(len(blocks), len(chosen), freed)
 
 
 @db_group.command("upgrade")
@@ -442,11 +347,6 @@ def db_upgrade_command(cache_dir: Path, index_url: str | None) -> None:
     upgrade(target.url)
     after = current_revision(target.url)
     click.echo(f"index {target.label}: revision {before or 'none'} -> {after}")
-
-
-def _count(n: int, noun: str) -> str:
-    """``1 namespace``, ``2 namespaces``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _ago(at: float | None) -> str:

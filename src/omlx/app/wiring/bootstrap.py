@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas, log_blas
+from omlx.app.cache_controls.maintenance import CacheMaintenance
 from omlx.app.chat.normalize import PromptNormalizer
+from omlx.app.chat.observers import Observers
 from omlx.app.chat.sealing import ReasoningSeal
 from omlx.app.models.catalog import CHAT, ModelSpec, catalog
 from omlx.app.models.model_names import ModelNames
@@ -69,14 +71,20 @@ def bootstrap(
             settings.answer_any_model,
             default=chat_ids[0] if chat_ids else None,
         )
+        observers = Observers()  # the app's metrics and request log subscribe to it
         if model is not None and engine is not None:
             pool = ModelPool(specs, names)
-            pool.add(
-                serve_chat(
-                    settings, specs[0], model, engine, grammars=grammars, prefix_cache=prefix_cache
-                )
+            served = serve_chat(
+                settings,
+                specs[0],
+                model,
+                engine,
+                grammars=grammars,
+                prefix_cache=prefix_cache,
+                observers=observers,
             )
-            return _container(settings, pool, None, None, closers, [], blas="")
+            pool.add(served)
+            return _container(settings, pool, None, None, closers, [], observers, blas="")
         from omlx.adapters.mlx.memory import (
             keep_freed_buffers,
             return_freed_memory,
@@ -103,6 +111,7 @@ def bootstrap(
             account,
             _kv_memory_limit(settings),
             digest_cache=_digest_cache(ssd.index) if ssd else None,
+            observers=observers,
         )
         pool = ModelPool(
             specs,
@@ -124,7 +133,9 @@ def bootstrap(
                     start_loads.append(spec)
                 else:
                     pool.preload(spec)
-        return _container(settings, pool, ssd, cold, closers, start_loads, blas=describe_blas())
+        return _container(
+            settings, pool, ssd, cold, closers, start_loads, observers, blas=describe_blas()
+        )
     except BaseException:
         _close_all(closers)
         raise
@@ -137,9 +148,20 @@ def _container(
     cold: SharedCold | None,
     closers: list,
     start_loads: list[ModelSpec],
+    observers: Observers,
     *,
     blas: str,
 ) -> Container:
+    maintenance = None
+    if ssd is not None:
+        maintenance = CacheMaintenance(
+            ssd,
+            max_bytes=settings.ssd_cache_bytes,
+            lease=settings.eviction_lease_seconds,
+            is_pinned=pool.is_pinned,
+            loaded=lambda: {s.id: s.controls for s in pool.loaded() if s.controls is not None},
+            queued=lambda: int(cold.writer.stats().get("queued", 0)) if cold is not None else 0,
+        )
     return Container(
         settings=settings,
         pool=pool,
@@ -151,6 +173,8 @@ def _container(
         blas=blas,
         writer=cold.writer if cold is not None else None,
         ssd=ssd,
+        maintenance=maintenance,
+        observers=observers,
         closers=closers,
         start_loads=start_loads,
     )

@@ -8,23 +8,24 @@ the shared parts, and the services its API endpoints call.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omlx.app.cache_controls.service import CacheControls
+from omlx.app.chat.observers import Observers
 from omlx.app.chat.pipeline import ChatPipeline
 from omlx.app.chat.service import GenerationService
 from omlx.app.chat.templates import ChatRenderer
 from omlx.app.models.catalog import CHAT, EMBEDDING, RERANK, ModelSpec
+from omlx.app.models.chores import run_when_quiet
+from omlx.app.models.options import ModelOptions
 from omlx.app.models.pool import Served
 from omlx.app.settings import Settings
-from omlx.domain.cache.kv_quant import KVQuant, model_override, resolve_kv_mode
+from omlx.domain.cache.kv_quant import KVQuant
 from omlx.domain.memory import MemoryAccount
 from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
 
@@ -32,17 +33,13 @@ if TYPE_CHECKING:  # adapters are imported where they are built, on the loading 
     from omlx.adapters.blockfiles import BlockWriter
     from omlx.adapters.cold_folder import ColdFolder
     from omlx.adapters.mlx.loader import LoadedModel
-    from omlx.domain.cache.cold_tier import RecencyBuffer
+    from omlx.domain.cache.cold_tier import ColdTier, RecencyBuffer
     from omlx.domain.cache.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
 # A GGUF's weights are dequantized to float32 on the CPU: up to ~8x its file (Q4).
 _GGUF_ON_CPU_FACTOR = 8
-# A loaded model's chores (see _run_when_quiet) run after this long without a request,
-# or at the latest this long after its load.
-_QUIET_BEFORE_CHORES_S = 2.0
-_CHORES_AT_LATEST_S = 600.0
 
 
 @dataclass(slots=True)
@@ -62,8 +59,10 @@ class ModelLoader:
         account: MemoryAccount,
         kv_memory_limit: int | None,
         digest_cache: Any = None,
+        observers: Observers | None = None,
     ) -> None:
         self.settings = settings
+        self.observers = observers  # the app's metrics and request log, for every model
         self.cold = cold
         self.account = account
         self.kv_memory_limit = kv_memory_limit
@@ -122,7 +121,8 @@ class ModelLoader:
 
         settings = self.settings
         closers: list[Callable[[], None]] = []  # the Served's, in the order they are added
-        kv_quant = kv_quant_for(model.path, settings.kv_quant, settings.kv_mode, gpu_backend())
+        options = ModelOptions.read(model.path)  # its omlx.json, once
+        kv_quant = options.kv_quant(settings.kv_quant, settings.kv_mode, gpu_backend())
         prefix_cache = cold_tier = None
         if not settings.cache_enabled:
             log.info("prefix cache of %s: off (--no-cache)", spec.id)
@@ -131,7 +131,7 @@ class ModelLoader:
         else:
             prefix_cache, cold_tier = self._cache(model, closers, kv_quant)
         exact = kv_quant is not None and kv_quant.exact
-        speculation, proposer, draft_weights = self._speculation(spec, model, exact)
+        speculation, proposer, draft_weights = self._speculation(spec, model, options, exact)
         engine = MLXEngine(
             model,
             prefix_cache,
@@ -166,18 +166,20 @@ class ModelLoader:
             else None,
             grammars=grammars,
             sampling_defaults=model.generation_config,
+            prefix_cache=prefix_cache,
+            cold_tier=cold_tier,
+            observers=self.observers,
+            kv_bytes_per_token=engine.budget.bytes_per_token if engine.budget else None,
         )
-        served.prefix_cache, served.cold_tier = prefix_cache, cold_tier
-        served.chat.prefix_cache = prefix_cache  # the turns' cache reports read it
         served.closers.extend(closers)
         jobs = [lambda proceed: grammars.start_building().wait()]
         if (write := model.extra.pop("write_prepared_copy", None)) is not None:
             jobs.append(write)
-        _run_when_quiet(served, jobs)
+        run_when_quiet(served, jobs)
         return served
 
     def _speculation(
-        self, spec: ModelSpec, model: LoadedModel, exact_kv: bool = False
+        self, spec: ModelSpec, model: LoadedModel, options: ModelOptions, exact_kv: bool = False
     ) -> tuple[Any, Any, int]:
         """How the model speculates (None: not at all), its draft model if it has one, and
         that model's weight bytes.
@@ -189,7 +191,7 @@ class ModelLoader:
         """
         from omlx.domain.speculation import DRAFT_MODEL, SpeculationConfig
 
-        enabled, draft_path = speculation_for(model.path, self.settings)
+        enabled, draft_path = options.speculation(self.settings)
         if not enabled:
             log.info("speculative decoding of %s: off", spec.id)
             return None, None, 0
@@ -335,56 +337,6 @@ class ModelLoader:
         return served
 
 
-def kv_quant_for(
-    path: Path, default: KVQuant | None, kv_mode: str | None = None, gpu: bool = False
-) -> KVQuant | None:
-    """The KV quantization of the model at ``path``: its folder's ``omlx.json`` over
-    ``default`` and ``kv_mode`` (``auto`` resolved by ``gpu``; None: ``default``'s mode)."""
-    declared_file = Path(path) / "omlx.json"
-    declared: Any = {}
-    if declared_file.is_file():
-        try:
-            declared = json.loads(declared_file.read_text())
-        except ValueError as exc:  # bad JSON: name the file
-            raise ValueError(f"{declared_file}: {exc}") from exc
-    declared = declared if isinstance(declared, dict) else {}
-    try:
-        mode = declared.get("kv_mode", kv_mode)
-        resolved = None if mode is None else resolve_kv_mode(mode, gpu)
-        quant = model_override(declared, default, resolved)
-        if quant is not None and mode is not None:  # auto also depends on the bits
-            final = resolve_kv_mode(mode, gpu, quant.bits)
-            if final != quant.mode:
-                quant = dataclasses.replace(quant, mode=final)
-        return quant
-    except ValueError as exc:  # a bad kv_bits or kv_mode: name the file that set it
-        raise ValueError(f"{declared_file}: {exc}" if declared else str(exc)) from exc
-
-
-def speculation_for(path: Path, settings: Settings) -> tuple[bool, str]:
-    """Whether the model at ``path`` speculates, and its draft model's path ("" for prompt
-    lookup): its folder's ``omlx.json`` (``speculation``, ``draft_model``) over the settings."""
-    enabled, draft = settings.speculation, settings.draft_model
-    declared_file = Path(path) / "omlx.json"
-    if not declared_file.is_file():
-        return enabled, draft
-    try:
-        declared = json.loads(declared_file.read_text())
-    except ValueError as exc:
-        raise ValueError(f"{declared_file}: {exc}") from exc
-    if not isinstance(declared, dict):
-        return enabled, draft
-    enabled = declared.get("speculation", enabled)
-    draft = declared.get("draft_model", draft)
-    if not isinstance(enabled, bool) or not isinstance(draft, str):
-        raise ValueError(
-            f'{declared_file}: "speculation" must be true or false, "draft_model" a path'
-        )
-    if draft and not Path(draft).is_absolute():
-        draft = str(Path(path) / draft)  # a path in omlx.json is relative to its folder
-    return enabled, draft
-
-
 def serve_chat(
     settings: Settings,
     spec: ModelSpec,
@@ -396,11 +348,15 @@ def serve_chat(
     grammars: GrammarCompiler | None = None,
     sampling_defaults: Mapping[str, Any] | None = None,
     prefix_cache: PrefixCache | None = None,
+    cold_tier: ColdTier | None = None,
+    observers: Observers | None = None,
+    kv_bytes_per_token: int | None = None,
 ) -> Served:
     """A chat model's services over its started engine, wired once for the loader and for
-    ``bootstrap(engine=...)`` (tests): the generation service and the chat pipeline.
-    ``sampling_defaults``: the model's own (its generation_config.json) for what a request
-    leaves out."""
+    ``bootstrap(engine=...)`` (tests): the generation service, the cache controls and the
+    chat pipeline, each complete when built. ``sampling_defaults``: the model's own (its
+    generation_config.json) for what a request leaves out; ``observers``: the app's hub."""
+    observer = observers.for_model(spec.id) if observers is not None else None
     generation = GenerationService(
         engine,
         model,
@@ -409,9 +365,12 @@ def serve_chat(
         encode=encode,
         grammars=grammars,
         sampling_defaults=sampling_defaults,
+        observer=observer,
     )
-    chat = ChatPipeline(generation, ChatRenderer(model.tokenizer, model.model_id))
-    chat.prefix_cache = prefix_cache
+    tokenizer = model.tokenizer
+    controls = CacheControls(prefix_cache, lambda tokens: tokenizer.decode(list(tokens)))
+    renderer = ChatRenderer(tokenizer, model.model_id)
+    chat = ChatPipeline(generation, renderer, controls, observer=observer)
     return Served(
         spec,
         model,
@@ -419,63 +378,11 @@ def serve_chat(
         weights=weights,
         generation=generation,
         chat=chat,
+        controls=controls,
         prefix_cache=prefix_cache,
+        cold_tier=cold_tier,
+        kv_bytes_per_token=kv_bytes_per_token,
     )
-
-
-def _run_when_quiet(served: Served, jobs: list[Callable[[Callable[[], bool]], Any]]) -> None:
-    """Run a loaded model's start-up chores on a thread, while it serves nothing.
-
-    The chores hold the CPU (and the GIL) for seconds: the grammar tokenizer's build
-    (0.6-0.7 s), the prepared copy's write (1.7-2.9 s for the default model; beside the
-    first request it made that request's first token 1.0-1.5 s late, beside a cold turn
-    that turn 1-2 s slower). Agents leave gaps between turns, and neither is needed at
-    once: a constrained request builds the grammar view itself, and the copy matters at
-    the next start. So they start after ``_QUIET_BEFORE_CHORES_S`` without a request, and
-    each job gets ``proceed``, which it calls between its steps: it returns at once while
-    the model is idle, waits for another quiet spell while it is busy, and is False once
-    the model is unloaded (the job then stops; a write leaves nothing). After
-    ``_CHORES_AT_LATEST_S`` it no longer waits. An unload stops the thread and waits for
-    it, so the weights a write reads leave with the model.
-    """
-    stop = threading.Event()
-    deadline = time.monotonic() + _CHORES_AT_LATEST_S
-
-    def quiet_spell() -> bool:
-        quiet_since = time.monotonic()
-        while True:
-            now = time.monotonic()
-            if served.busy(now):
-                quiet_since = now
-            elif now - quiet_since >= _QUIET_BEFORE_CHORES_S or now > deadline:
-                return True
-            if stop.wait(0.25):
-                return False  # unloaded first: a later load does the chores
-
-    def proceed() -> bool:
-        if stop.is_set():
-            return False
-        return not served.busy(time.monotonic()) or time.monotonic() > deadline or quiet_spell()
-
-    def run() -> None:
-        if not quiet_spell():
-            return
-        for job in jobs:
-            if not proceed():
-                return
-            try:
-                job(proceed)
-            except Exception:  # chores are optimisations: the model serves without them
-                log.warning("a start-up chore of %s failed", served.id, exc_info=True)
-
-    thread = threading.Thread(target=run, name="omlx-chores", daemon=True)
-
-    def stop_chores() -> None:
-        stop.set()
-        thread.join()
-
-    served.closers.append(stop_chores)  # the last closer added runs first
-    thread.start()
 
 
 def _grammar_compiler(model: Any) -> Any:
@@ -486,7 +393,7 @@ def _grammar_compiler(model: Any) -> Any:
         model.tokenizer,
         sorted(model.tokenizer.eos_token_ids),
         model.config.get("vocab_size"),
-        build_now=False,  # a chore (_run_when_quiet), or the first constrained request
+        build_now=False,  # a chore (run_when_quiet), or the first constrained request
     )
 
 

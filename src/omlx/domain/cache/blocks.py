@@ -131,3 +131,53 @@ class PrefixHit:
 
 
 MISS = PrefixHit()  # nothing matched, nothing pinned
+
+
+@dataclass(frozen=True, slots=True)
+class PromptChain:
+    """A prompt's chain keys and what the index said of them when it was probed.
+
+    ``keys``: the keys of the whole blocks a lookup may restore, from ``root``. ``rows``:
+    the index rows found for ``keys[asked_from:]`` (those past RAM's run at the time),
+    None when the index was not asked or did not answer. ``asked_at``: the clock's seconds.
+    ``children``: the stored children of ``children_of`` (where the whole blocks ended),
+    as the index listed them to continue the prompt. A lookup soon after reuses all of it
+    instead of hashing the prompt and asking again.
+    """
+
+    root: str
+    keys: tuple[str, ...]
+    rows: dict[str, StoredBlock] | None = None
+    asked_from: int = 0
+    asked_at: float = 0.0
+    children_of: str | None = None
+    children: tuple[BlockMeta, ...] = ()
+
+
+HOT, SSD, NONE = "hot", "ssd", "none"
+
+
+@dataclass(frozen=True, slots=True)
+class CachedPrefix:
+    """The longest prefix of a prompt the cache holds, and what it holds past it."""
+
+    tokens: int  # prompt positions a request would restore (one is always left to prefill)
+    prompt_tokens: int
+    hot_tokens: int = 0  # of ``tokens``, held in RAM
+    ssd_tokens: int = 0  # of ``tokens``, held only on disk
+    # Where a stored block goes on past the divergence: its next tokens (RAM blocks only).
+    stored_next: tuple[int, ...] = ()
+    # What was hashed and asked of the index to find it: the request's lookup reuses it.
+    chain: PromptChain | None = None
+
+    @property
+    def tier(self) -> str:
+        """``ssd`` when any restored token must be read from disk, else ``hot``; ``none``: a miss."""
+        if not self.tokens:
+            return NONE
+        return SSD if self.ssd_tokens else HOT
+
+    @property
+    def full_hit(self) -> bool:
+        """Everything but the one token always prefilled is cached."""
+        return self.prompt_tokens > 0 and self.tokens >= self.prompt_tokens - 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any
@@ -178,11 +178,16 @@ class ColdTier:
         return None if read is None else self._serve(read, parent_key, touch)
 
     def get_many(
-        self, chain: Sequence[tuple[str, str]], *, touch: bool = True
+        self,
+        chain: Sequence[tuple[str, str]],
+        *,
+        touch: bool = True,
+        rows: Mapping[str, StoredBlock] | None = None,
     ) -> Generator[tuple[tuple[int, ...], Any], None, None]:
         if not chain:
             return
-        rows = self._lookup_chain([key for key, _ in chain])
+        if rows is None:  # not already asked (``rows``) for this chain
+            rows = self._lookup_chain([key for key, _ in chain])
         if rows is None:
             self._count("misses")
             return
@@ -204,6 +209,14 @@ class ColdTier:
                 yield served
         if len(found) < len(chain):
             self._count("misses")
+
+    def rows(self, keys: Sequence[str]) -> dict[str, StoredBlock] | None:
+        """The index rows of a chain's ``keys`` in this namespace (head first, as a lookup
+        asks); None when the index did not answer."""
+        rows = self._lookup_chain(list(keys))
+        if rows is None:
+            return None
+        return {k: r for k, r in rows.items() if r.namespace == self.namespace.digest}
 
     def files(self, keys: Sequence[str]) -> list[tuple[StoredBlock, bytes]]:
         """The index rows and file bytes of ``keys`` (in order, to the first one missing).
@@ -369,24 +382,33 @@ class ColdTier:
         if read.failure is not None or read.data is None:
             failure = read.failure or ReadFailure.MISMATCH
             return None, failure.value + (f" ({read.detail})" if read.detail else "")
+        meta = BlockMeta(row.key, parent_key, row.namespace, row.token_count, row.kind)
+        return self.verify(read.data, meta)
+
+    def verify(self, data: bytes, meta: BlockMeta) -> tuple[DecodedBlock | None, str]:
+        """``data`` decoded if it is the object ``meta`` names (``meta.parent_key``: what its
+        key derives from), else None and what is wrong; never raises. Every read is checked
+        this way, and so is an imported block before it is queued."""
         try:
-            decoded = self._decode(read.data)
+            decoded = self._decode(data)
         except Exception as exc:  # a codec bug on a bad file must not fail the request
             return None, f"it cannot be decoded ({exc})"
         # A restore point's object is named by its kind and the key of the tokens up to it;
         # an external block by its namespace and its caller's hash.
-        if not rederives(row.kind, row.key, parent_key, decoded.tokens, row.namespace):
-            if row.kind == EXTERNAL:
+        if not rederives(meta.kind, meta.key, meta.parent_key, decoded.tokens, meta.namespace):
+            if meta.kind == EXTERNAL:
                 return None, "its key does not follow from its caller's hash"
             return None, "its tokens do not rehash to its key"
-        if decoded.metadata.get("kind", KV) != row.kind:
+        if decoded.metadata.get("kind", KV) != meta.kind:
             return (
                 None,
-                f"its file holds a {decoded.metadata.get('kind')!r} object, the row a {row.kind!r}",
+                f"its file holds a {decoded.metadata.get('kind')!r} object, the row a {meta.kind!r}",
             )
-        if decoded.metadata.get("key", row.key) != row.key:
+        if decoded.metadata.get("key", meta.key) != meta.key:
             return None, "its metadata names another key"
-        if row.kind == EXTERNAL and decoded.metadata.get("parent_key") != parent_key:
+        if decoded.metadata.get("namespace", meta.namespace) != meta.namespace:
+            return None, "its metadata names another namespace"
+        if meta.kind == EXTERNAL and decoded.metadata.get("parent_key") != meta.parent_key:
             return None, "its metadata names another caller's hash"
         return decoded, ""
 

@@ -110,6 +110,16 @@ def chain_keys(namespace: str, tokens: Sequence[int], block_size: int) -> list[s
     return list(iter_chain_keys(namespace, tokens, block_size))
 
 
+def stored_keys(root: str, tokens: Sequence[int], block_size: int) -> list[str]:
+    """The keys a request stores ``tokens`` under: every full block's, then the trailing
+    partial block's (what a pin keeps and an export carries)."""
+    keys = chain_keys(root, tokens, block_size)
+    start = len(keys) * block_size
+    if start < len(tokens):
+        keys.append(block_key(keys[-1] if keys else root, tokens[start:]))
+    return keys
+
+
 def iter_chain_keys(parent: str, tokens: Sequence[int], block_size: int) -> Iterator[str]:
     """``chain_keys`` one key at a time, for a walk that may stop at its first miss.
 

@@ -19,7 +19,7 @@ from contextlib import closing
 from dataclasses import replace
 from typing import Any
 
-from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo, PrefixHit
+from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo, PrefixHit, PromptChain
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.keeper import KnownKeys
 from omlx.domain.cache.keys import chain_keys, iter_chain_keys
@@ -30,6 +30,11 @@ from omlx.domain.cache.tally import Tally
 from omlx.domain.ports import Clock, ColdSource, KVCodec
 
 log = logging.getLogger(__name__)
+
+# How long a probe's index answer is reused by the lookup that follows it (the request was
+# queued no longer). Past it the keys are reused and the index asked again: a block
+# written meanwhile (by another server on a shared index) would be missed otherwise.
+PROBE_FRESH_S = 2.0
 
 
 class PrefixMatcher:
@@ -72,7 +77,12 @@ class PrefixMatcher:
             return len(self._leases)
 
     def lookup(
-        self, tokens: Sequence[int], *, store: bool = True, root: str | None = None
+        self,
+        tokens: Sequence[int],
+        *,
+        store: bool = True,
+        root: str | None = None,
+        chain: PromptChain | None = None,
     ) -> PrefixHit:
         """The longest cached prefix of ``tokens``, to the token, pinned for this request.
 
@@ -81,7 +91,9 @@ class PrefixMatcher:
         the engine always has logits to sample from. ``store=False`` (a no-store request):
         blocks read from disk are not put in RAM (nothing is evicted for them) and no
         recency is recorded on disk (the index is left as it was). ``root``: a tenant's
-        chain root (``keys.tenant_root``) instead of the namespace's.
+        chain root (``keys.tenant_root``) instead of the namespace's. ``chain``: what the
+        request's probe hashed and asked of the index (``CachedPrefix.chain``), reused
+        while fresh instead of hashing the prompt and asking again.
         """
         bs = self.block_size
         max_blocks = max((len(tokens) - 1) // bs, 0)
@@ -91,9 +103,11 @@ class PrefixMatcher:
         cold_hits = 0
         partial = 0
         parent = root or self.namespace.digest
+        known = self._usable(chain, parent, max_blocks)
         try:
             # RAM, block by block (keys chained lazily, as ``chain_keys``) to its first miss.
-            for key in iter_chain_keys(parent, tokens[: max_blocks * bs], bs):
+            walk = known.keys if known is not None else None
+            for key in walk or iter_chain_keys(parent, tokens[: max_blocks * bs], bs):
                 block = self._hot.get(key)
                 if block is None:
                     break
@@ -102,11 +116,11 @@ class PrefixMatcher:
                 parent = key
             if len(keys) < max_blocks and self._cold is not None:
                 cold_hits = self._walk_cold(
-                    tokens, max_blocks, parent, keys, payloads, hot_keys, store
+                    tokens, max_blocks, parent, keys, payloads, hot_keys, store, known
                 )
                 parent = keys[-1] if keys else parent
             n_hot = len(hot_keys)
-            match = self._best_child(tokens, len(keys) * bs, parent, store)
+            match = self._best_child(tokens, len(keys) * bs, parent, store, known)
             if match is not None:
                 partial = match.shared
                 payloads.append(self._codec.truncate(match.payload, partial))
@@ -134,6 +148,16 @@ class PrefixMatcher:
             hit = replace(hit, partial_from_disk=True)
         return hit
 
+    def _usable(self, chain: PromptChain | None, root: str, max_blocks: int) -> PromptChain | None:
+        """``chain`` if it is this prompt's from this root and asked recently enough that the
+        index's answer still holds (else a block written since would be missed)."""
+        if chain is None or chain.root != root or len(chain.keys) != max_blocks:
+            return None
+        if self._clock.now() - chain.asked_at > PROBE_FRESH_S:
+            # The keys still hold; the index is asked again.
+            return replace(chain, rows=None, children_of=None, children=())
+        return chain
+
     def release(self, hit: PrefixHit) -> None:
         """Unpin the hit's blocks; releasing twice is harmless."""
         with self._lock:
@@ -142,20 +166,34 @@ class PrefixMatcher:
             self._hot.unpin(keys)
 
     def _best_child(
-        self, tokens: Sequence[int], start: int, parent: str, store: bool = True
+        self,
+        tokens: Sequence[int],
+        start: int,
+        parent: str,
+        store: bool = True,
+        known: PromptChain | None = None,
     ) -> PartialMatch | None:
         """The child of ``parent`` continuing ``tokens[start:]`` the furthest (promoted to RAM).
 
-        Capped so one token is left to prefill; disk is asked only when RAM could be beaten.
+        Capped so one token is left to prefill; disk is asked only when RAM could be beaten
+        (and not at all when the probe listed ``parent``'s children: ``known``).
         """
         want = tuple(tokens[start : start + max(min(len(tokens) - 1 - start, self.block_size), 0)])
         if not want:
             return None
         cold = self._cold
+        listed = None
+        if known is not None and known.children_of == parent:
+            listed = known.children
+
+        def disk_children() -> Sequence[BlockMeta]:
+            assert cold is not None
+            return listed if listed is not None else cold.children(parent, want)
+
         match = best_child(
             want,
             self._hot.children(parent),
-            (lambda: cold.children(parent, want)) if cold is not None else None,
+            disk_children if cold is not None else None,
             lambda meta: self._read_cold(meta.key, parent, touch=store),
         )
         if match is None:
@@ -190,21 +228,28 @@ class PrefixMatcher:
         payloads: list[Any],
         hot_keys: list[str],
         store: bool = True,
+        known: PromptChain | None = None,
     ) -> int:
         """Extend the match past RAM's first miss; returns how many blocks came from disk.
 
         The rest of the chain is asked of the cold source in one batch (read ahead
         while this thread decodes); blocks RAM still holds are taken from RAM. The
-        walk ends at the first block neither has.
+        walk ends at the first block neither has. ``known``: the probe's keys and rows.
         """
         assert self._cold is not None
         bs = self.block_size
         start = len(keys)
-        rest = chain_keys(parent, tokens[start * bs : max_blocks * bs], bs)
+        if known is not None:
+            rest = list(known.keys[start:max_blocks])
+        else:
+            rest = chain_keys(parent, tokens[start * bs : max_blocks * bs], bs)
         parents = [parent, *rest[:-1]]
         wanted = [(k, p) for k, p in zip(rest, parents, strict=True) if k not in self._hot]
+        rows = None
+        if known is not None and known.rows is not None and start >= known.asked_from:
+            rows = known.rows  # the probe asked the index for every key from here on
         cold_hits = planned = 0
-        with closing(self._cold.get_many(wanted, touch=store)) as batch:
+        with closing(self._cold.get_many(wanted, touch=store, rows=rows)) as batch:
             for j, (key, parent_key) in enumerate(zip(rest, parents, strict=True)):
                 block_tokens = tuple(tokens[(start + j) * bs : (start + j + 1) * bs])
                 if planned < len(wanted) and wanted[planned][0] == key:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from omlx.domain.cache.hot_tier import HotTier
-from omlx.domain.cache.keys import block_key, chain_keys
+from omlx.domain.cache.keys import stored_keys
 from omlx.domain.ports import Clock
 
 DEFAULT_PIN_SHARE = 0.5  # of the hot tier's budget; the rest stays plain LRU
@@ -56,12 +56,7 @@ class PinBook:
 
     def keys_of(self, tokens: Sequence[int], root: str | None = None) -> tuple[str, ...]:
         """The keys of ``tokens``' blocks: every full one, then the trailing partial one."""
-        root = root or self._namespace
-        keys = chain_keys(root, tokens, self._block_size)
-        start = len(keys) * self._block_size
-        if start < len(tokens):
-            keys.append(block_key(keys[-1] if keys else root, tokens[start:]))
-        return tuple(keys)
+        return tuple(stored_keys(root or self._namespace, tokens, self._block_size))
 
     def pin(
         self,

@@ -48,7 +48,7 @@ class PrefixCache:
         self.layout = layout if layout is not None else CacheLayout()
         self._codec, self._hot, self._kept, self._cold = codec, hot, kept, cold
         self._tally = Tally()
-        clock = clock if clock is not None else SystemClock()
+        clock = self._clock = clock if clock is not None else SystemClock()
         self.tenants = TenantTally()
         self.pins = PinBook(
             hot, clock, namespace=namespace.digest, block_size=self.block_size, share=pin_share
@@ -69,12 +69,19 @@ class PrefixCache:
         )
 
     def begin(
-        self, prompt: Sequence[int], *, store: bool = True, tenant: str | None = None
+        self,
+        prompt: Sequence[int],
+        *,
+        store: bool = True,
+        tenant: str | None = None,
+        probed: CachedPrefix | None = None,
     ) -> CacheSession:
         """One request's session: its prompt looked up now (the prefix pinned), never raising.
 
         ``store=False``: a no-store request, which restores and keeps nothing. ``tenant``:
         the API key's tenant, whose blocks are keyed from its own root (``tenant_root``).
+        ``probed``: what ``probe`` found of this prompt when the request was prepared; its
+        keys and index rows are reused, so a request hashes its prompt and asks once.
         """
         self.pins.expire()
         session = CacheSession(
@@ -87,6 +94,7 @@ class PrefixCache:
             tally=self._tally,
             store=store,
             root=self.root_of(tenant),
+            chain=probed.chain if probed is not None else None,
         )
         self.tenants.looked_up(tenant or "", len(prompt), session.cached_tokens)
         return session
@@ -103,6 +111,7 @@ class PrefixCache:
             block_size=self.block_size,
             hot=self._hot,
             cold=self._cold,
+            clock=self._clock.now,
         )
 
     @property

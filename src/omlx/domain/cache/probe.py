@@ -2,7 +2,7 @@
 
 Unlike ``PrefixMatcher.lookup`` nothing is pinned, promoted, read from disk or marked
 recently used: whole blocks are asked of RAM and then of the cold tier's index (one
-query), and where they stop the RAM blocks hanging from the last match lend the tokens
+query, whose rows the request's lookup then reuses), and where they stop the RAM blocks hanging from the last match lend the tokens
 they share with the prompt, as do disk blocks the prompt covers whole (known by their
 key). So a ``/v1/cache/explain`` or a response header never changes what it describes.
 A disk block the prompt leaves part-way is not read (its tokens live in its file): the
@@ -11,39 +11,16 @@ probe may then report up to ``block_size - 1`` tokens fewer than a request resto
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
 
+from omlx.domain.cache.blocks import HOT, NONE, SSD, CachedPrefix, PromptChain
 from omlx.domain.cache.hot_tier import HotBlock, HotTier
 from omlx.domain.cache.keys import chain_keys
 from omlx.domain.cache.partial_match import common_prefix, upper_bound
 from omlx.domain.ports import ColdSource
 
-HOT, SSD, NONE = "hot", "ssd", "none"
-
-
-@dataclass(frozen=True, slots=True)
-class CachedPrefix:
-    """The longest prefix of a prompt the cache holds, and what it holds past it."""
-
-    tokens: int  # prompt positions a request would restore (one is always left to prefill)
-    prompt_tokens: int
-    hot_tokens: int = 0  # of ``tokens``, held in RAM
-    ssd_tokens: int = 0  # of ``tokens``, held only on disk
-    # Where a stored block goes on past the divergence: its next tokens (RAM blocks only).
-    stored_next: tuple[int, ...] = ()
-
-    @property
-    def tier(self) -> str:
-        """``ssd`` when any restored token must be read from disk, else ``hot``; ``none``: a miss."""
-        if not self.tokens:
-            return NONE
-        return SSD if self.ssd_tokens else HOT
-
-    @property
-    def full_hit(self) -> bool:
-        """Everything but the one token always prefilled is cached."""
-        return self.prompt_tokens > 0 and self.tokens >= self.prompt_tokens - 1
+__all__ = ["HOT", "NONE", "SSD", "CachedPrefix", "probe"]
 
 
 def _stored_after(hot: HotTier, block: HotBlock, start: int, want: int = 32) -> tuple[int, ...]:
@@ -65,22 +42,31 @@ def probe(
     block_size: int,
     hot: HotTier,
     cold: ColdSource | None,
+    clock: Callable[[], float] = time.time,
 ) -> CachedPrefix:
-    """What of ``tokens`` the tiers hold now (see the module docstring); never raises on a miss."""
+    """What of ``tokens`` the tiers hold now (see the module docstring); never raises on a miss.
+
+    ``namespace``: the chain's root (a tenant's, or the namespace's digest). The keys it
+    hashed and the index's rows travel in the answer's ``chain`` for the lookup to reuse.
+    """
     limit = max(len(tokens) - 1, 0)
     keys = chain_keys(namespace, tokens[: (limit // block_size) * block_size], block_size)
     n_hot = 0
     while n_hot < len(keys) and keys[n_hot] in hot:
         n_hot += 1
     n_ssd = 0
+    rows = None
     if n_hot < len(keys) and cold is not None:
         rest = keys[n_hot:]
-        on_disk = cold.present(rest)
-        while n_ssd < len(rest) and rest[n_ssd] in on_disk:
+        rows = cold.rows(rest)
+        while n_ssd < len(rest) and rows is not None and rest[n_ssd] in rows:
             n_ssd += 1
     matched = (n_hot + n_ssd) * block_size
     parent = keys[n_hot + n_ssd - 1] if n_hot + n_ssd else namespace
     want = tuple(tokens[matched:limit])
+    # The disk children listed as the lookup will want them (the next block's worth).
+    kids = tuple(cold.children(parent, want[:block_size])) if cold is not None and want else ()
+    chain = PromptChain(namespace, tuple(keys), rows, n_hot, clock(), parent, kids)
     shared, stored_next = 0, ()
     best = None
     for child in hot.children(parent):
@@ -92,7 +78,7 @@ def probe(
     disk_shared = 0
     if cold is not None and shared < len(want):
         # A disk child wholly shared is known by its key alone (``upper_bound``): no read.
-        for meta in cold.children(parent):
+        for meta in kids:
             n = meta.token_count
             if shared < n <= len(want) and upper_bound(meta, want) == n:
                 disk_shared = max(disk_shared, n)
@@ -102,6 +88,7 @@ def probe(
             prompt_tokens=len(tokens),
             hot_tokens=n_hot * block_size,
             ssd_tokens=n_ssd * block_size + disk_shared,
+            chain=chain,
         )
     return CachedPrefix(
         tokens=matched + shared,
@@ -109,4 +96,5 @@ def probe(
         hot_tokens=n_hot * block_size + shared,
         ssd_tokens=n_ssd * block_size,
         stored_next=tuple(stored_next),
+        chain=chain,
     )

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from omlx.domain.cache.blocks import MISS, PrefixHit
+from omlx.domain.cache.blocks import MISS, PrefixHit, PromptChain
 from omlx.domain.cache.capture import RequestCapture
 from omlx.domain.cache.keeper import BlockKeeper
 from omlx.domain.cache.layout import CacheLayout
@@ -45,6 +45,7 @@ class CacheSession:
         tally: Tally,
         store: bool = True,
         root: str | None = None,
+        chain: PromptChain | None = None,
     ) -> None:
         self._prompt = list(prompt)
         self._matcher, self._keeper, self._codec = matcher, keeper, codec
@@ -64,7 +65,7 @@ class CacheSession:
             if root is not None and not layout.plain:
                 self._hit = MISS
             else:
-                self._hit = matcher.lookup(self._prompt, store=store, root=root)
+                self._hit = matcher.lookup(self._prompt, store=store, root=root, chain=chain)
         except Exception:  # the lookup unpinned what it took: serve the request as a miss
             log.exception("prefix lookup of a %d-token prompt failed; a miss", len(self._prompt))
             self._hit = MISS

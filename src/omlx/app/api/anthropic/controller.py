@@ -19,18 +19,16 @@ from omlx.app.api.anthropic.schemas import (
     ToolUseBlock,
 )
 from omlx.app.api.anthropic.stream import MessageStream, stop_reason, tool_id, tool_input, usage
-from omlx.app.api.anthropic.translate import Translator
-from omlx.app.api.auth import tenant_of
-from omlx.app.api.cache_edge import note, with_controls
+from omlx.app.api.cache_edge import note, turn_controls
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openapi import error_responses, streaming_operation
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
-from omlx.app.api.translators import translator
-from omlx.app.cache_controls.hints import anthropic_breakpoints, honour_breakpoints
+from omlx.app.api.translators import Translators
+from omlx.app.cache_controls.hints import anthropic_breakpoints
 from omlx.app.chat.output import Piece, Reasoning, ToolCallPiece
-from omlx.app.chat.pipeline import ChatTurn
 from omlx.app.chat.sealing import ReasoningSeal
-from omlx.app.wiring.container import Container
+from omlx.app.chat.turn import ChatResult, ChatTurn
+from omlx.app.models.pool import ModelPool
 
 _ERRORS = error_responses(AnthropicErrorResponse, 400, 401, 404, 413, 429, 500)
 CACHE_DIAGNOSIS_BETA = "cache-diagnosis-2026-04-07"
@@ -64,6 +62,26 @@ def blocks_of(
     return blocks or [TextBlock("")]
 
 
+def message_of(
+    mid: str,
+    model: str,
+    result: ChatResult,
+    seal: ReasoningSeal,
+    show_thinking: bool,
+    written_upto: int = 0,
+) -> Message:
+    """A whole answer as an Anthropic message; ``written_upto``: see ``stream.usage``."""
+    f = result.finished
+    return Message(
+        id=mid,
+        model=model,
+        content=blocks_of(result.pieces, seal, show_thinking),
+        stop_reason=stop_reason(f.reason, f.stop_sequence, result.tool_calls),  # type: ignore[arg-type]
+        stop_sequence=f.stop_sequence,
+        usage=usage(f.prompt_tokens, f.completion_tokens, f.cached_tokens, written_upto),
+    )
+
+
 def diagnostics(turn: ChatTurn) -> dict[str, Any]:
     """Anthropic's ``diagnostics`` object for a turn (cache-diagnosis beta)."""
     if turn.previous_named and turn.previous is None:
@@ -93,36 +111,25 @@ class AnthropicController(Controller):
         ),
     )
     async def create_message(
-        self, data: MessagesRequest, container: Container, request: Request
+        self, data: MessagesRequest, pool: ModelPool, translate: Translators, request: Request
     ) -> Message:
-        served = await container.pool.acquire(data.model)
-        chat = translator(Translator, container, served).chat_request(data, served.id)
+        served = await pool.acquire(data.model)
+        chat = translate.anthropic(served.chat).chat_request(data, served.id)
         breakpoints = anthropic_breakpoints(data, chat.labels)
+        controls = turn_controls(request, data.omlx_cache_control, breakpoints=breakpoints)
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         previous = data.diagnostics.previous_message_id if data.diagnostics is not None else None
-        chat.cache_tenant = tenant_of(request)
-        turn = await served.chat.prepare(chat, mid, previous)
-        turn.request = with_controls(request, data.omlx_cache_control, turn.request)
-        note(request, turn.cache, stored=turn.request.cache_store, model=served.id)
-        written = 0
-        if turn.request.cache_store:  # a no-store request pins nothing
-            written = await honour_breakpoints(served, chat, turn.prompt.tokens, breakpoints)
+        turn = await served.chat.start(chat, mid, controls, previous)
+        note(request, turn.cache, served.id)
         extra = diagnostics(turn) if wants_diagnostics(request, data) else None
         show_thinking = data.thinking is None or data.thinking.display != "omitted"
         if data.stream:
-            stream = MessageStream(mid, data.model, container.seal, show_thinking, extra)
-            stream.written_upto = written
+            stream = MessageStream(mid, data.model, translate.seal, show_thinking, extra)
+            stream.written_upto = turn.cache_written
             return EventStream(stream.run(served.chat.stream(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
         result = await unless_disconnected(request.receive, served.chat.complete(turn))
-        f = result.finished
-        message = Message(
-            id=mid,
-            model=data.model,
-            content=blocks_of(result.pieces, container.seal, show_thinking),
-            stop_reason=stop_reason(f.reason, f.stop_sequence, result.tool_calls),  # type: ignore[arg-type]
-            stop_sequence=f.stop_sequence,
-            usage=usage(f.prompt_tokens, f.completion_tokens, f.cached_tokens, written),
-        )
+        seal, written = translate.seal, turn.cache_written
+        message = message_of(mid, data.model, result, seal, show_thinking, written)
         if extra is not None:
             message.diagnostics = extra
         return message
@@ -134,8 +141,10 @@ class AnthropicController(Controller):
         summary="Count a request's input tokens",
         responses=_ERRORS,
     )
-    async def count_tokens(self, data: CountTokensRequest, container: Container) -> TokenCount:
-        served = await container.pool.acquire(data.model)
+    async def count_tokens(
+        self, data: CountTokensRequest, pool: ModelPool, translate: Translators
+    ) -> TokenCount:
+        served = await pool.acquire(data.model)
         request = MessagesRequest(
             model=data.model,
             messages=data.messages,
@@ -146,5 +155,5 @@ class AnthropicController(Controller):
             thinking=data.thinking,
             context_management=data.context_management,
         )
-        chat = translator(Translator, container, served).chat_request(request, served.id)
+        chat = translate.anthropic(served.chat).chat_request(request, served.id)
         return TokenCount(await served.chat.count_tokens(chat))

@@ -20,14 +20,17 @@ from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from omlx.app.api.auth import tenant_of
-from omlx.app.api.cache_controller import unpin
+from omlx.app.api.cache_controller import Unpinned, pins_of, unpin
 from omlx.app.api.dashboard.actions import clear_model_cache, unload_model, vacuum_cache
 from omlx.app.api.dashboard.series import RequestSeries
 from omlx.app.api.dashboard.state import dashboard_state, ssd_usage
 from omlx.app.api.errors import handle_app_error
+from omlx.app.cache_controls.maintenance import CacheMaintenance
 from omlx.app.errors import InvalidRequest, Unauthorized
+from omlx.app.models.pool import ModelPool
 from omlx.app.ops.request_log import RequestLog, current_api, current_report
-from omlx.app.wiring.container import Container
+from omlx.app.ops.status import ServerStatus
+from omlx.app.settings import Settings
 
 # The page's files, served from the package (no build step, nothing from the network).
 _STATIC = {
@@ -94,11 +97,17 @@ class DashboardController(Controller):
         summary="Models, cache tiers, queue, recent requests and sampled series, as the dashboard shows them",
     )
     async def state(
-        self, request: Request, container: Container, dashboard: Dashboard
+        self,
+        request: Request,
+        status: ServerStatus,
+        settings: Settings,
+        dashboard: Dashboard,
+        pool: ModelPool,
+        maintenance: CacheMaintenance | None,
     ) -> dict[str, Any]:
-        ssd = await anyio.to_thread.run_sync(ssd_usage, container)
-        tenant = tenant_of(request) or ""
-        return dashboard_state(container, dashboard.log, dashboard.series, ssd, tenant)
+        ssd = await anyio.to_thread.run_sync(ssd_usage, maintenance)
+        pins = pins_of(pool, tenant_of(request))
+        return dashboard_state(status.read(), settings, dashboard.log, dashboard.series, ssd, pins)
 
     # The actions change the server's state: kept out of the OpenAPI schema, so schema-driven
     # fuzzers (tests/e2e/test_schemathesis.py) do not unload or clear what other tests use.
@@ -108,9 +117,9 @@ class DashboardController(Controller):
         include_in_schema=False,
         status_code=200,
     )
-    async def unload(self, request: Request, container: Container, model_id: str) -> dict[str, Any]:
+    async def unload(self, request: Request, pool: ModelPool, model_id: str) -> dict[str, Any]:
         _require_json(request)
-        return unload_model(container, model_id)
+        return unload_model(pool, model_id)
 
     @post(
         "/models/{model_id:str}/clear-cache",
@@ -119,10 +128,14 @@ class DashboardController(Controller):
         status_code=200,
     )
     async def clear_cache(
-        self, request: Request, container: Container, model_id: str
+        self,
+        request: Request,
+        pool: ModelPool,
+        maintenance: CacheMaintenance | None,
+        model_id: str,
     ) -> dict[str, Any]:
         _require_json(request)
-        return await anyio.to_thread.run_sync(clear_model_cache, container, model_id)
+        return await anyio.to_thread.run_sync(clear_model_cache, pool, maintenance, model_id)
 
     @post(
         "/pins/{pin_id:str}/unpin",
@@ -130,17 +143,17 @@ class DashboardController(Controller):
         include_in_schema=False,
         status_code=200,
     )
-    async def unpin(self, request: Request, container: Container, pin_id: str) -> dict[str, Any]:
+    async def unpin(self, request: Request, pool: ModelPool, pin_id: str) -> Unpinned:
         _require_json(request)
         # DELETE /v1/cache/pins/{id}'s own code: a tenant unpins only its own pins.
-        return unpin(container, pin_id, tenant_of(request) or "")
+        return unpin(pool, pin_id, tenant_of(request))
 
     @post("/vacuum", operation_id="dashboardVacuum", include_in_schema=False, status_code=200)
     async def vacuum(
-        self, request: Request, container: Container, data: VacuumRequest
+        self, request: Request, maintenance: CacheMaintenance | None, data: VacuumRequest
     ) -> dict[str, Any]:
         _require_json(request)
-        return await anyio.to_thread.run_sync(vacuum_cache, container, data.max_size)
+        return await anyio.to_thread.run_sync(vacuum_cache, maintenance, data.max_size)
 
 
 def _require_json(request: Request) -> None:

@@ -1,23 +1,26 @@
 """What ``GET /v1/dashboard/state`` answers: models, tiers, queue, recent requests, series.
 
-Read from the pool, each model's cache stats and pins (the caller's tenant's, as
-``GET /v1/cache/pins`` lists them), the cold tier's index (on a worker thread: it is a
-query) and the dashboard's request log and series. Plain JSON values only.
+Drawn from the server's one ``ServerState`` read (as ``/health`` and ``/metrics`` are),
+each model's pins (the caller's tenant's, as ``GET /v1/cache/pins`` lists them), the cold
+tier's usage (``CacheMaintenance.usage``: index queries, on a worker thread) and the
+dashboard's request log and series. Plain JSON values only.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import asdict
 from typing import Any
 
-from omlx import __version__
-from omlx.app.api.cache_controller import pin_json, pins_of
+import msgspec
+
+from omlx.app.api.cache_controller import pin_json
 from omlx.app.api.dashboard.series import RequestSeries
-from omlx.app.models.pool import Served
+from omlx.app.cache_controls.maintenance import CacheMaintenance
+from omlx.app.cache_controls.service import PinView
 from omlx.app.ops.request_log import RequestLog
-from omlx.app.wiring.container import Container
+from omlx.app.ops.status import CacheState, ModelState, ServerState
+from omlx.app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -25,33 +28,29 @@ RECENT_REQUESTS = 50
 
 
 def dashboard_state(
-    container: Container,
-    log: RequestLog,
+    state: ServerState,
+    settings: Settings,
+    requests: RequestLog,
     series: RequestSeries,
     ssd: dict[str, Any],
-    tenant: str = "",
+    pins: dict[str, list[PinView]],
 ) -> dict[str, Any]:
     """The whole page's data; ``ssd`` is ``ssd_usage``'s answer (read off the event loop)."""
-    pool, settings = container.pool, container.settings
-    loaded = {s.id: s for s in pool.loaded()}
-    usage = pool.account.snapshot()
-    models = [
-        _model(pool, spec_id, loaded.get(spec_id), usage.get(spec_id)) for spec_id in pool.specs
-    ]
+    models = [_model(m) for m in state.models]
     for model in models:
         known = ssd.get("enabled") and "unavailable" not in ssd
         model["ssd"] = _ssd_of(model, ssd["namespaces"]) if known else None
     hot = [m["cache"]["hot"] for m in models if m.get("cache", {}).get("hot")]
     return {
         "server": {
-            "version": __version__,
-            "uptime_s": round(time.time() - container.started_at, 1),
-            "ready": pool.ready and not container.start_loads,
-            "blas": container.blas,
+            "version": state.version,
+            "uptime_s": state.uptime_s,
+            "ready": state.ready,
+            "blas": state.blas,
             "auth": bool(settings.api_key),
             "sample_seconds": series.interval,
         },
-        "memory": {"limit_bytes": pool.account.limit_bytes, "held_bytes": pool.account.held()},
+        "memory": {"limit_bytes": state.memory_limit, "held_bytes": state.memory_held},
         "models": models,
         "tiers": {
             "hot": {
@@ -69,25 +68,21 @@ def dashboard_state(
             "max_concurrent": settings.max_concurrent_requests,
             "max_queued": settings.max_queued_requests,
         },
-        "requests": [asdict(r) for r in log.recent(RECENT_REQUESTS)],
+        "requests": [asdict(r) for r in requests.recent(RECENT_REQUESTS)],
         "series": {m: [asdict(p) for p in pts] for m, pts in series.points().items()},
-        "pins": pins(container, tenant),
+        "pins": pins_json(pins),
     }
 
 
-def pins(container: Container, tenant: str) -> dict[str, list[dict[str, Any]]]:
-    """Each loaded model's live pins of ``tenant``, soonest to expire first, with the TTL left."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for served, cache in pins_of(container):
-        book = cache.pins
-        out[served.id] = [
-            {
-                **pin_json(served.id, pin, cache.held_blocks(pin.keys)),
-                "ttl_left_s": round(book.ttl_left(pin), 1),
-            }
-            for pin in book.pins(tenant)
+def pins_json(pins: dict[str, list[PinView]]) -> dict[str, list[dict[str, Any]]]:
+    """Each loaded model's live pins, soonest to expire first, with the TTL left."""
+    return {
+        model: [
+            {**msgspec.to_builtins(pin_json(model, view)), "ttl_left_s": round(view.ttl_left, 1)}
+            for view in views
         ]
-    return out
+        for model, views in pins.items()
+    }
 
 
 def _ssd_of(model: dict[str, Any], namespaces: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -107,46 +102,37 @@ def _ssd_of(model: dict[str, Any], namespaces: list[dict[str, Any]]) -> dict[str
     return named[-1] if named else None
 
 
-def _model(
-    pool: Any, model_id: str, served: Served | None, held: dict[str, int] | None
-) -> dict[str, Any]:
-    spec = pool.specs[model_id]
+def _model(m: ModelState) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "id": model_id,
-        "task": spec.task,
-        "state": pool.state(model_id),
-        "pinned": model_id in pool.pinned,
-        "source": spec.label,
-        "error": pool.load_errors.get(model_id),
-        "weights_bytes": held["weights"] if held else 0,
-        "kv_bytes": held["kv"] if held else 0,
-        "active": 0,
-        "queued": 0,
+        "id": m.id,
+        "task": m.task,
+        "state": m.state,
+        "pinned": m.pinned,
+        "source": m.source,
+        "error": m.error,
+        "weights_bytes": m.weights_bytes,
+        "kv_bytes": m.kv_bytes,
+        "active": m.active,
+        "queued": m.queued,
     }
-    if served is None:
+    if not m.loaded:
         return out
-    engine = served.engine
-    out["active"] = getattr(engine, "active", 0)
-    out["queued"] = getattr(engine, "queued", 0)
-    out["load_seconds"] = round(served.load_seconds, 2)
-    budget = getattr(engine, "budget", None)
-    out["kv_bytes_per_token"] = getattr(budget, "bytes_per_token", None)
-    if served.task == "chat":
-        out["cache"] = _cache(served)
+    out["load_seconds"] = round(m.load_seconds, 2)
+    out["kv_bytes_per_token"] = m.kv_bytes_per_token
+    if m.cache is not None:
+        out["cache"] = _cache(m.cache)
     return out
 
 
-def _cache(served: Served) -> dict[str, Any]:
-    prefix_cache = served.prefix_cache
-    if prefix_cache is None:
-        reason = getattr(served.model, "cache_unsupported_reason", "") or "turned off"
-        return {"enabled": False, "disabled_reason": reason}
-    s = prefix_cache.stats()
+def _cache(c: CacheState) -> dict[str, Any]:
+    s = c.stats
+    if s is None:
+        return {"enabled": False, "disabled_reason": c.disabled_reason or "turned off"}
     hot = s.hot
     return {
         "enabled": True,
-        "namespace": prefix_cache.namespace.digest,
-        "block_size": prefix_cache.block_size,
+        "namespace": c.namespace,
+        "block_size": c.block_size,
         "lookups": s.lookups,
         "lookup_tokens": s.lookup_tokens,
         "hit_tokens": s.hit_tokens,
@@ -156,17 +142,16 @@ def _cache(served: Served) -> dict[str, Any]:
     }
 
 
-def ssd_usage(container: Container) -> dict[str, Any]:
+def ssd_usage(maintenance: CacheMaintenance | None) -> dict[str, Any]:
     """The cold tier's blocks, bytes and budget, per namespace (index queries: call off the loop).
 
     An index that cannot answer now (a shared database away, a long lock) is reported as
     such: the rest of the page still draws.
     """
-    ssd = container.ssd
-    if ssd is None:
+    if maintenance is None:
         return {"enabled": False}
     try:
-        return _ssd_usage(container, ssd)
+        return maintenance.usage()
     except Exception as exc:
         log.warning("dashboard: the SSD tier's index did not answer: %s", exc)
         return {
@@ -174,40 +159,3 @@ def ssd_usage(container: Container) -> dict[str, Any]:
             "unavailable": f"the index did not answer: {exc}",
             "namespaces": [],
         }
-
-
-def _ssd_usage(container: Container, ssd: Any) -> dict[str, Any]:
-    from omlx.adapters.blockfiles.budget import DiskBudget
-
-    index = ssd.index
-    usage = {u.namespace: u for u in index.usage()}
-    namespaces = []
-    for rec in index.namespace_records():
-        u = usage.get(rec.info.digest)
-        tokens, nbytes = (u.tokens, u.nbytes) if u else (0, 0)
-        namespaces.append(
-            {
-                "model": rec.info.model_name,
-                "namespace": rec.info.digest,
-                "block_size": rec.info.block_size,
-                "blocks": u.blocks if u else 0,
-                "tokens": tokens,
-                "bytes": nbytes,
-                "bytes_per_token": round(nbytes / tokens, 1) if tokens else None,
-            }
-        )
-    used = sum(ns["bytes"] for ns in namespaces)
-    settings = container.settings
-    writer = container.writer.stats() if container.writer is not None else {}
-    return {
-        "enabled": True,
-        "dir": str(ssd.dir),
-        "shared": ssd.shared,
-        "blocks": sum(ns["blocks"] for ns in namespaces),
-        "tokens": sum(ns["tokens"] for ns in namespaces),
-        "bytes": used,
-        "max_bytes": DiskBudget(ssd.dir, settings.ssd_cache_bytes).limit(used),
-        "configured_max_bytes": settings.ssd_cache_bytes,
-        "write_queue": int(writer.get("queued", 0)),
-        "namespaces": namespaces,
-    }

@@ -12,8 +12,7 @@ import msgspec
 from litestar import Controller, Request, delete, get, post
 from litestar.params import Parameter
 
-from omlx.app.api.auth import tenant_of
-from omlx.app.api.cache_edge import note, with_controls
+from omlx.app.api.cache_edge import note, turn_controls
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openai.schemas import OpenAIErrorResponse
 from omlx.app.api.openapi import error_responses, streaming_operation
@@ -26,19 +25,20 @@ from omlx.app.api.responses.schemas import (
     ResponsesRequest,
 )
 from omlx.app.api.responses.stream import ResponseRun
-from omlx.app.api.responses.translate import Translator
+from omlx.app.api.responses.translate import Translated
 from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
-from omlx.app.api.translators import translator
-from omlx.app.cache_controls.hints import (
-    honour_retention,
-    openai_retention,
-    remember_session,
-    session_turn,
-)
+from omlx.app.api.translators import Translators
+from omlx.app.cache_controls.hints import openai_retention
+from omlx.app.chat.turn import ChatResult
 from omlx.app.errors import InvalidRequest, NotFound, StoreUnavailable
-from omlx.app.wiring.container import Container
+from omlx.app.models.pool import ModelPool, Served
 from omlx.domain.ports import IndexUnavailable
-from omlx.domain.responses import BrokenChain, StoredResponse, conversation_input
+from omlx.domain.responses import (
+    BrokenChain,
+    ResponseStore,
+    StoredResponse,
+    conversation_input,
+)
 from omlx.domain.responses import history as conversation_history
 
 _ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404, 413, 429, 500)
@@ -56,9 +56,9 @@ async def _from_store(call: Callable[..., Any], *args: Any) -> Any:
         ) from exc
 
 
-async def stored_chain(container: Container, response_id: str) -> list[StoredResponse]:
+async def stored_chain(responses: ResponseStore, response_id: str) -> list[StoredResponse]:
     try:
-        chain = await _from_store(container.responses.chain, response_id)
+        chain = await _from_store(responses.chain, response_id)
     except BrokenChain as exc:
         raise NotFound(
             f"stored response {response_id!r} lost an earlier turn: {exc}", param="response_id"
@@ -68,12 +68,12 @@ async def stored_chain(container: Container, response_id: str) -> list[StoredRes
     return chain
 
 
-async def history(container: Container, previous_id: str | None) -> list[dict[str, Any]]:
+async def history(responses: ResponseStore, previous_id: str | None) -> list[dict[str, Any]]:
     """The conversation a previous response continued: its input items, then its output."""
     if previous_id is None:
         return []
     try:
-        chain = await _from_store(container.responses.chain, previous_id)
+        chain = await _from_store(responses.chain, previous_id)
     except BrokenChain:
         chain = None
     if chain is None:
@@ -104,6 +104,36 @@ def check_metadata(metadata: dict[str, str] | None) -> None:
             )
 
 
+def _run(
+    rid: str,
+    data: ResponsesRequest,
+    translated: Translated,
+    past: int,
+    responses: ResponseStore,
+    served: Served,
+    translate: Translators,
+) -> ResponseRun:
+    """A response's run: its output built as events, then kept if ``store``."""
+    service = served.generation
+    return ResponseRun(
+        base=base_response(rid, int(time.time()), data),
+        builder=OutputBuilder(translate.seal, translated.encrypted_reasoning),
+        items=translated.items[past:],  # this turn's own: earlier ones are links
+        previous_id=data.previous_response_id,
+        store=responses if data.store else None,
+        caching=served.prefix_cache is not None,
+        count_tokens=lambda text: len(service.encode_text(text)),
+    )
+
+
+async def _whole(run: ResponseRun, result: ChatResult) -> ResponseObject:
+    """A finished turn as one response object, kept when the request asked."""
+    for piece in result.pieces:
+        run.builder.feed(piece)
+    _, final = run.complete(result.finished)
+    return await run.keep(final)
+
+
 class ResponsesController(Controller):
     path = "/v1/responses"
     tags = ("openai",)
@@ -120,41 +150,30 @@ class ResponsesController(Controller):
         ),
     )
     async def create_response(
-        self, data: ResponsesRequest, container: Container, request: Request
+        self,
+        data: ResponsesRequest,
+        pool: ModelPool,
+        translate: Translators,
+        responses: ResponseStore,
+        request: Request,
     ) -> ResponseObject:
         check_metadata(data.metadata)
-        served = await container.pool.acquire(data.model)
-        past = await history(container, data.previous_response_id)
-        translated = translator(Translator, container, served).translate(data, served.id, past)
+        served = await pool.acquire(data.model)
+        past = await history(responses, data.previous_response_id)
+        translated = translate.responses(served.chat).translate(data, served.id, past)
         retention = openai_retention(data.prompt_cache_retention)
-        rid = new_id("resp")
-        group = data.prompt_cache_key
-        previous = data.previous_response_id or session_turn(served, group)
-        translated.chat.cache_tenant = tenant_of(request)
-        turn = await served.chat.prepare(translated.chat, rid, previous)
-        remember_session(served, group, turn)
-        turn.request = with_controls(request, data.omlx_cache_control, turn.request)
-        note(request, turn.cache, stored=turn.request.cache_store, model=served.id)
-        if turn.request.cache_store:
-            tenant = translated.chat.cache_tenant
-            await honour_retention(served, turn.prompt.tokens, retention, group, tenant)
-        service = served.generation
-        run = ResponseRun(
-            base=base_response(rid, int(time.time()), data),
-            builder=OutputBuilder(container.seal, translated.encrypted_reasoning),
-            items=translated.items[len(past) :],  # this turn's own: earlier ones are links
-            previous_id=data.previous_response_id,
-            store=container.responses if data.store else None,
-            caching=served.prefix_cache is not None,
-            count_tokens=lambda text: len(service.encode_text(text)),
+        controls = turn_controls(
+            request, data.omlx_cache_control, retention=retention, session_key=data.prompt_cache_key
         )
+        rid = new_id("resp")
+        turn = await served.chat.start(translated.chat, rid, controls, data.previous_response_id)
+        note(request, turn.cache, served.id)
+        run = _run(rid, data, translated, len(past), responses, served, translate)
         if data.stream:
             return EventStream(run.stream(served.chat.stream(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
-        result = await unless_disconnected(request.receive, served.chat.complete(turn))
-        for piece in result.pieces:
-            run.builder.feed(piece)
-        _, final = run.complete(result.finished)
-        return await run.keep(final)
+        return await _whole(
+            run, await unless_disconnected(request.receive, served.chat.complete(turn))
+        )
 
     @get(
         "/{response_id:str}",
@@ -163,14 +182,14 @@ class ResponsesController(Controller):
         responses=_READ_ERRORS,
     )
     async def get_response(
-        self, response_id: str, container: Container, stream: bool = False
+        self, response_id: str, responses: ResponseStore, stream: bool = False
     ) -> ResponseObject:
         if stream:
             raise InvalidRequest(
                 "stream is not supported here: a stored response is returned whole",
                 param="stream",
             )
-        record = await _from_store(container.responses.get, response_id)
+        record = await _from_store(responses.get, response_id)
         if record is None:
             raise NotFound(f"no stored response {response_id!r}", param="response_id")
         return msgspec.convert(record.response, ResponseObject)
@@ -182,8 +201,8 @@ class ResponsesController(Controller):
         summary="Delete a stored response",
         responses=_READ_ERRORS,
     )
-    async def delete_response(self, response_id: str, container: Container) -> DeletedResponse:
-        if not await _from_store(container.responses.delete, response_id):
+    async def delete_response(self, response_id: str, responses: ResponseStore) -> DeletedResponse:
+        if not await _from_store(responses.delete, response_id):
             raise NotFound(f"no stored response {response_id!r}", param="response_id")
         return DeletedResponse(response_id)
 
@@ -196,13 +215,13 @@ class ResponsesController(Controller):
     async def list_input_items(
         self,
         response_id: str,
-        container: Container,
+        responses: ResponseStore,
         limit: int = Parameter(default=20, ge=1, le=100),
         order: Literal["asc", "desc"] = "desc",
         after: str | None = None,
         include: list[str] | None = None,  # accepted: stored items are returned whole
     ) -> InputItemList:
-        items = conversation_input(await stored_chain(container, response_id))
+        items = conversation_input(await stored_chain(responses, response_id))
         if order == "desc":
             items = items[::-1]
         if after is not None:
