@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-from omlx.adapters.mlx.kv_codec import MLXKVCodec
-from omlx.adapters.mlx.loader import load_model
-from omlx.adapters.mlx.memory import CACHE_STEP, KVBudget
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
+from omlx.adapters.mlx.cache.memory import CACHE_STEP, KVBudget
+from omlx.adapters.mlx.models.loader import load_model
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.prefix_cache import PrefixCache
 from omlx.domain.generation import (

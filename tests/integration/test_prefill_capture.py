@@ -13,10 +13,10 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from omlx.adapters.mlx import batch_rows
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-from omlx.adapters.mlx.kv_codec import MLXKVCodec, _groups
-from omlx.adapters.mlx.loader import load_model
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.cache.codec import MLXKVCodec, _groups
+from omlx.adapters.mlx.mlx_lm_private import rows as batch_rows
+from omlx.adapters.mlx.models.loader import load_model
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.keys import chain_keys
 from omlx.domain.cache.prefix_cache import PrefixCache

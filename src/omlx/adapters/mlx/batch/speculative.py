@@ -39,9 +39,9 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
 
-from omlx.adapters.mlx import batch_rows
-from omlx.adapters.mlx.quantized_batch_cache import BatchQuantizedKVCache
-from omlx.adapters.mlx.sampling import CategoricalSampler, is_greedy
+from omlx.adapters.mlx.batch.sampling import CategoricalSampler, is_greedy
+from omlx.adapters.mlx.mlx_lm_private import rows as batch_rows
+from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import BatchQuantizedKVCache
 from omlx.domain.speculation import (
     Acceptance,
     DraftPolicy,

@@ -28,16 +28,20 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
-from omlx.adapters.mlx import batch_rows
-from omlx.adapters.mlx.fused_prefill import FusingBatchGenerator
-from omlx.adapters.mlx.jobs import Emit, Job, log_finished, phases_of, tier_of
-from omlx.adapters.mlx.loader import LoadedModel
-from omlx.adapters.mlx.processors import grammar_finish_reason, request_processors, token_logprob
-from omlx.adapters.mlx.prompt_lookup import PromptLookup
-from omlx.adapters.mlx.quantized_batch_cache import exact_fits, exact_prompt_cache
-from omlx.adapters.mlx.sampling import Sampler, make_sampler
-from omlx.adapters.mlx.speculative import Proposer, Speculation
-from omlx.adapters.mlx.warm_up import warm_up
+from omlx.adapters.mlx.batch.fused_prefill import FusingBatchGenerator
+from omlx.adapters.mlx.batch.jobs import Emit, Job, log_finished, phases_of, tier_of
+from omlx.adapters.mlx.batch.processors import (
+    grammar_finish_reason,
+    request_processors,
+    token_logprob,
+)
+from omlx.adapters.mlx.batch.prompt_lookup import PromptLookup
+from omlx.adapters.mlx.batch.sampling import Sampler, make_sampler
+from omlx.adapters.mlx.batch.speculative import Proposer, Speculation
+from omlx.adapters.mlx.batch.warm_up import warm_up
+from omlx.adapters.mlx.mlx_lm_private import rows as batch_rows
+from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import exact_fits, exact_prompt_cache
+from omlx.adapters.mlx.models.loader import LoadedModel
 from omlx.domain.cache.kv_quant import KVQuant
 from omlx.domain.generation import (
     Failed,

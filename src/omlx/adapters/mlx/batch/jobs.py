@@ -19,7 +19,7 @@ from omlx.domain.speculation import SpeculationSummary
 if TYPE_CHECKING:
     from omlx.domain.cache.session import CacheSession
 
-log = logging.getLogger("omlx.adapters.mlx.engine")  # the engine's own lines
+log = logging.getLogger("omlx.adapters.mlx.batch.engine")  # the engine's own lines
 
 Emit = Callable[[GenerationEvent], None]
 

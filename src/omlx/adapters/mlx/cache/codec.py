@@ -41,18 +41,18 @@ from omlx.adapters.blockfiles.format import (
     quant_parts,
     unpack_block,
 )
-from omlx.adapters.mlx import batch_rows
-from omlx.adapters.mlx.batch_rows import RowView
-from omlx.adapters.mlx.cache_layout import ModelLayout, flat_leaves, plain_layout
-from omlx.adapters.mlx.kv_join import dtype_of, from_host, join_leaves, to_host
-from omlx.adapters.mlx.kv_quantized import (
+from omlx.adapters.mlx.cache.join import dtype_of, from_host, join_leaves, to_host
+from omlx.adapters.mlx.cache.layout import ModelLayout, flat_leaves, plain_layout
+from omlx.adapters.mlx.cache.quantized import (
     QuantizedKVBlock,
     exact_block,
     quantizable,
     quantized_block,
 )
-from omlx.adapters.mlx.quantized_batch_cache import ExactKVCache
-from omlx.adapters.mlx.restored_cache import with_room
+from omlx.adapters.mlx.cache.restored_cache import with_room
+from omlx.adapters.mlx.mlx_lm_private import rows as batch_rows
+from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import ExactKVCache
+from omlx.adapters.mlx.mlx_lm_private.rows import RowView
 from omlx.domain.cache.blocks import BlockMeta, DecodedBlock
 from omlx.domain.cache.keys import KV, STATE, WINDOW
 from omlx.domain.cache.kv_quant import KVQuant

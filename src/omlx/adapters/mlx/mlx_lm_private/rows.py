@@ -43,7 +43,10 @@ from mlx_lm.models.cache import (
     TokenBuffer,
 )
 
-from omlx.adapters.mlx.quantized_batch_cache import BatchQuantizedKVCache, ExactKVCache
+from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import (
+    BatchQuantizedKVCache,
+    ExactKVCache,
+)
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,12 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
 
-from omlx.adapters.mlx import batch_rows
-from omlx.adapters.mlx.speculative import Speculation, SpeculativeGeneration, SpeculativeInOrder
+from omlx.adapters.mlx.batch.speculative import (
+    Speculation,
+    SpeculativeGeneration,
+    SpeculativeInOrder,
+)
+from omlx.adapters.mlx.mlx_lm_private import rows as batch_rows
 
 FUSE_MAX_TOKENS = 64
 

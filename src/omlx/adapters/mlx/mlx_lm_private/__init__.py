@@ -1,0 +1,1 @@
+"""Every private name omlx uses of mlx-lm, behind one version check."""
