@@ -36,7 +36,7 @@ from mlx_lm.models.base import (  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 from omlx.adapters.mlx.cache.codec import MLXKVCodec  # noqa: E402
-from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import exact_prompt_cache  # noqa: E402
+from omlx.adapters.mlx.cache.exact import exact_prompt_cache  # noqa: E402
 from omlx.adapters.mlx.mlx_lm_private.rows import RowView  # noqa: E402
 from omlx.adapters.mlx.models.loader import load_model  # noqa: E402
 from omlx.domain.cache.blocks import BlockMeta  # noqa: E402

@@ -11,7 +11,7 @@ import mlx.core as mx
 import pytest
 
 from omlx.adapters.mlx.cache.quantized import QuantizedKVBlock, gpu_backend
-from omlx.adapters.mlx.mlx_lm_private import rows as batch_rows
+from omlx.adapters.mlx.mlx_lm_private import batcher
 from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import BatchQuantizedKVCache
 from omlx.app.bootstrap import bootstrap
 from omlx.app.settings import load_settings
@@ -108,7 +108,7 @@ def test_the_running_cache_holds_codes_and_blocks_are_sliced_from_them(models, t
 
         def step() -> None:  # look at the batch while a request decodes
             original()
-            batch = batch_rows.generation_batch(engine._generator)
+            batch = batcher.generation_batch(engine._generator)
             if batch.uids and not seen:
                 seen.extend(type(c) for c in batch.prompt_cache)
 

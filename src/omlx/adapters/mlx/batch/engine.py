@@ -21,28 +21,29 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
-from omlx.adapters.mlx.batch.fused_prefill import FusingBatchGenerator
+from omlx.adapters.mlx.batch.config import (
+    EngineConfig,
+    exact_caches,
+    features_for,
+    new_generator,
+)
 from omlx.adapters.mlx.batch.jobs import Emit, Job, log_finished, phases_of, tier_of
 from omlx.adapters.mlx.batch.processors import (
     grammar_finish_reason,
     request_processors,
     token_logprob,
 )
-from omlx.adapters.mlx.batch.prompt_lookup import PromptLookup
 from omlx.adapters.mlx.batch.sampling import Sampler, make_sampler
 from omlx.adapters.mlx.batch.speculative import Proposer, Speculation
 from omlx.adapters.mlx.batch.warm_up import warm_up
-from omlx.adapters.mlx.mlx_lm_private import rows as batch_rows
-from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import exact_fits, exact_prompt_cache
+from omlx.adapters.mlx.mlx_lm_private import rows
 from omlx.adapters.mlx.models.loader import LoadedModel
-from omlx.domain.cache.kv_quant import KVQuant
 from omlx.domain.generation import (
     Failed,
     Finished,
@@ -55,7 +56,6 @@ from omlx.domain.generation import (
 )
 from omlx.domain.memory import KVBudget, MemoryAccount, format_bytes
 from omlx.domain.scheduler import Scheduler, Verdict
-from omlx.domain.speculation import SpeculationConfig
 
 if TYPE_CHECKING:
     from omlx.domain.cache.prefix_cache import PrefixCache
@@ -65,32 +65,6 @@ log = logging.getLogger(__name__)
 _REQUEST_IDS = itertools.count(1)  # shared by every model's engine: numbers are process-wide
 
 _GREEDY = SamplingParams()
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    max_concurrent: int = 8
-    prefill_step_size: int = 256
-    # Bytes of KV for the running requests plus the hot tier; None: no memory guard.
-    kv_memory_limit: int | None = None
-    # Run a tiny generation on the engine thread before the first request (see _warm_up).
-    warm_up: bool = True
-    # Run a short final prefill chunk with the prompt's last token (``fused_prefill``):
-    # one forward pass less per request; used on plain attention layouts only.
-    fuse_last_token: bool = True
-    # Idle this long, the engine hands MLX's freed buffers back to the system; sooner, an
-    # agent's next turn reuses them instead of faulting fresh pages in.
-    release_buffers_after_s: float = 60.0
-    # Speculative decoding (``speculative.py``); None: off. Plain attention layouts only.
-    speculation: SpeculationConfig | None = None
-    # Evaluate each decode step before building the next (None: on the CPU only, where
-    # mlx-lm's pipelined steps hand tokens out a pass late). Tests set False to run the
-    # pipelined steps here.
-    in_order: bool | None = None
-    # Exact KV mode (``kv_mode``): the running cache of full-attention layers holds
-    # ``exact_kv``'s codes (``quantized_batch_cache``), so a restored block equals what the
-    # miss computed. None: full precision.
-    exact_kv: KVQuant | None = None
 
 
 class MLXEngine:
@@ -107,7 +81,9 @@ class MLXEngine:
         self.model = model
         self.prefix_cache = prefix_cache
         self.config = config or EngineConfig()
-        self._speculation = self._speculation_for(proposer)
+        # Asked once: what it runs with, and whether it may use mlx-lm's private state.
+        self._features = features_for(model, self.config, proposer, prefix_cache is not None)
+        self._speculation = self._features.speculation
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._ids = _REQUEST_IDS  # one numbering for the process: log lines stay unique
         self._running: dict[int, Job] = {}  # batcher uid -> job
@@ -181,7 +157,7 @@ class MLXEngine:
     # ---- engine thread ----------------------------------------------------
 
     def _run(self) -> None:
-        self._fresh_cache = self._exact_caches()
+        self._fresh_cache = exact_caches(self.model, self._features.exact_kv)
         self._generator = self._new_generator()
         if self.config.warm_up:
             self._warm_up()
@@ -226,71 +202,12 @@ class MLXEngine:
         how = "warm-up stopped for a request:" if interrupted else "warmed up"
         log.info("%s %s in %.2f s", how, self.model.model_id, time.monotonic() - started)
 
-    def _speculation_for(self, proposer: Proposer | None) -> Speculation | None:
-        """The engine's speculation, where its config asks for it and the model allows it."""
-        config = self.config.speculation
-        if config is None:
-            return None
-        if not self._plain_layout():
-            log.info(
-                "speculative decoding of %s: off: its cache has layers a refused draft cannot be "
-                "taken back from (recurrent state or a sliding window)",
-                self.model.model_id,
-            )
-            return None
-        if not batch_rows.private_access_supported():
-            log.info(
-                "speculative decoding of %s: off: written for mlx-lm %sx",
-                self.model.model_id,
-                batch_rows.WRITTEN_FOR,
-            )
-            return None
-        if proposer is None:
-            proposer = PromptLookup(config.ngram_max, config.ngram_min)
-        return Speculation(config, proposer)
-
-    def _exact_caches(self) -> Callable[[], list[Any]] | None:
-        """What makes a fresh request's cache in exact mode; None where it does not apply."""
-        quant = self.config.exact_kv
-        if quant is None:
-            return None
-        if not exact_fits(self.model.model, quant.group_size):
-            log.warning(
-                "exact KV of %s: off: a head_dim is not a multiple of kv_group_size %d; its cache "
-                "runs and is stored in full precision",
-                self.model.model_id,
-                quant.group_size,
-            )
-            return None
-        log.info(
-            "exact KV of %s: the running cache holds %s codes", self.model.model_id, quant.label
-        )
-        return partial(exact_prompt_cache, self.model.model, quant.group_size, quant.bits)
-
     @property
     def speculation(self) -> Speculation | None:
         return self._speculation
 
-    def _plain_layout(self) -> bool:
-        layout = self.model.layout
-        return layout is not None and not layout.unsupported and layout.domain.plain
-
     def _new_generator(self) -> BatchGenerator:
-        in_order = self.config.in_order
-        if in_order is None:
-            # On the CPU, mlx-lm's pipelined decode step hands tokens out a pass late.
-            in_order = mx.default_device().type == mx.cpu
-        return FusingBatchGenerator(
-            self.model.model,
-            fuse=self.config.fuse_last_token and self._plain_layout(),
-            in_order=in_order,
-            speculation=self._speculation,
-            completion_batch_size=self.config.max_concurrent,
-            # Every admitted prompt joins the prefill batch at once: a short prompt
-            # beside a long one is split off to decode after its own last chunk.
-            prefill_batch_size=self.config.max_concurrent,
-            prefill_step_size=self.config.prefill_step_size,
-        )
+        return new_generator(self.model, self.config, self._features)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -452,7 +369,7 @@ class MLXEngine:
                 job.emit(PrefillProgress(job.prefilled, total + job.cached_tokens))
                 if r.end_of_segment and job.session is not None:
                     job.session.prefilled(
-                        self._view(batch_rows.prefill_row, job), job.cached_tokens + done
+                        self._view(rows.prefill_row, job), job.cached_tokens + done
                     )
         for r in generation_responses:
             job = self._running.get(r.uid)
@@ -461,11 +378,11 @@ class MLXEngine:
             self._on_token(job, r)
             if job.deferred_capture is not None and not job.done and job.session is not None:
                 position, job.deferred_capture = job.deferred_capture, None
-                job.session.prefilled(self._view(batch_rows.decode_row, job), position)
+                job.session.prefilled(self._view(rows.decode_row, job), position)
 
     def _view(self, row_of: Callable[..., Any], job: Job) -> Callable[[], Any]:
         """What gives a running request's cache as it is now, when the session asks for it."""
-        return partial(row_of, self._generator, job.uid)
+        return partial(row_of, self._generator, job.uid, self._features.private)
 
     def _on_token(self, job: Job, r: Any) -> None:
         if "first_token" not in job.times:
@@ -474,7 +391,7 @@ class MLXEngine:
         if r.finish_reason is None and job.session is not None:
             position = len(job.request.prompt_tokens) + job.fed_tokens
             if job.session.wants_decoded(position):
-                job.session.decoded(self._view(batch_rows.decode_row, job), position)
+                job.session.decoded(self._view(rows.decode_row, job), position)
         is_eos = r.finish_reason == "stop"
         if not is_eos:
             job.completion_tokens += 1

@@ -23,8 +23,8 @@ at most ``max_rows`` rows: a batch's cache is trimmed as one, so every row keeps
 many drafts as the row that accepted the fewest.
 
 This is mlx-lm's ``GenerationBatch.next`` for several tokens per row: it keeps the same
-fields (``_next_tokens``, ``_next_logprobs``, ``_current_tokens``, ``_token_context``,
-``_num_tokens``, ``_matchers``), which ``batch_rows`` lists with its version check.
+per-row state (pending tokens, processor context, counts, stop matchers) through
+``mlx_lm_private.decode``, and runs only where the engine may use mlx-lm's private state.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
 
 from omlx.adapters.mlx.batch.sampling import CategoricalSampler, is_greedy
-from omlx.adapters.mlx.mlx_lm_private import rows as batch_rows
+from omlx.adapters.mlx.mlx_lm_private import decode
 from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import BatchQuantizedKVCache
 from omlx.domain.speculation import (
     Acceptance,
@@ -185,7 +185,7 @@ class SpeculativeSteps:
         if not n or n > spec.config.max_rows:
             return None
         rows = [spec.row(uid) for uid in batch.uids]
-        if any(r is None for r in rows) or any(t < 1 for t in batch._num_tokens):
+        if any(r is None for r in rows) or any(decode.handed_out(batch, i) < 1 for i in range(n)):
             return None
         if not all(type(c) in _TRIMMABLE for c in batch.prompt_cache):
             return None
@@ -197,10 +197,11 @@ class SpeculativeSteps:
         if free and not self.in_order and not self._worth_waiting(spec, rows):
             return None
         started = time.perf_counter()
-        mx.eval(batch._next_tokens)
+        pending_tokens = decode.pending_tokens(batch)
+        mx.eval(pending_tokens)
         if self.in_order and self._plain_before:
             spec.policy.costs.observe_plain(time.perf_counter() - started)
-        pending = batch._next_tokens.tolist()
+        pending = pending_tokens.tolist()
         started = time.perf_counter()
         drafts = []
         for i, (uid, row) in enumerate(zip(batch.uids, rows, strict=True)):
@@ -274,12 +275,10 @@ class SpeculativeSteps:
         ]
         handed = [[y, *d[:kept]] for y, d in zip(plan.pending, plan.drafts, strict=True)]
         self._after_processing(marks, bases, handed)
-        previous = batch._next_logprobs
-        batch._current_tokens = batch._next_tokens
-        batch._current_logprobs = previous
-        batch._next_tokens = mx.array(nexts)
-        batch._next_logprobs = [logprobs[i, kept] for i in range(len(nexts))]
-        mx.eval(batch._next_tokens, batch._next_logprobs, previous)
+        next_tokens = mx.array(nexts)
+        next_logprobs = [logprobs[i, kept] for i in range(len(nexts))]
+        previous = decode.replace_pending(batch, next_tokens, next_logprobs)
+        mx.eval(next_tokens, next_logprobs, previous)
         for i, uid in enumerate(batch.uids):
             batch.tokens[i].extend(handed[i])
             row = spec.row(uid)
@@ -299,7 +298,7 @@ class SpeculativeSteps:
         marks, bases = [], []
         for i, processors in enumerate(batch.logits_processors):
             marks.append([p.mark() if hasattr(p, "mark") else None for p in processors or ()])
-            bases.append(batch_rows.token_buffer_size(batch._token_context[i]))
+            bases.append(decode.context_size(batch, i))
         return marks, bases
 
     def _processed(
@@ -314,7 +313,7 @@ class SpeculativeSteps:
                 rows.append(logits[i])
                 continue
             fed = len(drafts[i]) + 1
-            context = batch._token_context[i].update_and_fetch(mx.array(inputs[i][:fed]))
+            context = decode.token_context(batch, i).update_and_fetch(mx.array(inputs[i][:fed]))
             positions = []
             for j in range(fed):
                 row = logits[i : i + 1, j]
@@ -333,7 +332,7 @@ class SpeculativeSteps:
         for i, processors in enumerate(batch.logits_processors):
             if not processors:
                 continue
-            batch_rows.truncate_token_buffer(batch._token_context[i], bases[i] + len(handed[i]))
+            decode.truncate_context(batch, i, bases[i] + len(handed[i]))
             for processor, mark in zip(processors, marks[i], strict=True):
                 if mark is not None:
                     processor.rewind(mark, handed[i])
@@ -348,10 +347,7 @@ class SpeculativeSteps:
         for i, uid in enumerate(batch.uids):
             ended = False
             for h, token in enumerate(handed[i]):
-                batch._num_tokens[i] += 1
-                reason = "length" if batch._num_tokens[i] >= batch.max_tokens[i] else None
-                if batch._matchers[i].advance(token):
-                    reason = "stop"
+                reason = decode.hand_out(batch, i, token)
                 if reason is None:
                     responses.append(
                         GenerationBatch.Response(uid, token, logprobs[i][h], None, None, None)
@@ -386,7 +382,7 @@ class SpeculativeSteps:
         super().filter(keep)  # type: ignore[misc]
 
 
-class SpeculativeInOrder(SpeculativeSteps, batch_rows.InOrderGeneration):
+class SpeculativeInOrder(SpeculativeSteps, decode.InOrderGeneration):
     """In-order decode steps (the CPU's), speculative where it pays."""
 
     in_order = True
@@ -403,7 +399,7 @@ def _all(available: int) -> int:
 def _limit(spec: Speculation, batch: Any, i: int) -> int:
     """The most drafts row ``i`` may verify: the pending token is handed out with them,
     at most max_tokens in all."""
-    return min(spec.config.max_draft, batch.max_tokens[i] - batch._num_tokens[i] - 1)
+    return min(spec.config.max_draft, batch.max_tokens[i] - decode.handed_out(batch, i) - 1)
 
 
 def _settle(row: _Row, tokens: Sequence[int], pending: int | None) -> None:

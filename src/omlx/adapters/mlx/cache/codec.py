@@ -50,7 +50,7 @@ from omlx.adapters.mlx.cache.quantized import (
     quantized_block,
 )
 from omlx.adapters.mlx.cache.restored_cache import with_room
-from omlx.adapters.mlx.mlx_lm_private import rows as batch_rows
+from omlx.adapters.mlx.mlx_lm_private import rows
 from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import ExactKVCache
 from omlx.adapters.mlx.mlx_lm_private.rows import RowView
 from omlx.domain.cache.blocks import BlockMeta, DecodedBlock
@@ -133,7 +133,7 @@ class MLXKVCodec:
     def snapshot(self, cache: Any) -> StateSnapshot:
         layers = self._leaf_layers(cache)
         leaves = tuple(self.layout(cache).of(STATE))
-        arrays = tuple(tuple(batch_rows.state_arrays(*layers[i])) for i in leaves)
+        arrays = tuple(tuple(rows.state_arrays(*layers[i])) for i in leaves)
         mx.eval([a for slots in arrays for a in slots if a is not None])
         nbytes = sum(a.nbytes for slots in arrays for a in slots if a is not None)
         return StateSnapshot(leaves, arrays, nbytes)
@@ -143,7 +143,7 @@ class MLXKVCodec:
         leaves = self.layout(cache).of(kind)
         if not leaves:  # no leaves of this kind (an all-SSM model's KV): tokens only
             return Blocks((), stop - start)
-        slices = [batch_rows.kv_slice(*layers[i], start, stop) for i in leaves]
+        slices = [rows.kv_slice(*layers[i], start, stop) for i in leaves]
         if isinstance(slices[0][0], tuple):  # exact mode: the running cache's own codes
             kv_dtype = layers[leaves[0]][0].kv_dtype
             return self._cut_codes(leaves, slices, stop - start, kv_dtype)

@@ -9,11 +9,16 @@ leave as ``ExactKVCache`` (a ``QuantizedKVCache`` that can join a batch again).
 Blocks are sliced out of these codes and put back as codes, never requantized:
 ``quantize ∘ dequantize`` is not idempotent in mlx (39% of values move on a second round
 trip at 8-bit/g64), so only the codes themselves make a hit equal a miss. For float32 KV
-the scales and biases are held as float16, as blocks store them (``kv_quantized``): a
+the scales and biases are held as float16, as blocks store them (``cache.quantized``): a
 block is then a plain slice, and the running cache is as small as a block (8-bit/g64:
 0.266x float32, not 0.281x). mlx's quantized matmul widens them to the queries' float32
 itself; measured here, decode steps take the same time either way (docs/benchmarks.md).
 Each cache remembers ``kv_dtype``, the dtype of the KV it quantized (blocks record it).
+
+It lives with mlx-lm's private state because it is one: a subclass of the private
+``_BaseCache`` that mirrors ``BatchKVCache``'s write index ``_idx``, called by the batcher
+through the interface its batch caches share (``prepare``, ``finalize``, ``filter``,
+``extend``, ``extract``, ``merge``). A batch quantized KV cache in mlx-lm would delete it.
 """
 
 from __future__ import annotations
@@ -22,14 +27,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import (
-    CacheList,
-    KVCache,
-    QuantizedKVCache,
-    _BaseCache,
-    dynamic_roll,
-    make_prompt_cache,
-)
+from mlx_lm.models.cache import QuantizedKVCache, _BaseCache, dynamic_roll
 
 Triple = tuple[mx.array, mx.array, mx.array]
 
@@ -321,42 +319,3 @@ class BatchQuantizedKVCache(_BaseCache):
         if self.keys is None:
             return 0
         return sum(c.nbytes for c in (*self.keys, *self.values))
-
-
-# ---- a model's whole cache --------------------------------------------------------------
-
-
-def exact_prompt_cache(model: Any, group_size: int, bits: int) -> list[Any]:
-    """A fresh cache for ``model`` whose full-attention layers hold codes (exact mode).
-
-    Sliding-window and state layers stay as mlx-lm makes them, in full precision: mlx-lm
-    has no quantized rotating batch cache, and SSM state is not KV.
-    """
-
-    def convert(entry: Any) -> Any:
-        if isinstance(entry, CacheList):
-            return CacheList(*(convert(c) for c in entry.caches))
-        if type(entry) is KVCache:
-            return ExactKVCache(group_size=group_size, bits=bits)
-        return entry
-
-    return [convert(entry) for entry in make_prompt_cache(model)]
-
-
-def exact_fits(model: Any, group_size: int) -> bool:
-    """Whether every full-attention layer's head_dim is a multiple of ``group_size`` (one
-    token through a fresh cache shows the shapes)."""
-    cache = make_prompt_cache(model)
-    model(mx.array([[0]]), cache=cache)
-    dims = []
-
-    def visit(entry: Any) -> None:
-        if isinstance(entry, CacheList):
-            for c in entry.caches:
-                visit(c)
-        elif type(entry) is KVCache and entry.keys is not None:
-            dims.extend((entry.keys.shape[-1], entry.values.shape[-1]))
-
-    for entry in cache:
-        visit(entry)
-    return bool(dims) and all(d % group_size == 0 for d in dims)
