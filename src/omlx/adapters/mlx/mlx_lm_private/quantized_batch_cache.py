@@ -84,6 +84,33 @@ def _first(side: Triple, n: int) -> Triple:
     return _map(lambda c: c[..., :n, :], side)
 
 
+def _write(cache: Any, keys: mx.array, values: mx.array, prev: int) -> None:
+    """``keys`` and ``values`` quantized into ``cache``'s sides from position ``prev`` on
+    (``update_and_fetch`` of either class, before it counts them); its ``kv_dtype`` set."""
+    if cache.keys is None or prev + keys.shape[2] > cache.keys[0].shape[2]:
+        _grow(cache, keys, values, prev)
+    cache.kv_dtype = keys.dtype
+    stop = prev + keys.shape[2]
+    for held, new in ((cache.keys, keys), (cache.values, values)):
+        for c, q in zip(held, quantize_exact(new, cache.group_size, cache.bits), strict=True):
+            c[..., prev:stop, :] = q
+
+
+def _grow(cache: Any, keys: mx.array, values: mx.array, prev: int) -> None:
+    """Room in ``cache``'s sides for ``keys``' positions after ``prev``: whole steps more, as
+    mlx-lm's caches grow (a buffer cut off a step boundary is first cut to ``prev``)."""
+    grown = (cache.step + keys.shape[2] - 1) // cache.step * cache.step
+    new_k = _zeros_like_quantized(keys, grown, cache.group_size, cache.bits)
+    new_v = _zeros_like_quantized(values, grown, cache.group_size, cache.bits)
+    if cache.keys is None:
+        cache.keys, cache.values = new_k, new_v
+        return
+    if prev % cache.step != 0:
+        cache.keys, cache.values = _first(cache.keys, prev), _first(cache.values, prev)
+    cache.keys = _cat(cache.keys, new_k, axis=2)
+    cache.values = _cat(cache.values, new_v, axis=2)
+
+
 class ExactKVCache(QuantizedKVCache):
     """One sequence's quantized KV (mlx-lm's ``QuantizedKVCache``), made as exact mode makes
     it, and able to join a ``BatchQuantizedKVCache`` (``merge``)."""
@@ -92,21 +119,8 @@ class ExactKVCache(QuantizedKVCache):
     kv_dtype = property(_get_dtype, _set_dtype)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Triple, Triple]:
-        prev, n = self.offset, keys.shape[2]
-        if self.keys is None or prev + n > self.keys[0].shape[2]:
-            grown = (self.step + n - 1) // self.step * self.step
-            new_k = _zeros_like_quantized(keys, grown, self.group_size, self.bits)
-            new_v = _zeros_like_quantized(values, grown, self.group_size, self.bits)
-            if self.keys is None:
-                self.keys, self.values = new_k, new_v
-            else:
-                self.keys = _cat(_first(self.keys, prev), new_k, axis=2)
-                self.values = _cat(_first(self.values, prev), new_v, axis=2)
-        self.offset += n
-        self.kv_dtype = keys.dtype
-        for held, new in ((self.keys, keys), (self.values, values)):
-            for c, q in zip(held, quantize_exact(new, self.group_size, self.bits), strict=True):
-                c[..., prev : self.offset, :] = q
+        _write(self, keys, values, self.offset)
+        self.offset += keys.shape[2]
         return self.keys_and_values()
 
     def size(self) -> int:
@@ -146,24 +160,9 @@ class BatchQuantizedKVCache(_BaseCache):
     kv_dtype = property(_get_dtype, _set_dtype)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Triple, Triple]:
-        prev, n = self._idx, keys.shape[2]
-        if self.keys is None or prev + n > self.keys[0].shape[2]:
-            grown = (self.step + n - 1) // self.step * self.step
-            new_k = _zeros_like_quantized(keys, grown, self.group_size, self.bits)
-            new_v = _zeros_like_quantized(values, grown, self.group_size, self.bits)
-            if self.keys is None:
-                self.keys, self.values = new_k, new_v
-            else:
-                if prev % self.step != 0:
-                    self.keys, self.values = _first(self.keys, prev), _first(self.values, prev)
-                self.keys = _cat(self.keys, new_k, axis=2)
-                self.values = _cat(self.values, new_v, axis=2)
-        self.offset = self.offset + n
-        self._idx += n
-        self.kv_dtype = keys.dtype
-        for held, new in ((self.keys, keys), (self.values, values)):
-            for c, q in zip(held, quantize_exact(new, self.group_size, self.bits), strict=True):
-                c[..., prev : self._idx, :] = q
+        _write(self, keys, values, self._idx)
+        self.offset = self.offset + keys.shape[2]
+        self._idx += keys.shape[2]
         return self.keys_and_values()
 
     def keys_and_values(self) -> tuple[Triple, Triple]:
