@@ -16,7 +16,8 @@ from mlx_lm.generate import BatchGenerator
 
 from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.batch.fused_prefill import FusingBatchGenerator
-from omlx.adapters.mlx.cache.codec import MLXKVCodec, _groups
+from omlx.adapters.mlx.cache.blocks import groups_of
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
 from omlx.adapters.mlx.mlx_lm_private import rows, version
 from omlx.adapters.mlx.models.loader import load_model
 from omlx.domain.cache.hot_tier import HotTier
@@ -155,7 +156,7 @@ def test_uncopied_reads_cut_the_same_blocks_as_extract_cache(tiny, monkeypatch):
     keys = chain_keys(stored[0].namespace.digest, tokens, BLOCK)
     assert len(keys) == 25
     for key in keys:
-        a, b = (_groups(c.hot.get(key).payload)[0] for c in stored)
+        a, b = (groups_of(c.hot.get(key).payload)[0] for c in stored)
         assert mx.array_equal(a.keys, b.keys).item() and mx.array_equal(a.values, b.values).item()
 
 
@@ -194,7 +195,7 @@ def test_a_fused_last_token_keeps_the_same_blocks_and_text(tiny):
     assert texts[0] == texts[1]
     keys = chain_keys(stored[0].namespace.digest, tokens, BLOCK)
     for key in keys:
-        a, b = (_groups(c.hot.get(key).payload)[0] for c in stored)
+        a, b = (groups_of(c.hot.get(key).payload)[0] for c in stored)
         assert (
             mx.allclose(a.keys, b.keys, atol=1e-4).item()
             and mx.allclose(a.values, b.values, atol=1e-4).item()
