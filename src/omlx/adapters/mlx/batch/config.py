@@ -16,7 +16,7 @@ from mlx_lm.generate import BatchGenerator
 
 from omlx.adapters.mlx.batch.fused_prefill import FusingBatchGenerator
 from omlx.adapters.mlx.batch.prompt_lookup import PromptLookup
-from omlx.adapters.mlx.batch.speculative import Proposer, Speculation
+from omlx.adapters.mlx.batch.speculation import Proposer, Speculation
 from omlx.adapters.mlx.cache.exact import exact_fits, exact_prompt_cache
 from omlx.adapters.mlx.mlx_lm_private import version
 from omlx.adapters.mlx.models.loader import LoadedModel

@@ -40,7 +40,7 @@ from omlx.adapters.mlx.batch.processors import (
     token_logprob,
 )
 from omlx.adapters.mlx.batch.sampling import Sampler, make_sampler
-from omlx.adapters.mlx.batch.speculative import Proposer, Speculation
+from omlx.adapters.mlx.batch.speculation import Proposer, Speculation
 from omlx.adapters.mlx.batch.warm_up import warm_up
 from omlx.adapters.mlx.mlx_lm_private import rows
 from omlx.adapters.mlx.models.loader import LoadedModel

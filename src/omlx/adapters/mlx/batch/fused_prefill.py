@@ -43,11 +43,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch
 
-from omlx.adapters.mlx.batch.speculative import (
-    Speculation,
-    SpeculativeGeneration,
-    SpeculativeInOrder,
-)
+from omlx.adapters.mlx.batch.speculation import Speculation
+from omlx.adapters.mlx.batch.speculative import SpeculativeGeneration, SpeculativeInOrder
 from omlx.adapters.mlx.mlx_lm_private import batcher
 from omlx.adapters.mlx.mlx_lm_private.batcher import HookedBatchGenerator
 from omlx.adapters.mlx.mlx_lm_private.decode import InOrderGeneration

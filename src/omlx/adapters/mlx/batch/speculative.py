@@ -31,100 +31,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
 
 from omlx.adapters.mlx.batch.sampling import CategoricalSampler, is_greedy
+from omlx.adapters.mlx.batch.speculation import RowRecord, Speculation
 from omlx.adapters.mlx.mlx_lm_private import decode
 from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import BatchQuantizedKVCache
-from omlx.domain.speculation import (
-    Acceptance,
-    DraftPolicy,
-    SpeculationConfig,
-    SpeculationSummary,
-)
 
 log = logging.getLogger(__name__)
 
 # Batch caches a refused draft is trimmed from (each forgets its newest positions alike).
 _TRIMMABLE = (BatchKVCache, BatchQuantizedKVCache)
-
-
-class Proposer(Protocol):
-    """Makes drafts for a row (``prompt_lookup.PromptLookup``, ``draft_model.DraftModel``)."""
-
-    method: str
-    # Whether proposing costs nothing next to a decode step: such a proposer is asked at
-    # plain steps too, to see whether its drafts would have been kept.
-    free: bool
-
-    def propose(
-        self,
-        uid: int,
-        tokens: Sequence[int],
-        pending: int | None,
-        limit: int,
-        choose: Callable[[int], int],
-    ) -> list[int]:
-        """Drafts to follow ``pending`` after ``tokens`` (the row's cached tokens): ``choose``
-        is told how many are on offer (at most ``limit``) and says how many to make. A
-        free proposer is also asked with ``pending`` None: drafts to follow ``tokens``."""
-        ...
-
-    def forget(self, uid: int) -> None: ...
-
-
-@dataclass(slots=True)
-class _Row:
-    acceptance: Acceptance = field(default_factory=Acceptance)
-    # A free proposer's guess at a plain step, not verified: (the index the token will
-    # have in the row's tokens, the token). The model's own token there, once it is out,
-    # says whether the draft would have been kept.
-    guess: tuple[int, int] | None = None
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-
-
-class Speculation:
-    """An engine's speculation: its proposer, policy and per-request records."""
-
-    def __init__(self, config: SpeculationConfig, proposer: Proposer) -> None:
-        self.config = config
-        self.proposer = proposer
-        self.policy = DraftPolicy.of(config)
-        self._rows: dict[int, _Row] = {}  # uid -> record, from admission to ``pop``
-
-    def enable(self, uid: int) -> None:
-        """Let the request with batcher uid ``uid`` speculate."""
-        self._rows[uid] = _Row()
-
-    def row(self, uid: int) -> _Row | None:
-        return self._rows.get(uid)
-
-    def left_batch(self, uid: int) -> None:
-        """The row stopped decoding: its proposer state goes (its record stays for ``pop``)."""
-        self.proposer.forget(uid)
-
-    def pop(self, uid: int | None) -> SpeculationSummary | None:
-        """The request's summary, once; None when it could not speculate."""
-        if uid is None:
-            return None
-        self.proposer.forget(uid)
-        row = self._rows.pop(uid, None)
-        if row is None:
-            return None
-        return SpeculationSummary(self.proposer.method, row.steps, row.drafted, row.accepted)
-
-    def clear(self) -> None:
-        for uid in list(self._rows):
-            self.proposer.forget(uid)
-        self._rows.clear()
 
 
 @dataclass(slots=True)
@@ -229,7 +152,7 @@ class SpeculativeSteps:
             return None
         return _Plan(pending, drafts, started)
 
-    def _worth_waiting(self, spec: Speculation, rows: list[_Row]) -> bool:
+    def _worth_waiting(self, spec: Speculation, rows: list[RowRecord]) -> bool:
         """Whether every row would draft, judged from the tokens already out (the pending
         token not awaited): the lookup's guess for the pending token is kept, to be
         checked against it once it is out."""
@@ -402,7 +325,7 @@ def _limit(spec: Speculation, batch: Any, i: int) -> int:
     return min(spec.config.max_draft, batch.max_tokens[i] - decode.handed_out(batch, i) - 1)
 
 
-def _settle(row: _Row, tokens: Sequence[int], pending: int | None) -> None:
+def _settle(row: RowRecord, tokens: Sequence[int], pending: int | None) -> None:
     """Score the row's guess against the model's token at its index, if that is out."""
     if row.guess is None:
         return
