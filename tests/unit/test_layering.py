@@ -1,5 +1,6 @@
 """Imports point inward (DESIGN §3): the adapters and the ``omlx.cache`` library never reach
-up into the app, and the adapters never into the library built on them."""
+up into the app, and the adapters never into the library built on them. Inside the MLX
+adapter, rooms point down: ``batch`` -> ``models`` -> ``cache`` -> ``mlx_lm_private``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "omlx"
 FORBIDDEN = {
     "adapters": ("omlx.app", "omlx.cache"),
     "cache": ("omlx.app",),
+    "adapters/mlx/models": ("omlx.adapters.mlx.batch",),
+    "adapters/mlx/cache": ("omlx.adapters.mlx.batch", "omlx.adapters.mlx.models"),
+    "adapters/mlx/mlx_lm_private": (
+        "omlx.adapters.mlx.batch",
+        "omlx.adapters.mlx.models",
+        "omlx.adapters.mlx.cache",
+    ),
 }
 
 
