@@ -74,7 +74,7 @@ def features_for(
     if in_order is None:
         # On the CPU, mlx-lm's pipelined decode step hands tokens out a pass late.
         in_order = mx.default_device().type == mx.cpu
-    speculating = config.speculation is not None and plain
+    spec = config.speculation if plain else None
     if config.speculation is not None and not plain:
         log.info(
             "speculative decoding of %s: off: its cache has layers a refused draft cannot be "
@@ -83,7 +83,7 @@ def features_for(
         )
     fuse = config.fuse_last_token and plain
     wanted: list[tuple[str, str]] = []  # (feature, what runs instead) if it is turned off
-    if speculating:
+    if spec is not None:
         wanted.append(("speculative decoding", "each step decodes one token"))
     if config.exact_kv is not None:
         wanted.append(("exact KV", "its cache runs and is stored in full precision"))
@@ -96,11 +96,10 @@ def features_for(
         wanted.append(("the copy-free merge", "a restored prefix is copied into the batch"))
     private = version.at_engine_start(model.model_id, wanted)
     speculation = None
-    if speculating and private:
-        assert config.speculation is not None
+    if spec is not None and private:
         if proposer is None:
-            proposer = PromptLookup(config.speculation.ngram_max, config.speculation.ngram_min)
-        speculation = Speculation(config.speculation, proposer)
+            proposer = PromptLookup(spec.ngram_max, spec.ngram_min)
+        speculation = Speculation(spec, proposer)
     return Features(
         private,
         fuse and private,
