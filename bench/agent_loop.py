@@ -42,7 +42,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from omlx.adapters.mlx.prepared_folder import PREPARED_DIR, list_copies
+from omlx.adapters.mlx.models.prepared_folder import PREPARED_DIR, list_copies
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

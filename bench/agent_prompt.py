@@ -62,7 +62,7 @@ SOURCE_FILES = [
     "src/omlx/domain/cache/hot_tier.py",
     "src/omlx/domain/cache/eviction.py",
     "src/omlx/domain/cache/cold_tier.py",
-    "src/omlx/adapters/mlx/kv_codec.py",
+    "src/omlx/adapters/mlx/cache/codec.py",
     "src/omlx/adapters/blockfiles/format.py",
     "src/omlx/adapters/blockfiles/store.py",
 ]

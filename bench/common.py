@@ -239,7 +239,7 @@ def default_gguf() -> Path:
         [
             sys.executable,
             "-c",
-            "from omlx.adapters.mlx.gguf import default_model_path; print(default_model_path())",
+            "from omlx.adapters.mlx.models.gguf import default_model_path; print(default_model_path())",
         ],
         check=True,
         capture_output=True,

@@ -21,14 +21,14 @@ import plots
 from common import load_average, machine_note, versions
 from summary import fmt_spread, out_path, summarize, write_json
 
-from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas
+from omlx.adapters.mlx.models.blas import describe_blas, load_optimized_blas
 
 load_optimized_blas()
 
 from mlx_lm.generate import stream_generate  # noqa: E402
 
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine  # noqa: E402
-from omlx.adapters.mlx.loader import load_model  # noqa: E402
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine  # noqa: E402
+from omlx.adapters.mlx.models.loader import load_model  # noqa: E402
 from omlx.domain.generation import Finished, GenerationRequest, TextDelta  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper who collects maps. Use many details."

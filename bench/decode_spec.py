@@ -45,14 +45,14 @@ from common import (
 )
 from summary import OUT, fmt_spread, out_path, summarize, write_json
 
-from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas
+from omlx.adapters.mlx.models.blas import describe_blas, load_optimized_blas
 
 load_optimized_blas()
 
 from mlx_lm.generate import stream_generate  # noqa: E402
 
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine  # noqa: E402
-from omlx.adapters.mlx.loader import load_model  # noqa: E402
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine  # noqa: E402
+from omlx.adapters.mlx.models.loader import load_model  # noqa: E402
 from omlx.domain.generation import Finished, GenerationRequest, TextDelta  # noqa: E402
 from omlx.domain.speculation import SpeculationConfig  # noqa: E402
 

@@ -58,7 +58,7 @@ from common import (
 from summary import fmt_spread, out_path, summarize, write_json
 
 from omlx.adapters.blockfiles import FileBlockStore
-from omlx.adapters.mlx.kv_codec import MLXKVCodec
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
 from omlx.adapters.sqlindex import open_index
 from omlx.adapters.sqlindex.repository import encode_head
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from omlx.adapters.mlx.blas import load_optimized_blas
+from omlx.adapters.mlx.models.blas import load_optimized_blas
 
 load_optimized_blas()
 
@@ -35,10 +35,10 @@ from mlx_lm.models.base import (  # noqa: E402
 )
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
-from omlx.adapters.mlx.batch_rows import RowView  # noqa: E402
-from omlx.adapters.mlx.kv_codec import MLXKVCodec  # noqa: E402
-from omlx.adapters.mlx.loader import load_model  # noqa: E402
-from omlx.adapters.mlx.quantized_batch_cache import exact_prompt_cache  # noqa: E402
+from omlx.adapters.mlx.cache.codec import MLXKVCodec  # noqa: E402
+from omlx.adapters.mlx.cache.exact import exact_prompt_cache  # noqa: E402
+from omlx.adapters.mlx.mlx_lm_private.rows import RowView  # noqa: E402
+from omlx.adapters.mlx.models.loader import load_model  # noqa: E402
 from omlx.domain.cache.blocks import BlockMeta  # noqa: E402
 from omlx.domain.cache.keys import block_key  # noqa: E402
 from omlx.domain.cache.kv_quant import KVQuant  # noqa: E402

@@ -70,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
 
     folder = ensure_mlx_lm_folder()
-    from omlx.adapters.mlx.gguf import default_model_path
+    from omlx.adapters.mlx.models.gguf import default_model_path
 
     gguf = Path(default_model_path())
     work = Path(tempfile.mkdtemp(prefix="omlx-pool-bench-"))

@@ -44,7 +44,7 @@ from common import (
 )
 from summary import out_path, summarize, write_json
 
-from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas
+from omlx.adapters.mlx.models.blas import describe_blas, load_optimized_blas
 
 load_optimized_blas()
 
@@ -53,8 +53,8 @@ from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 from omlx.adapters.blockfiles import DiskBudget, FileBlockStore  # noqa: E402
 from omlx.adapters.blockfiles.writer import BlockWriter  # noqa: E402
-from omlx.adapters.mlx.kv_codec import MLXKVCodec  # noqa: E402
-from omlx.adapters.mlx.loader import load_model  # noqa: E402
+from omlx.adapters.mlx.cache.codec import MLXKVCodec  # noqa: E402
+from omlx.adapters.mlx.models.loader import load_model  # noqa: E402
 from omlx.adapters.sqlindex import open_index  # noqa: E402
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo  # noqa: E402
 from omlx.domain.cache.cold_tier import ColdTier  # noqa: E402

@@ -22,8 +22,8 @@ from llguidance import LLMatcher
 
 from omlx.adapters.grammar import LLGuidanceCompiler
 from omlx.adapters.grammar.lark import json_options
-from omlx.adapters.mlx.default_model import default_model_path
-from omlx.adapters.mlx.gguf import load_gguf_tokenizer
+from omlx.adapters.mlx.models.default_model import default_model_path
+from omlx.adapters.mlx.models.gguf import load_gguf_tokenizer
 from omlx.domain.grammar import GrammarError, OutputGrammar
 
 

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas
+from omlx.adapters.mlx.models.blas import describe_blas, load_optimized_blas
 
 load_optimized_blas()
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import load_average  # noqa: E402
 
 from omlx.adapters.grammar import Constraint, LLGuidanceCompiler  # noqa: E402
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine  # noqa: E402
-from omlx.adapters.mlx.loader import load_model  # noqa: E402
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine  # noqa: E402
+from omlx.adapters.mlx.models.loader import load_model  # noqa: E402
 from omlx.app.chat.tool_calls import HERMES  # noqa: E402
 from omlx.domain.generation import Finished, GenerationRequest, TextDelta  # noqa: E402
 from omlx.domain.grammar import CallShape, OutputGrammar  # noqa: E402

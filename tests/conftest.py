@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from omlx.adapters.mlx.blas import load_optimized_blas
+from omlx.adapters.mlx.models.blas import load_optimized_blas
 from omlx.adapters.sqlindex.urls import sqlite_url
 from tests.postgres import PostgresServer, find_bindir
 

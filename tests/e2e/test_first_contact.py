@@ -140,7 +140,9 @@ def test_the_log_reads_as_one_format_with_sizes_and_models_named(aliased_default
     assert "a request may use 8,192 (prompt + max_tokens, capped by the model's context)" in log
     assert "ReconcileReport(" not in log and "cache folder reconciled: nothing to remove" in log
     served = [
-        line for line in lines if re.search(r"omlx\.adapters\.mlx\.engine: request \d+ ", line)
+        line
+        for line in lines
+        if re.search(r"omlx\.adapters\.mlx\.batch\.engine: request \d+ ", line)
     ]
     assert served and all("(smollm2-135m-instruct)" in line for line in served)
     assert log.index("serving smollm2-135m-instruct on") < log.index(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from omlx.adapters.mlx.memory import keep_freed_buffers
+from omlx.adapters.mlx.cache.memory import keep_freed_buffers
 
 
 def test_a_freed_buffer_is_kept_for_reuse_and_a_larger_default_is_not_lowered() -> None:

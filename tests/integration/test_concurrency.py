@@ -6,10 +6,11 @@ import threading
 
 import pytest
 
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-from omlx.adapters.mlx.kv_codec import MLXKVCodec
-from omlx.adapters.mlx.loader import load_model
-from omlx.adapters.mlx.memory import CACHE_STEP, KVBudget
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.batch.sampling import SharedSamplers
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
+from omlx.adapters.mlx.cache.memory import CACHE_STEP, KVBudget
+from omlx.adapters.mlx.models.loader import load_model
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.prefix_cache import PrefixCache
 from omlx.domain.generation import (
@@ -277,13 +278,13 @@ def test_cancel_while_waiting_in_the_queue(tiny):
         engine.stop()
 
 
-def test_unseeded_samplers_are_shared_so_the_batch_samples_at_once(tiny):
-    engine = MLXEngine(tiny, None, EngineConfig())
+def test_unseeded_samplers_are_shared_so_the_batch_samples_at_once():
+    samplers = SharedSamplers()  # the engine's
     warm = SamplingParams(temperature=0.7, top_p=0.9)
-    assert engine._sampler(warm) is engine._sampler(SamplingParams(temperature=0.7, top_p=0.9))
-    assert engine._sampler(SamplingParams()) is engine._sampler(SamplingParams(top_p=0.5))  # greedy
+    assert samplers.of(warm) is samplers.of(SamplingParams(temperature=0.7, top_p=0.9))
+    assert samplers.of(SamplingParams()) is samplers.of(SamplingParams(top_p=0.5))  # greedy
     seeded = SamplingParams(temperature=0.7, seed=1)
-    assert engine._sampler(seeded) is not engine._sampler(seeded)  # each owns its PRNG key
+    assert samplers.of(seeded) is not samplers.of(seeded)  # each owns its PRNG key
 
 
 # ---- the guard's arithmetic and its setting ----------------------------------------

@@ -11,8 +11,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load as mlx_lm_load
 
-from omlx.adapters.mlx.encoders import load_embedding_model, load_rerank_model
-from omlx.adapters.mlx.runner import MLXRunner
+from omlx.adapters.mlx.models.encoders import load_embedding_model, load_rerank_model
+from omlx.adapters.mlx.models.runner import MLXRunner
 from omlx.app.errors import InvalidRequest
 from omlx.app.models.catalog import EMBEDDING, RERANK, catalog
 from omlx.app.models.encoding import EmbeddingService, RerankService

@@ -8,9 +8,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-from omlx.adapters.mlx.fused_prefill import FusingBatchGenerator
-from omlx.adapters.mlx.loader import load_model
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.batch.fused_prefill import FusingBatchGenerator
+from omlx.adapters.mlx.models.loader import load_model
 from omlx.domain.generation import GenerationRequest, SamplingParams
 from tests.engine_helpers import generate, greedy, submit
 
@@ -102,7 +102,7 @@ def test_warm_up_runs_to_the_end_and_leaves_the_output_alone(tiny, caplog):
     prompt = chat_tokens(tiny, "What is the capital of France?")
     expected = reference_tokens(tiny, prompt, 12)
     engine = MLXEngine(tiny, None, EngineConfig(warm_up=True))
-    with caplog.at_level("INFO", logger="omlx.adapters.mlx.engine"):
+    with caplog.at_level("INFO", logger="omlx.adapters.mlx.batch.engine"):
         engine.start()
         deadline = time.monotonic() + 60
         while "warmed up" not in caplog.text:
@@ -121,7 +121,7 @@ def test_a_request_waiting_at_start_stops_the_warm_up(tiny, caplog):
     prompt = chat_tokens(tiny, "What is the capital of France?")
     expected = reference_tokens(tiny, prompt, 12)
     engine = MLXEngine(tiny, None, EngineConfig(warm_up=True))
-    with caplog.at_level("INFO", logger="omlx.adapters.mlx.engine"):
+    with caplog.at_level("INFO", logger="omlx.adapters.mlx.batch.engine"):
         run = submit(engine, greedy(prompt, 12))  # in the inbox before the thread starts
         engine.start()
         try:

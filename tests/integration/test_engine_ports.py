@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-from omlx.adapters.mlx.loader import load_model
-from omlx.adapters.mlx.runner import MLXRunner
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.models.loader import load_model
+from omlx.adapters.mlx.models.runner import MLXRunner
 from omlx.domain import ports
 from tests.unit.test_domain_imports import _port_members
 

@@ -14,10 +14,10 @@ from mlx_lm.generate import generate, generate_step
 from mlx_lm.models import llama
 from mlx_lm.sample_utils import make_sampler
 
-from omlx.adapters.mlx import default_model, gguf
-from omlx.adapters.mlx.convert import convert_gguf
-from omlx.adapters.mlx.errors import ModelNotInstalledError, UnsupportedModelError
-from omlx.adapters.mlx.gguf import LoadedGGUF, default_model_path, load_gguf
+from omlx.adapters.mlx.models import default_model, gguf
+from omlx.adapters.mlx.models.convert import convert_gguf
+from omlx.adapters.mlx.models.errors import ModelNotInstalledError, UnsupportedModelError
+from omlx.adapters.mlx.models.gguf import LoadedGGUF, default_model_path, load_gguf
 from tests.tiny_gguf import FFN, HEADS, HIDDEN, KV_HEADS, LAYERS, write_tiny_gguf
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -174,7 +174,7 @@ def test_converted_folder_generates_like_the_gguf(
 def test_default_models_prepared_copy_generates_like_the_gguf(
     smollm2: LoadedGGUF, default_gguf: Path, tmp_path: Path
 ) -> None:
-    from omlx.adapters.mlx.prepared import PreparedWeights
+    from omlx.adapters.mlx.models.prepared import PreparedWeights
 
     store = PreparedWeights(tmp_path / "prepared", max_bytes=10**10)
     assert store.keep("f" * 64, smollm2, default_gguf) is not None

@@ -11,9 +11,9 @@ import pytest
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from omlx.adapters.mlx.errors import ModelNotInstalledError, UnsupportedModelError
-from omlx.adapters.mlx.gguf import default_model_path, plain_metadata
-from omlx.adapters.mlx.gguf_tokenizer import (
+from omlx.adapters.mlx.models.errors import ModelNotInstalledError, UnsupportedModelError
+from omlx.adapters.mlx.models.gguf import default_model_path, plain_metadata
+from omlx.adapters.mlx.models.gguf_tokenizer import (
     build_tokenizer,
     eos_token_ids,
     write_tokenizer_files,

@@ -309,7 +309,7 @@ def test_an_anyof_of_thousands_is_refused_as_too_large(grammars):
 def test_a_grammar_failing_mid_answer_ends_it_as_length_not_stop(grammars, tokenizer, monkeypatch):
     """Past the parser's limit (here forced: the limit check skipped) the row is cut short."""
     from omlx.adapters.grammar import llguidance
-    from omlx.adapters.mlx.processors import grammar_finish_reason
+    from omlx.adapters.mlx.batch.processors import grammar_finish_reason
     from omlx.domain.generation import GenerationRequest
 
     monkeypatch.setattr(llguidance, "_check_alternatives", lambda schema: None)

@@ -13,9 +13,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-from omlx.adapters.mlx.kv_codec import MLXKVCodec
-from omlx.adapters.mlx.loader import load_model
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
+from omlx.adapters.mlx.models.loader import load_model
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.engine_helpers import generate, greedy
@@ -181,7 +181,7 @@ def test_layouts_mlx_lm_cannot_batch_keep_the_cache_off(tmp_path):
     # head_dim 32: the smallest group MLX quantizes
     wide = build_hybrid_model("gemma3_text", tmp_path / "g", head_dim=32, query_pre_attn_scalar=32)
     model = load_model(str(wide)).model
-    from omlx.adapters.mlx.cache_layout import probe_model
+    from omlx.adapters.mlx.cache.layout import probe_model
 
     original = model.make_cache
     try:
@@ -209,7 +209,7 @@ class _CountingModel:
 
 
 def test_one_probe_at_load_gives_the_layout_the_kv_dtype_and_the_kv_cost(hybrid):
-    from omlx.adapters.mlx.cache_layout import flat_leaves, probe_model
+    from omlx.adapters.mlx.cache.layout import flat_leaves, probe_model
 
     counting = _CountingModel(hybrid.model)
     probe = probe_model(counting)
@@ -220,7 +220,7 @@ def test_one_probe_at_load_gives_the_layout_the_kv_dtype_and_the_kv_cost(hybrid)
     # last window's per sliding-window layer, and the state arrays.
     from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
-    from omlx.adapters.mlx.batch_rows import kv_slice
+    from omlx.adapters.mlx.mlx_lm_private.rows import kv_slice
 
     n = 40
     cache = make_prompt_cache(hybrid.model)

@@ -9,7 +9,8 @@ from mlx_lm.models.cache import KVCache
 from safetensors.numpy import load as st_load
 
 from omlx.adapters.blockfiles.format import decode_block, encode_block, joined
-from omlx.adapters.mlx.kv_codec import KVBlock, MLXKVCodec
+from omlx.adapters.mlx.cache.blocks import KVBlock
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
 from omlx.domain.cache.blocks import BlockMeta
 from omlx.domain.cache.keys import block_key
 

@@ -9,9 +9,9 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache
 from safetensors.numpy import load as st_load
 
 from omlx.adapters.blockfiles.format import QUANT_PARTS, decode_block, encode_block
-from omlx.adapters.mlx.cache_layout import Leaf, ModelLayout
-from omlx.adapters.mlx.kv_codec import MLXKVCodec
-from omlx.adapters.mlx.kv_quantized import QuantizedKVBlock
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
+from omlx.adapters.mlx.cache.layout import Leaf, ModelLayout
+from omlx.adapters.mlx.cache.quantized import QuantizedKVBlock
 from omlx.domain.cache.blocks import BlockMeta
 from omlx.domain.cache.keys import block_key
 from omlx.domain.cache.kv_quant import KVQuant

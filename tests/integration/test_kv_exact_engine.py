@@ -10,9 +10,9 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from omlx.adapters.mlx import batch_rows
-from omlx.adapters.mlx.kv_quantized import QuantizedKVBlock, gpu_backend
-from omlx.adapters.mlx.quantized_batch_cache import BatchQuantizedKVCache
+from omlx.adapters.mlx.cache.quantized import QuantizedKVBlock, gpu_backend
+from omlx.adapters.mlx.mlx_lm_private import batcher
+from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import BatchQuantizedKVCache
 from omlx.app.settings import load_settings
 from omlx.app.wiring.bootstrap import bootstrap
 from omlx.domain.cache.kv_quant import KVQuant
@@ -108,7 +108,7 @@ def test_the_running_cache_holds_codes_and_blocks_are_sliced_from_them(models, t
 
         def step() -> None:  # look at the batch while a request decodes
             original()
-            batch = batch_rows.generation_batch(engine._generator)
+            batch = batcher.generation_batch(engine._generator)
             if batch.uids and not seen:
                 seen.extend(type(c) for c in batch.prompt_cache)
 
@@ -129,7 +129,7 @@ def test_the_running_cache_holds_codes_and_blocks_are_sliced_from_them(models, t
 
 
 def test_store_and_exact_settings_are_separate_namespaces(models, tmp_path):
-    from omlx.adapters.mlx.loader import load_model
+    from omlx.adapters.mlx.models.loader import load_model
 
     model = load_model(str(models / MODEL))
     off = model.namespace(16).digest
@@ -152,8 +152,8 @@ def test_auto_resolves_to_store_on_this_cpu(models, tmp_path):
 def test_speculation_in_exact_mode_gives_the_plain_tokens(models):
     """A refused draft is trimmed from the quantized batch cache as from mlx-lm's: drafts
     partly wrong (an oracle of the plain run's tokens) leave the greedy tokens as they were."""
-    from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-    from omlx.adapters.mlx.loader import load_model
+    from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+    from omlx.adapters.mlx.models.loader import load_model
     from omlx.domain.speculation import SpeculationConfig
     from tests.integration.test_speculation import Oracle
 
@@ -192,9 +192,9 @@ def test_a_hit_from_ram_blocks_equals_the_miss_on_plain_and_hybrid_layouts(famil
     """The hit restores the hot tier's blocks (no kept finished cache here). Sliding-window
     (gemma3) and state (qwen3_next) layers run and are kept in full precision beside the
     quantized full-attention layers; a replay still equals the miss."""
-    from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-    from omlx.adapters.mlx.kv_codec import MLXKVCodec
-    from omlx.adapters.mlx.loader import load_model
+    from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+    from omlx.adapters.mlx.cache.codec import MLXKVCodec
+    from omlx.adapters.mlx.models.loader import load_model
     from omlx.domain.cache.hot_tier import HotTier
     from omlx.domain.cache.prefix_cache import PrefixCache
     from tests.hybrid_models import build_hybrid_model

@@ -11,8 +11,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors
 
 from omlx.adapters.grammar import LLGuidanceCompiler
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-from omlx.adapters.mlx.loader import load_model
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.models.loader import load_model
 from omlx.domain.generation import (
     GenerationRequest,
     Penalties,

@@ -27,7 +27,7 @@ def rss_bytes() -> int:
 
 def measure_two_cycles(root: str) -> None:
     """Load, serve one request and unload twice; print what each step left (JSON)."""
-    from omlx.adapters.mlx.blas import load_optimized_blas
+    from omlx.adapters.mlx.models.blas import load_optimized_blas
 
     load_optimized_blas()  # before mlx, as the server does; without it this takes 5x longer
     import mlx.core as mx

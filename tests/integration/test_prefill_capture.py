@@ -1,6 +1,6 @@
 """Blocks are kept as each prefill chunk completes: a cancelled request keeps what it computed.
 
-Also pins the mlx-lm version ``batch_rows`` reads private batch state of, and checks its
+Also pins the mlx-lm version ``mlx_lm_private`` reads private batch state of, and checks its
 uncopied reads against the public, copying ``extract_cache`` path.
 """
 
@@ -12,15 +12,20 @@ import time
 import mlx.core as mx
 import mlx_lm
 import pytest
+from mlx_lm.generate import BatchGenerator
 
-from omlx.adapters.mlx import batch_rows
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-from omlx.adapters.mlx.kv_codec import MLXKVCodec, _groups
-from omlx.adapters.mlx.loader import load_model
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.batch.fused_prefill import FusingBatchGenerator
+from omlx.adapters.mlx.cache.blocks import groups_of
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
+from omlx.adapters.mlx.mlx_lm_private import rows, version
+from omlx.adapters.mlx.models.loader import load_model
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.keys import chain_keys
+from omlx.domain.cache.kv_quant import KVQuant
 from omlx.domain.cache.prefix_cache import PrefixCache
 from omlx.domain.generation import PrefillProgress, TextDelta
+from omlx.domain.speculation import SpeculationConfig
 from tests.engine_helpers import Run, generate, greedy, submit
 
 BLOCK, STEP = 16, 64
@@ -44,9 +49,59 @@ def cache_for(model) -> PrefixCache:
 
 
 def test_batch_rows_was_written_for_this_mlx_lm():
-    # A new mlx-lm may move the private state batch_rows reads: check it, then update WRITTEN_FOR.
-    assert mlx_lm.__version__.startswith(batch_rows.WRITTEN_FOR)
-    assert batch_rows.private_access_supported()
+    # A new mlx-lm may move the private state mlx_lm_private reads: check it, then update
+    # WRITTEN_FOR.
+    assert mlx_lm.__version__.startswith(version.WRITTEN_FOR)
+    assert version.private_access_supported() and version.allowed()
+
+
+def test_another_mlx_lm_turns_each_private_feature_off_with_one_line(tiny, monkeypatch, caplog):
+    """The version check, asked at the engine's start, turns off what reads mlx-lm's private
+    state and says so once per feature; the batcher, the row reads and the restored row's
+    merge are then mlx-lm's public ones, and the text is the same."""
+    tokens = prompt(300, seed=4)
+    texts, cached = [], []
+    for allowed in (True, False):
+        monkeypatch.setattr(version, "allowed", lambda a=allowed: a)
+        if not allowed:  # a restored row must merge through mlx-lm's copying merge
+            monkeypatch.setattr(rows, "lone_row_batch", _never)
+        config = EngineConfig(
+            prefill_step_size=STEP,
+            warm_up=False,
+            in_order=True,
+            speculation=SpeculationConfig(),
+            exact_kv=None if allowed else KVQuant(8, 64, "exact"),
+        )
+        caplog.clear()
+        with caplog.at_level("WARNING", logger=version.__name__):
+            engine = MLXEngine(tiny, cache_for(tiny), config)
+        off = [r.getMessage().split(" of ")[0] for r in caplog.records]
+        engine.start()
+        try:
+            runs = [generate(engine, greedy(tokens, 8)) for _ in range(2)]
+            texts.append([r.text for r in runs])
+            cached.append(runs[1].finished.cached_tokens)
+            generator = type(engine._generator)
+        finally:
+            engine.stop()
+        if allowed:
+            assert off == [] and generator is FusingBatchGenerator
+        else:
+            assert engine.speculation is None and generator is BatchGenerator
+            assert off == [
+                "speculative decoding",
+                "exact KV",
+                "the fused final chunk",
+                "in-order decode",
+                "uncopied block cuts",
+                "the copy-free merge",
+            ]
+    assert texts[0] == texts[1] and texts[0][0] == texts[0][1]
+    assert min(cached) >= 256  # the second turn restored its prefix: the merge ran
+
+
+def _never(*_: object) -> None:
+    raise AssertionError("a lone row was merged through mlx-lm's private state")
 
 
 def test_a_cancel_mid_prefill_keeps_every_chunk_it_completed(tiny):
@@ -87,7 +142,7 @@ def test_uncopied_reads_cut_the_same_blocks_as_extract_cache(tiny, monkeypatch):
     tokens = prompt(400, seed=1)
     stored = []
     for private in (True, False):
-        monkeypatch.setattr(batch_rows, "private_access_supported", lambda p=private: p)
+        monkeypatch.setattr(version, "allowed", lambda p=private: p)
         cache = cache_for(tiny)
         # Unfused in both: the fused final chunk's KV differs in the last bits (another
         # matrix shape), and this compares the two ways of reading a row, not the math.
@@ -101,7 +156,7 @@ def test_uncopied_reads_cut_the_same_blocks_as_extract_cache(tiny, monkeypatch):
     keys = chain_keys(stored[0].namespace.digest, tokens, BLOCK)
     assert len(keys) == 25
     for key in keys:
-        a, b = (_groups(c.hot.get(key).payload)[0] for c in stored)
+        a, b = (groups_of(c.hot.get(key).payload)[0] for c in stored)
         assert mx.array_equal(a.keys, b.keys).item() and mx.array_equal(a.values, b.values).item()
 
 
@@ -140,7 +195,7 @@ def test_a_fused_last_token_keeps_the_same_blocks_and_text(tiny):
     assert texts[0] == texts[1]
     keys = chain_keys(stored[0].namespace.digest, tokens, BLOCK)
     for key in keys:
-        a, b = (_groups(c.hot.get(key).payload)[0] for c in stored)
+        a, b = (groups_of(c.hot.get(key).payload)[0] for c in stored)
         assert (
             mx.allclose(a.keys, b.keys, atol=1e-4).item()
             and mx.allclose(a.values, b.values, atol=1e-4).item()

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-from omlx.adapters.mlx.finished_caches import FinishedCaches
-from omlx.adapters.mlx.kv_codec import MLXKVCodec
-from omlx.adapters.mlx.loader import load_model
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
+from omlx.adapters.mlx.cache.finished_caches import FinishedCaches
+from omlx.adapters.mlx.models.loader import load_model
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.partial_match import common_prefix
 from omlx.domain.cache.prefix_cache import PrefixCache

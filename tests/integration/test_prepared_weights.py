@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from omlx.adapters.mlx import prepared as prepared_module
-from omlx.adapters.mlx.gguf import load_gguf
-from omlx.adapters.mlx.loader import load_model
-from omlx.adapters.mlx.prepared import MANIFEST, PREPARED_DIR, WEIGHTS_FILE, PreparedWeights
+from omlx.adapters.mlx.models.gguf import load_gguf
+from omlx.adapters.mlx.models.loader import load_model
+from omlx.adapters.mlx.models.prepared import MANIFEST, PREPARED_DIR, WEIGHTS_FILE, PreparedWeights
 from omlx.app.chat.sampling import Sampling
 from omlx.app.models import chores, pool
 from omlx.app.ops.admin import admin_group
@@ -171,7 +171,7 @@ def test_the_server_writes_the_copy_when_quiet_and_the_next_start_loads_it(
         finally:
             container.close()
 
-    with caplog.at_level(logging.INFO, logger="omlx.adapters.mlx.prepared"):
+    with caplog.at_level(logging.INFO, logger="omlx.adapters.mlx.models.prepared"):
         first = reply()
         assert any("wrote the prepared float32 copy" in r.message for r in caplog.records)
         caplog.clear()

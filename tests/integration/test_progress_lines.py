@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from omlx.adapters.blockfiles.store import FileBlockStore
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-from omlx.adapters.mlx.loader import file_sha256, load_model, weights_digest
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.models.loader import file_sha256, load_model, weights_digest
 from omlx.adapters.sqlindex import open_index
 from omlx.app.chat.sampling import Sampling
 from omlx.app.chat.service import GenerationService

@@ -9,7 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from omlx.adapters.mlx.prompt_tokens import MIN_REUSE_CHARS, PrefixReusingEncoder, fast_backend
+from omlx.adapters.mlx.models.prompt_tokens import (
+    MIN_REUSE_CHARS,
+    PrefixReusingEncoder,
+    fast_backend,
+)
 from tests.agent_model import build_agent_model
 from tests.tiny_model import build_tokenizer
 

@@ -12,7 +12,7 @@ import pytest
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
 
-from omlx.adapters.mlx.quantized_batch_cache import (
+from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import (
     BatchQuantizedKVCache,
     ExactKVCache,
     quantize_exact,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-from omlx.adapters.mlx.kv_codec import MLXKVCodec
-from omlx.adapters.mlx.loader import load_model
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
+from omlx.adapters.mlx.models.loader import load_model
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.engine_helpers import generate, greedy

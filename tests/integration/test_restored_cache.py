@@ -7,8 +7,8 @@ import mlx.core as mx
 from mlx_lm.generate import _merge_caches
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from omlx.adapters.mlx.kv_codec import MLXKVCodec
-from omlx.adapters.mlx.restored_cache import RestoredKVCache
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
+from omlx.adapters.mlx.cache.restored_cache import RestoredKVCache
 from omlx.domain.cache.blocks import BlockMeta
 
 

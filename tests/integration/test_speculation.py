@@ -17,11 +17,11 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from omlx.adapters.grammar import LLGuidanceCompiler
-from omlx.adapters.mlx.draft_model import DraftModel, TokenizerMismatch, check_same_tokenizer
-from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-from omlx.adapters.mlx.finished_caches import FinishedCaches
-from omlx.adapters.mlx.kv_codec import MLXKVCodec
-from omlx.adapters.mlx.loader import load_model
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
+from omlx.adapters.mlx.cache.finished_caches import FinishedCaches
+from omlx.adapters.mlx.models.draft_model import DraftModel, TokenizerMismatch, check_same_tokenizer
+from omlx.adapters.mlx.models.loader import load_model
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.generation import TextDelta
 from omlx.domain.grammar import OutputGrammar

@@ -125,7 +125,7 @@ def test_the_models_sampling_defaults_fill_what_a_request_leaves_out():
 
 
 def test_generation_config_json_gives_the_sampling_keys(tmp_path: Path):
-    from omlx.adapters.mlx.generation_config import read_generation_config
+    from omlx.adapters.mlx.models.generation_config import read_generation_config
 
     assert read_generation_config(tmp_path) == {}
     (tmp_path / "generation_config.json").write_text(
@@ -140,7 +140,7 @@ def test_the_reference_blas_is_a_warning_an_optimized_one_info(monkeypatch, capl
     import logging
     import sys
 
-    from omlx.adapters.mlx import blas
+    from omlx.adapters.mlx.models import blas
 
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setattr(blas, "_loaded", None)

@@ -1,6 +1,7 @@
 """Imports point inward (DESIGN §3): the adapters and the ``omlx.cache`` library never reach
 up into the app, the adapters never into the library built on them, and the HTTP edge
-(``app/api``) never past the app's services to an adapter."""
+(``app/api``) never past the app's services to an adapter. Inside the MLX adapter, rooms
+point down: ``batch`` -> ``models`` -> ``cache`` -> ``mlx_lm_private``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ FORBIDDEN = {
     "cache": ("omlx.app",),
     # The HTTP edge calls the app's services; only the composition root builds adapters.
     "app/api": ("omlx.adapters",),
+    "adapters/mlx/models": ("omlx.adapters.mlx.batch",),
+    "adapters/mlx/cache": ("omlx.adapters.mlx.batch", "omlx.adapters.mlx.models"),
+    "adapters/mlx/mlx_lm_private": (
+        "omlx.adapters.mlx.batch",
+        "omlx.adapters.mlx.models",
+        "omlx.adapters.mlx.cache",
+    ),
 }
 
 

@@ -7,9 +7,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from omlx.adapters.mlx.prompt_lookup import PromptLookup, continuation
-from omlx.adapters.mlx.sampling import CategoricalSampler
-from omlx.adapters.mlx.speculative import accept_sampled
+from omlx.adapters.mlx.batch.prompt_lookup import PromptLookup, continuation
+from omlx.adapters.mlx.batch.sampling import CategoricalSampler
+from omlx.adapters.mlx.batch.speculative import accept_sampled
 from omlx.domain.speculation import (
     Acceptance,
     DraftPolicy,

@@ -266,10 +266,10 @@ def run(**flags) -> None:
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
 def convert(gguf: Path, out_dir: Path) -> None:
     """Write GGUF as an mlx-lm model folder OUT_DIR (for mlx_lm tools), weights in float32."""
-    from omlx.adapters.mlx.blas import load_optimized_blas
+    from omlx.adapters.mlx.models.blas import load_optimized_blas
 
     load_optimized_blas()
-    from omlx.adapters.mlx.convert import convert_gguf
+    from omlx.adapters.mlx.models.convert import convert_gguf
 
     started = time.monotonic()
     try:

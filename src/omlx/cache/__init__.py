@@ -6,7 +6,7 @@ the server's cache folder and index, under their model's name, within one budget
 
 from __future__ import annotations
 
-from omlx.adapters.mlx.kv_codec import MLXKVCodec
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
 from omlx.cache.factory import CacheConfig, CacheFactory
 from omlx.cache.paged_cache import PagedCache
 from omlx.cache.paged_ssd_cache import BlockMetadata, PagedSSDCacheIndex, PagedSSDCacheManager

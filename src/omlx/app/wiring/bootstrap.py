@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omlx.adapters.mlx.blas import describe_blas, load_optimized_blas, log_blas
+from omlx.adapters.mlx.models.blas import describe_blas, load_optimized_blas, log_blas
 from omlx.app.cache_controls.maintenance import CacheMaintenance
 from omlx.app.chat.normalize import PromptNormalizer
 from omlx.app.chat.observers import Observers
@@ -85,7 +85,7 @@ def bootstrap(
             )
             pool.add(served)
             return _container(settings, pool, None, None, closers, [], observers, blas="")
-        from omlx.adapters.mlx.memory import (
+        from omlx.adapters.mlx.cache.memory import (
             keep_freed_buffers,
             return_freed_memory,
             total_ram_bytes,
@@ -194,7 +194,7 @@ def _kv_memory_limit(settings: Settings) -> int | None:
     """kv_memory_limit in bytes: a size as given, "auto" as half of physical RAM, "off" as None."""
     if not settings.kv_memory_guard:
         return None
-    from omlx.adapters.mlx.memory import auto_limit_bytes
+    from omlx.adapters.mlx.cache.memory import auto_limit_bytes
 
     limit = settings.kv_memory_limit_bytes
     return auto_limit_bytes() if limit is None else limit

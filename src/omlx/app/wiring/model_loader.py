@@ -32,7 +32,7 @@ from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
 if TYPE_CHECKING:  # adapters are imported where they are built, on the loading thread
     from omlx.adapters.blockfiles import BlockWriter
     from omlx.adapters.cold_folder import ColdFolder
-    from omlx.adapters.mlx.loader import LoadedModel
+    from omlx.adapters.mlx.models.loader import LoadedModel
     from omlx.domain.cache.cold_tier import ColdTier, RecencyBuffer
     from omlx.domain.cache.prefix_cache import PrefixCache
 
@@ -73,7 +73,7 @@ class ModelLoader:
         """An upper bound of what loading ``spec`` will take, from its files."""
         import mlx.core as mx
 
-        from omlx.adapters.mlx.default_model import default_model_path
+        from omlx.adapters.mlx.models.default_model import default_model_path
 
         path = spec.path or default_model_path()
         if path.is_file():
@@ -89,7 +89,7 @@ class ModelLoader:
         raise ValueError(f"{spec.id}: unknown task {spec.task!r}")
 
     def _chat(self, spec: ModelSpec) -> Served:
-        from omlx.adapters.mlx.loader import load_model
+        from omlx.adapters.mlx.models.loader import load_model
         from omlx.app.progress import for_log
 
         model = load_model(
@@ -107,17 +107,17 @@ class ModelLoader:
         if self.cold is None or budget == 0:
             return None
         if self._prepared is None:
-            from omlx.adapters.mlx.prepared import PREPARED_DIR, PreparedWeights
+            from omlx.adapters.mlx.models.prepared import PREPARED_DIR, PreparedWeights
 
             self._prepared = PreparedWeights(self.settings.cache_dir / PREPARED_DIR, budget)
         return self._prepared
 
     def wire_chat(self, spec: ModelSpec, model: LoadedModel) -> Served:
         """A loaded chat model's cache tiers, engine thread and services."""
-        from omlx.adapters.mlx.encoders import weights_bytes
-        from omlx.adapters.mlx.engine import EngineConfig, MLXEngine
-        from omlx.adapters.mlx.kv_quantized import gpu_backend
-        from omlx.adapters.mlx.prompt_tokens import PrefixReusingEncoder, fast_backend
+        from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+        from omlx.adapters.mlx.cache.quantized import gpu_backend
+        from omlx.adapters.mlx.models.encoders import weights_bytes
+        from omlx.adapters.mlx.models.prompt_tokens import PrefixReusingEncoder, fast_backend
 
         settings = self.settings
         closers: list[Callable[[], None]] = []  # the Served's, in the order they are added
@@ -210,9 +210,9 @@ class ModelLoader:
                 max_draft=settings.speculation_max_draft, max_rows=settings.speculation_max_rows
             )
             return config, None, 0
-        from omlx.adapters.mlx.draft_model import DraftModel, check_same_tokenizer
-        from omlx.adapters.mlx.encoders import weights_bytes
-        from omlx.adapters.mlx.loader import load_model
+        from omlx.adapters.mlx.models.draft_model import DraftModel, check_same_tokenizer
+        from omlx.adapters.mlx.models.encoders import weights_bytes
+        from omlx.adapters.mlx.models.loader import load_model
 
         draft = load_model(
             draft_path, digest_cache=self.digest_cache, prepared=self._prepared_weights()
@@ -234,8 +234,8 @@ class ModelLoader:
     def _cache(
         self, model: Any, closers: list[Callable[[], None]], kv_quant: KVQuant | None
     ) -> tuple[Any, Any]:
-        from omlx.adapters.mlx.finished_caches import FinishedCaches
-        from omlx.adapters.mlx.kv_codec import MLXKVCodec
+        from omlx.adapters.mlx.cache.codec import MLXKVCodec
+        from omlx.adapters.mlx.cache.finished_caches import FinishedCaches
         from omlx.domain.cache.cold_tier import ColdTier
         from omlx.domain.cache.hot_tier import HotTier
         from omlx.domain.cache.prefix_cache import PrefixCache
@@ -286,7 +286,7 @@ class ModelLoader:
         ``auto``: sized from the model's KV bytes per token (full precision: quantized
         blocks fit more tokens) and the memory guard's limit (``auto_hot_tier_bytes``).
         """
-        from omlx.adapters.mlx.memory import auto_limit_bytes
+        from omlx.adapters.mlx.cache.memory import auto_limit_bytes
         from omlx.domain.sizes import format_bytes
         from omlx.domain.tier_defaults import (
             HOT_TIER_AUTO_TOKENS,
@@ -313,12 +313,12 @@ class ModelLoader:
         )
 
     def _encoder(self, spec: ModelSpec) -> Served:
-        from omlx.adapters.mlx.encoders import (
+        from omlx.adapters.mlx.models.encoders import (
             load_embedding_model,
             load_rerank_model,
             weights_bytes,
         )
-        from omlx.adapters.mlx.runner import MLXRunner
+        from omlx.adapters.mlx.models.runner import MLXRunner
         from omlx.app.models.encoding import EmbeddingService, RerankService
 
         assert spec.path is not None

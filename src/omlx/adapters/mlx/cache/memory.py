@@ -97,7 +97,7 @@ def kv_cost_of(leaves: list[Any]) -> KVCost:
     architecture): bytes per position of the full and the sliding-window layers, the
     longest window, and the fixed bytes of state layers.
 
-    The probe at load (``cache_layout.probe_model``) makes that cache; this runs no pass.
+    The probe at load (``layout.probe_model``) makes that cache; this runs no pass.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import ArraysCache, RotatingKVCache

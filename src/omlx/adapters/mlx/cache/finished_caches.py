@@ -61,7 +61,7 @@ class FinishedCaches:
 
 def _view(layer: Any, prefix: int) -> Any:
     """A cache of ``layer``'s class over its arrays, holding its first ``prefix`` positions."""
-    from omlx.adapters.mlx.quantized_batch_cache import ExactKVCache
+    from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import ExactKVCache
 
     if isinstance(layer, ExactKVCache):
         view = ExactKVCache(group_size=layer.group_size, bits=layer.bits)
@@ -77,7 +77,7 @@ def _view(layer: Any, prefix: int) -> Any:
 def _cuttable(cache: list[Any]) -> bool:
     from mlx_lm.models.cache import KVCache
 
-    from omlx.adapters.mlx.quantized_batch_cache import ExactKVCache
+    from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import ExactKVCache
 
     kinds = (KVCache, ExactKVCache)
     return bool(cache) and all(type(c) in kinds and c.keys is not None for c in cache)

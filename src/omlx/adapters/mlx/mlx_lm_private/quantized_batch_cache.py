@@ -9,11 +9,16 @@ leave as ``ExactKVCache`` (a ``QuantizedKVCache`` that can join a batch again).
 Blocks are sliced out of these codes and put back as codes, never requantized:
 ``quantize ∘ dequantize`` is not idempotent in mlx (39% of values move on a second round
 trip at 8-bit/g64), so only the codes themselves make a hit equal a miss. For float32 KV
-the scales and biases are held as float16, as blocks store them (``kv_quantized``): a
+the scales and biases are held as float16, as blocks store them (``cache.quantized``): a
 block is then a plain slice, and the running cache is as small as a block (8-bit/g64:
 0.266x float32, not 0.281x). mlx's quantized matmul widens them to the queries' float32
 itself; measured here, decode steps take the same time either way (docs/benchmarks.md).
 Each cache remembers ``kv_dtype``, the dtype of the KV it quantized (blocks record it).
+
+It lives with mlx-lm's private state because it is one: a subclass of the private
+``_BaseCache`` that mirrors ``BatchKVCache``'s write index ``_idx``, called by the batcher
+through the interface its batch caches share (``prepare``, ``finalize``, ``filter``,
+``extend``, ``extract``, ``merge``). A batch quantized KV cache in mlx-lm would delete it.
 """
 
 from __future__ import annotations
@@ -22,14 +27,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import (
-    CacheList,
-    KVCache,
-    QuantizedKVCache,
-    _BaseCache,
-    dynamic_roll,
-    make_prompt_cache,
-)
+from mlx_lm.models.cache import QuantizedKVCache, _BaseCache, dynamic_roll
 
 Triple = tuple[mx.array, mx.array, mx.array]
 
@@ -86,6 +84,33 @@ def _first(side: Triple, n: int) -> Triple:
     return _map(lambda c: c[..., :n, :], side)
 
 
+def _write(cache: Any, keys: mx.array, values: mx.array, prev: int) -> None:
+    """``keys`` and ``values`` quantized into ``cache``'s sides from position ``prev`` on
+    (``update_and_fetch`` of either class, before it counts them); its ``kv_dtype`` set."""
+    if cache.keys is None or prev + keys.shape[2] > cache.keys[0].shape[2]:
+        _grow(cache, keys, values, prev)
+    cache.kv_dtype = keys.dtype
+    stop = prev + keys.shape[2]
+    for held, new in ((cache.keys, keys), (cache.values, values)):
+        for c, q in zip(held, quantize_exact(new, cache.group_size, cache.bits), strict=True):
+            c[..., prev:stop, :] = q
+
+
+def _grow(cache: Any, keys: mx.array, values: mx.array, prev: int) -> None:
+    """Room in ``cache``'s sides for ``keys``' positions after ``prev``: whole steps more, as
+    mlx-lm's caches grow (a buffer cut off a step boundary is first cut to ``prev``)."""
+    grown = (cache.step + keys.shape[2] - 1) // cache.step * cache.step
+    new_k = _zeros_like_quantized(keys, grown, cache.group_size, cache.bits)
+    new_v = _zeros_like_quantized(values, grown, cache.group_size, cache.bits)
+    if cache.keys is None:
+        cache.keys, cache.values = new_k, new_v
+        return
+    if prev % cache.step != 0:
+        cache.keys, cache.values = _first(cache.keys, prev), _first(cache.values, prev)
+    cache.keys = _cat(cache.keys, new_k, axis=2)
+    cache.values = _cat(cache.values, new_v, axis=2)
+
+
 class ExactKVCache(QuantizedKVCache):
     """One sequence's quantized KV (mlx-lm's ``QuantizedKVCache``), made as exact mode makes
     it, and able to join a ``BatchQuantizedKVCache`` (``merge``)."""
@@ -94,21 +119,8 @@ class ExactKVCache(QuantizedKVCache):
     kv_dtype = property(_get_dtype, _set_dtype)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Triple, Triple]:
-        prev, n = self.offset, keys.shape[2]
-        if self.keys is None or prev + n > self.keys[0].shape[2]:
-            grown = (self.step + n - 1) // self.step * self.step
-            new_k = _zeros_like_quantized(keys, grown, self.group_size, self.bits)
-            new_v = _zeros_like_quantized(values, grown, self.group_size, self.bits)
-            if self.keys is None:
-                self.keys, self.values = new_k, new_v
-            else:
-                self.keys = _cat(_first(self.keys, prev), new_k, axis=2)
-                self.values = _cat(_first(self.values, prev), new_v, axis=2)
-        self.offset += n
-        self.kv_dtype = keys.dtype
-        for held, new in ((self.keys, keys), (self.values, values)):
-            for c, q in zip(held, quantize_exact(new, self.group_size, self.bits), strict=True):
-                c[..., prev : self.offset, :] = q
+        _write(self, keys, values, self.offset)
+        self.offset += keys.shape[2]
         return self.keys_and_values()
 
     def size(self) -> int:
@@ -148,24 +160,9 @@ class BatchQuantizedKVCache(_BaseCache):
     kv_dtype = property(_get_dtype, _set_dtype)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Triple, Triple]:
-        prev, n = self._idx, keys.shape[2]
-        if self.keys is None or prev + n > self.keys[0].shape[2]:
-            grown = (self.step + n - 1) // self.step * self.step
-            new_k = _zeros_like_quantized(keys, grown, self.group_size, self.bits)
-            new_v = _zeros_like_quantized(values, grown, self.group_size, self.bits)
-            if self.keys is None:
-                self.keys, self.values = new_k, new_v
-            else:
-                if prev % self.step != 0:
-                    self.keys, self.values = _first(self.keys, prev), _first(self.values, prev)
-                self.keys = _cat(self.keys, new_k, axis=2)
-                self.values = _cat(self.values, new_v, axis=2)
-        self.offset = self.offset + n
-        self._idx += n
-        self.kv_dtype = keys.dtype
-        for held, new in ((self.keys, keys), (self.values, values)):
-            for c, q in zip(held, quantize_exact(new, self.group_size, self.bits), strict=True):
-                c[..., prev : self._idx, :] = q
+        _write(self, keys, values, self._idx)
+        self.offset = self.offset + keys.shape[2]
+        self._idx += keys.shape[2]
         return self.keys_and_values()
 
     def keys_and_values(self) -> tuple[Triple, Triple]:
@@ -321,42 +318,3 @@ class BatchQuantizedKVCache(_BaseCache):
         if self.keys is None:
             return 0
         return sum(c.nbytes for c in (*self.keys, *self.values))
-
-
-# ---- a model's whole cache --------------------------------------------------------------
-
-
-def exact_prompt_cache(model: Any, group_size: int, bits: int) -> list[Any]:
-    """A fresh cache for ``model`` whose full-attention layers hold codes (exact mode).
-
-    Sliding-window and state layers stay as mlx-lm makes them, in full precision: mlx-lm
-    has no quantized rotating batch cache, and SSM state is not KV.
-    """
-
-    def convert(entry: Any) -> Any:
-        if isinstance(entry, CacheList):
-            return CacheList(*(convert(c) for c in entry.caches))
-        if type(entry) is KVCache:
-            return ExactKVCache(group_size=group_size, bits=bits)
-        return entry
-
-    return [convert(entry) for entry in make_prompt_cache(model)]
-
-
-def exact_fits(model: Any, group_size: int) -> bool:
-    """Whether every full-attention layer's head_dim is a multiple of ``group_size`` (one
-    token through a fresh cache shows the shapes)."""
-    cache = make_prompt_cache(model)
-    model(mx.array([[0]]), cache=cache)
-    dims = []
-
-    def visit(entry: Any) -> None:
-        if isinstance(entry, CacheList):
-            for c in entry.caches:
-                visit(c)
-        elif type(entry) is KVCache and entry.keys is not None:
-            dims.extend((entry.keys.shape[-1], entry.values.shape[-1]))
-
-    for entry in cache:
-        visit(entry)
-    return bool(dims) and all(d % group_size == 0 for d in dims)

@@ -23,108 +23,31 @@ at most ``max_rows`` rows: a batch's cache is trimmed as one, so every row keeps
 many drafts as the row that accepted the fewest.
 
 This is mlx-lm's ``GenerationBatch.next`` for several tokens per row: it keeps the same
-fields (``_next_tokens``, ``_next_logprobs``, ``_current_tokens``, ``_token_context``,
-``_num_tokens``, ``_matchers``), which ``batch_rows`` lists with its version check.
+per-row state (pending tokens, processor context, counts, stop matchers) through
+``mlx_lm_private.decode``, and runs only where the engine may use mlx-lm's private state.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
 
-from omlx.adapters.mlx import batch_rows
-from omlx.adapters.mlx.quantized_batch_cache import BatchQuantizedKVCache
-from omlx.adapters.mlx.sampling import CategoricalSampler, is_greedy
-from omlx.domain.speculation import (
-    Acceptance,
-    DraftPolicy,
-    SpeculationConfig,
-    SpeculationSummary,
-)
+from omlx.adapters.mlx.batch.sampling import CategoricalSampler, is_greedy
+from omlx.adapters.mlx.batch.speculation import RowRecord, Speculation
+from omlx.adapters.mlx.mlx_lm_private import decode
+from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import BatchQuantizedKVCache
 
 log = logging.getLogger(__name__)
 
 # Batch caches a refused draft is trimmed from (each forgets its newest positions alike).
 _TRIMMABLE = (BatchKVCache, BatchQuantizedKVCache)
-
-
-class Proposer(Protocol):
-    """Makes drafts for a row (``prompt_lookup.PromptLookup``, ``draft_model.DraftModel``)."""
-
-    method: str
-    # Whether proposing costs nothing next to a decode step: such a proposer is asked at
-    # plain steps too, to see whether its drafts would have been kept.
-    free: bool
-
-    def propose(
-        self,
-        uid: int,
-        tokens: Sequence[int],
-        pending: int | None,
-        limit: int,
-        choose: Callable[[int], int],
-    ) -> list[int]:
-        """Drafts to follow ``pending`` after ``tokens`` (the row's cached tokens): ``choose``
-        is told how many are on offer (at most ``limit``) and says how many to make. A
-        free proposer is also asked with ``pending`` None: drafts to follow ``tokens``."""
-        ...
-
-    def forget(self, uid: int) -> None: ...
-
-
-@dataclass(slots=True)
-class _Row:
-    acceptance: Acceptance = field(default_factory=Acceptance)
-    # A free proposer's guess at a plain step, not verified: (the index the token will
-    # have in the row's tokens, the token). The model's own token there, once it is out,
-    # says whether the draft would have been kept.
-    guess: tuple[int, int] | None = None
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-
-
-class Speculation:
-    """An engine's speculation: its proposer, policy and per-request records."""
-
-    def __init__(self, config: SpeculationConfig, proposer: Proposer) -> None:
-        self.config = config
-        self.proposer = proposer
-        self.policy = DraftPolicy.of(config)
-        self._rows: dict[int, _Row] = {}  # uid -> record, from admission to ``pop``
-
-    def enable(self, uid: int) -> None:
-        """Let the request with batcher uid ``uid`` speculate."""
-        self._rows[uid] = _Row()
-
-    def row(self, uid: int) -> _Row | None:
-        return self._rows.get(uid)
-
-    def left_batch(self, uid: int) -> None:
-        """The row stopped decoding: its proposer state goes (its record stays for ``pop``)."""
-        self.proposer.forget(uid)
-
-    def pop(self, uid: int | None) -> SpeculationSummary | None:
-        """The request's summary, once; None when it could not speculate."""
-        if uid is None:
-            return None
-        self.proposer.forget(uid)
-        row = self._rows.pop(uid, None)
-        if row is None:
-            return None
-        return SpeculationSummary(self.proposer.method, row.steps, row.drafted, row.accepted)
-
-    def clear(self) -> None:
-        for uid in list(self._rows):
-            self.proposer.forget(uid)
-        self._rows.clear()
 
 
 @dataclass(slots=True)
@@ -185,7 +108,7 @@ class SpeculativeSteps:
         if not n or n > spec.config.max_rows:
             return None
         rows = [spec.row(uid) for uid in batch.uids]
-        if any(r is None for r in rows) or any(t < 1 for t in batch._num_tokens):
+        if any(r is None for r in rows) or any(decode.handed_out(batch, i) < 1 for i in range(n)):
             return None
         if not all(type(c) in _TRIMMABLE for c in batch.prompt_cache):
             return None
@@ -197,10 +120,11 @@ class SpeculativeSteps:
         if free and not self.in_order and not self._worth_waiting(spec, rows):
             return None
         started = time.perf_counter()
-        mx.eval(batch._next_tokens)
+        pending_tokens = decode.pending_tokens(batch)
+        mx.eval(pending_tokens)
         if self.in_order and self._plain_before:
             spec.policy.costs.observe_plain(time.perf_counter() - started)
-        pending = batch._next_tokens.tolist()
+        pending = pending_tokens.tolist()
         started = time.perf_counter()
         drafts = []
         for i, (uid, row) in enumerate(zip(batch.uids, rows, strict=True)):
@@ -228,7 +152,7 @@ class SpeculativeSteps:
             return None
         return _Plan(pending, drafts, started)
 
-    def _worth_waiting(self, spec: Speculation, rows: list[_Row]) -> bool:
+    def _worth_waiting(self, spec: Speculation, rows: list[RowRecord]) -> bool:
         """Whether every row would draft, judged from the tokens already out (the pending
         token not awaited): the lookup's guess for the pending token is kept, to be
         checked against it once it is out."""
@@ -274,12 +198,10 @@ class SpeculativeSteps:
         ]
         handed = [[y, *d[:kept]] for y, d in zip(plan.pending, plan.drafts, strict=True)]
         self._after_processing(marks, bases, handed)
-        previous = batch._next_logprobs
-        batch._current_tokens = batch._next_tokens
-        batch._current_logprobs = previous
-        batch._next_tokens = mx.array(nexts)
-        batch._next_logprobs = [logprobs[i, kept] for i in range(len(nexts))]
-        mx.eval(batch._next_tokens, batch._next_logprobs, previous)
+        next_tokens = mx.array(nexts)
+        next_logprobs = [logprobs[i, kept] for i in range(len(nexts))]
+        previous = decode.replace_pending(batch, next_tokens, next_logprobs)
+        mx.eval(next_tokens, next_logprobs, previous)
         for i, uid in enumerate(batch.uids):
             batch.tokens[i].extend(handed[i])
             row = spec.row(uid)
@@ -299,7 +221,7 @@ class SpeculativeSteps:
         marks, bases = [], []
         for i, processors in enumerate(batch.logits_processors):
             marks.append([p.mark() if hasattr(p, "mark") else None for p in processors or ()])
-            bases.append(batch_rows.token_buffer_size(batch._token_context[i]))
+            bases.append(decode.context_size(batch, i))
         return marks, bases
 
     def _processed(
@@ -314,7 +236,7 @@ class SpeculativeSteps:
                 rows.append(logits[i])
                 continue
             fed = len(drafts[i]) + 1
-            context = batch._token_context[i].update_and_fetch(mx.array(inputs[i][:fed]))
+            context = decode.token_context(batch, i).update_and_fetch(mx.array(inputs[i][:fed]))
             positions = []
             for j in range(fed):
                 row = logits[i : i + 1, j]
@@ -333,7 +255,7 @@ class SpeculativeSteps:
         for i, processors in enumerate(batch.logits_processors):
             if not processors:
                 continue
-            batch_rows.truncate_token_buffer(batch._token_context[i], bases[i] + len(handed[i]))
+            decode.truncate_context(batch, i, bases[i] + len(handed[i]))
             for processor, mark in zip(processors, marks[i], strict=True):
                 if mark is not None:
                     processor.rewind(mark, handed[i])
@@ -348,10 +270,7 @@ class SpeculativeSteps:
         for i, uid in enumerate(batch.uids):
             ended = False
             for h, token in enumerate(handed[i]):
-                batch._num_tokens[i] += 1
-                reason = "length" if batch._num_tokens[i] >= batch.max_tokens[i] else None
-                if batch._matchers[i].advance(token):
-                    reason = "stop"
+                reason = decode.hand_out(batch, i, token)
                 if reason is None:
                     responses.append(
                         GenerationBatch.Response(uid, token, logprobs[i][h], None, None, None)
@@ -386,7 +305,7 @@ class SpeculativeSteps:
         super().filter(keep)  # type: ignore[misc]
 
 
-class SpeculativeInOrder(SpeculativeSteps, batch_rows.InOrderGeneration):
+class SpeculativeInOrder(SpeculativeSteps, decode.InOrderGeneration):
     """In-order decode steps (the CPU's), speculative where it pays."""
 
     in_order = True
@@ -403,10 +322,10 @@ def _all(available: int) -> int:
 def _limit(spec: Speculation, batch: Any, i: int) -> int:
     """The most drafts row ``i`` may verify: the pending token is handed out with them,
     at most max_tokens in all."""
-    return min(spec.config.max_draft, batch.max_tokens[i] - batch._num_tokens[i] - 1)
+    return min(spec.config.max_draft, batch.max_tokens[i] - decode.handed_out(batch, i) - 1)
 
 
-def _settle(row: _Row, tokens: Sequence[int], pending: int | None) -> None:
+def _settle(row: RowRecord, tokens: Sequence[int], pending: int | None) -> None:
     """Score the row's guess against the model's token at its index, if that is out."""
     if row.guess is None:
         return

@@ -51,7 +51,7 @@ class _DraftRow:
 
 
 class DraftModel:
-    """Drafts from a small model (``speculative.Proposer``)."""
+    """Drafts from a small model (``batch.speculation.Proposer``)."""
 
     method = DRAFT_MODEL
     free = False  # each draft is a forward pass of the draft model: asked only when used

@@ -19,11 +19,19 @@ import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load as mlx_lm_load
 
-from omlx.adapters.mlx.cache_layout import ModelLayout, probe_model
-from omlx.adapters.mlx.errors import UnsupportedModelError
-from omlx.adapters.mlx.generation_config import BUNDLED_GENERATION_CONFIG, read_generation_config
-from omlx.adapters.mlx.gguf import DEFAULT_MODEL_ID, LoadedGGUF, default_model_path, load_gguf
-from omlx.adapters.mlx.prepared import PreparedWeights
+from omlx.adapters.mlx.cache.layout import ModelLayout, probe_model
+from omlx.adapters.mlx.models.errors import UnsupportedModelError
+from omlx.adapters.mlx.models.generation_config import (
+    BUNDLED_GENERATION_CONFIG,
+    read_generation_config,
+)
+from omlx.adapters.mlx.models.gguf import (
+    DEFAULT_MODEL_ID,
+    LoadedGGUF,
+    default_model_path,
+    load_gguf,
+)
+from omlx.adapters.mlx.models.prepared import PreparedWeights
 from omlx.domain.cache.blocks import NamespaceInfo
 from omlx.domain.cache.keys import namespace_digest
 from omlx.domain.cache.kv_quant import KVQuant

@@ -89,7 +89,7 @@ def exact_block(
 ) -> QuantizedKVBlock:
     """A block of exact mode's running codes, stacked, of KV in ``dtype``: stored as
     ``quantized_block`` stores, since the running cache holds scales and biases as blocks
-    do (``quantized_batch_cache.scale_dtype``)."""
+    do (``mlx_lm_private.quantized_batch_cache.scale_dtype``)."""
     nbytes = sum(a.nbytes for a in (*keys, *values))
     return QuantizedKVBlock(keys, values, nbytes, dtype, quant, leaves)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from omlx.adapters.mlx.errors import UnsupportedModelError
+from omlx.adapters.mlx.models.errors import UnsupportedModelError
 
 # llama.cpp token types (llama_token_type): 3 is CONTROL, 4 USER_DEFINED. llama.cpp
 # matches both kinds verbatim in the input text before BPE runs.

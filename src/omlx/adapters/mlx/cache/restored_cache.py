@@ -8,8 +8,9 @@ where each fresh page costs a fault), on every turn that restores a conversation
 
 ``RestoredKVCache`` is built by the codec's ``assemble`` with room past its offset for
 the tokens the request will prefill, and its ``merge`` of a lone row hands the arrays to
-the batch cache as they are: the tail is then written in place. Several rows merge as
-mlx-lm merges them.
+the batch cache as they are (``mlx_lm_private.rows.lone_row_batch``): the tail is then
+written in place. Several rows merge as mlx-lm merges them, and so does a lone row where
+omlx may not use mlx-lm's private state (``mlx_lm_private.version.allowed``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from omlx.adapters.mlx.mlx_lm_private import rows, version
+
 
 class RestoredKVCache(KVCache):
     """A ``KVCache`` whose arrays may hold room past ``offset``, merged into a batch without a copy."""
@@ -26,13 +29,10 @@ class RestoredKVCache(KVCache):
     def merge(
         self, caches: list[Any]
     ) -> BatchKVCache:  # mlx-lm calls merge on the first row's cache
-        if len(caches) != 1 or caches[0].keys is None:
+        if len(caches) != 1 or caches[0].keys is None or not version.allowed():
             return BatchKVCache.merge(caches)
         row = caches[0]
-        batch = BatchKVCache([0])
-        batch.keys, batch.values = row.keys, row.values
-        batch.offset = batch.offset + row.offset
-        batch._idx = row.offset  # mlx-lm's own merge sets it so: positions held, no padding
+        batch = rows.lone_row_batch(row)
         # The batch holds the only reference, so MLX can write the prefilled tail into the
         # arrays in place (an array referenced twice is copied whole on a slice update).
         row.keys = row.values = None

@@ -7,7 +7,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from omlx.adapters.mlx.sampling import Sampler, make_sampler
+from omlx.adapters.mlx.batch.sampling import Sampler, make_sampler
 
 
 def warm_up(

@@ -29,9 +29,9 @@ import mlx.core as mx
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from omlx.adapters.blockfiles.format import RawTensor, encode_header
-from omlx.adapters.mlx.gguf import LoadedGGUF, build_model
-from omlx.adapters.mlx.gguf_tokenizer import eos_token_ids, write_tokenizer_files
-from omlx.adapters.mlx.prepared_folder import (  # noqa: F401  (PREPARED_DIR re-exported)
+from omlx.adapters.mlx.models.gguf import LoadedGGUF, build_model
+from omlx.adapters.mlx.models.gguf_tokenizer import eos_token_ids, write_tokenizer_files
+from omlx.adapters.mlx.models.prepared_folder import (  # noqa: F401  (PREPARED_DIR re-exported)
     MANIFEST,
     PREPARED_DIR,
     TEMP_PREFIX,

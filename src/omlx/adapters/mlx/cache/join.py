@@ -15,7 +15,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from omlx.adapters.mlx.kv_quantized import QuantizedKVBlock, dequantize_side
+from omlx.adapters.mlx.cache.quantized import QuantizedKVBlock, dequantize_side
 
 
 def join_leaves(

@@ -68,7 +68,7 @@ def continuation(context: np.ndarray, ngram_max: int, ngram_min: int, limit: int
 
 
 class PromptLookup:
-    """Drafts from each row's own context (``speculative.Proposer``)."""
+    """Drafts from each row's own context (``speculation.Proposer``)."""
 
     method = LOOKUP
     free = True  # a few vectorised comparisons per step

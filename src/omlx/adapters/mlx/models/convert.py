@@ -13,8 +13,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from omlx.adapters.mlx.gguf import read_gguf
-from omlx.adapters.mlx.gguf_tokenizer import write_tokenizer_files
+from omlx.adapters.mlx.models.gguf import read_gguf
+from omlx.adapters.mlx.models.gguf_tokenizer import write_tokenizer_files
 
 WEIGHTS_FILE = "model.safetensors"
 

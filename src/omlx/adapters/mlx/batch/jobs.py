@@ -1,4 +1,5 @@
-"""One request's life on the engine thread: what it is, when each phase ended, its log line."""
+"""One request's life on the engine thread: what it is, its text as tokens come, when each
+phase ended, its last event and its log line."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from omlx.adapters.mlx.batch.processors import token_logprob
 from omlx.domain.generation import (
     PHASES,
+    Finished,
     GenerationEvent,
     GenerationRequest,
     StopStringMatcher,
+    TextDelta,
     TokenLogprob,
 )
 from omlx.domain.speculation import SpeculationSummary
@@ -19,7 +23,7 @@ from omlx.domain.speculation import SpeculationSummary
 if TYPE_CHECKING:
     from omlx.domain.cache.session import CacheSession
 
-log = logging.getLogger("omlx.adapters.mlx.engine")  # the engine's own lines
+log = logging.getLogger("omlx.adapters.mlx.batch.engine")  # the engine's own lines
 
 Emit = Callable[[GenerationEvent], None]
 
@@ -52,6 +56,46 @@ class Job:
     def length(self) -> int:
         """Cache positions it may reach: its prompt plus every token it may generate."""
         return len(self.request.prompt_tokens) + self.request.max_tokens
+
+
+def hand_out(job: Job, token: int, logprobs: Any) -> None:
+    """A generated token (not EOS) to the client: its text through the stop strings, and its
+    log-probability where the request asked for them."""
+    job.completion_tokens += 1
+    if job.request.logprobs is not None:
+        job.logprobs.append(token_logprob(token, logprobs, job.request.logprobs))
+    job.detok.add_token(token)
+    text = job.stops.feed(job.detok.last_segment)
+    if text:
+        emit_text(job, text)
+
+
+def flush(job: Job) -> None:
+    """At the request's end: the text the detokenizer and the stop strings held back."""
+    job.detok.finalize()
+    tail = job.stops.feed(job.detok.last_segment) + job.stops.flush()
+    if tail or job.logprobs:
+        emit_text(job, tail)
+
+
+def emit_text(job: Job, text: str) -> None:
+    """A text delta, with the log-probabilities of the tokens since the previous one."""
+    job.emit(TextDelta(text, tuple(job.logprobs)))
+    job.logprobs.clear()
+
+
+def finished_event(job: Job, reason: str, speculated: SpeculationSummary | None) -> Finished:
+    """The request's last event: why it ended, its counts, its phases and cache tier."""
+    return Finished(
+        reason,
+        len(job.request.prompt_tokens),
+        job.completion_tokens,
+        job.cached_tokens,
+        job.stops.matched if job.stops is not None else None,
+        phases_of(job),
+        tier_of(job),
+        speculated,
+    )
 
 
 def log_finished(

@@ -9,7 +9,7 @@ Each ``BatchGenerator.next()`` runs one decode step for the running streams and
 then one chunk (``prefill_step_size`` tokens per prompt) of the prompts being
 prefilled, so streams keep producing tokens while a long prompt is prefilled; a
 short prompt that joins a long one's prefill batch moves to decoding as soon as
-its own tokens are done. A memory guard (``memory.KVBudget``) admits a request
+its own tokens are done. A memory guard (``domain.memory.KVBudget``) admits a request
 only when its KV fits beside the running ones, shrinking the hot tier first.
 """
 
@@ -21,72 +21,39 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
-from omlx.adapters.mlx import batch_rows
-from omlx.adapters.mlx.fused_prefill import FusingBatchGenerator
-from omlx.adapters.mlx.jobs import Emit, Job, log_finished, phases_of, tier_of
-from omlx.adapters.mlx.loader import LoadedModel
-from omlx.adapters.mlx.processors import grammar_finish_reason, request_processors, token_logprob
-from omlx.adapters.mlx.prompt_lookup import PromptLookup
-from omlx.adapters.mlx.quantized_batch_cache import exact_fits, exact_prompt_cache
-from omlx.adapters.mlx.sampling import Sampler, make_sampler
-from omlx.adapters.mlx.speculative import Proposer, Speculation
-from omlx.adapters.mlx.warm_up import warm_up
-from omlx.domain.cache.kv_quant import KVQuant
+from omlx.adapters.mlx.batch import admission, jobs
+from omlx.adapters.mlx.batch.config import EngineConfig, exact_caches, features_for, new_generator
+from omlx.adapters.mlx.batch.jobs import Emit, Job, log_finished
+from omlx.adapters.mlx.batch.processors import grammar_finish_reason, request_processors
+from omlx.adapters.mlx.batch.sampling import SharedSamplers
+from omlx.adapters.mlx.batch.speculation import Proposer, Speculation
+from omlx.adapters.mlx.batch.warm_up import warm_up
+from omlx.adapters.mlx.mlx_lm_private import rows
+from omlx.adapters.mlx.models.loader import LoadedModel
 from omlx.domain.generation import (
     Failed,
-    Finished,
     GenerationRequest,
     PrefillProgress,
     PrefillStarted,
     SamplingParams,
     StopStringMatcher,
-    TextDelta,
 )
-from omlx.domain.memory import KVBudget, MemoryAccount, format_bytes
+from omlx.domain.memory import KVBudget, MemoryAccount
 from omlx.domain.scheduler import Scheduler, Verdict
-from omlx.domain.speculation import SpeculationConfig
 
 if TYPE_CHECKING:
     from omlx.domain.cache.prefix_cache import PrefixCache
-    from omlx.domain.cache.session import CacheSession
 
 log = logging.getLogger(__name__)
 _REQUEST_IDS = itertools.count(1)  # shared by every model's engine: numbers are process-wide
 
 _GREEDY = SamplingParams()
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    max_concurrent: int = 8
-    prefill_step_size: int = 256
-    # Bytes of KV for the running requests plus the hot tier; None: no memory guard.
-    kv_memory_limit: int | None = None
-    # Run a tiny generation on the engine thread before the first request (see _warm_up).
-    warm_up: bool = True
-    # Run a short final prefill chunk with the prompt's last token (``fused_prefill``):
-    # one forward pass less per request; used on plain attention layouts only.
-    fuse_last_token: bool = True
-    # Idle this long, the engine hands MLX's freed buffers back to the system; sooner, an
-    # agent's next turn reuses them instead of faulting fresh pages in.
-    release_buffers_after_s: float = 60.0
-    # Speculative decoding (``speculative.py``); None: off. Plain attention layouts only.
-    speculation: SpeculationConfig | None = None
-    # Evaluate each decode step before building the next (None: on the CPU only, where
-    # mlx-lm's pipelined steps hand tokens out a pass late). Tests set False to run the
-    # pipelined steps here.
-    in_order: bool | None = None
-    # Exact KV mode (``kv_mode``): the running cache of full-attention layers holds
-    # ``exact_kv``'s codes (``quantized_batch_cache``), so a restored block equals what the
-    # miss computed. None: full precision.
-    exact_kv: KVQuant | None = None
 
 
 class MLXEngine:
@@ -103,7 +70,9 @@ class MLXEngine:
         self.model = model
         self.prefix_cache = prefix_cache
         self.config = config or EngineConfig()
-        self._speculation = self._speculation_for(proposer)
+        # Asked once: what it runs with, and whether it may use mlx-lm's private state.
+        self._features = features_for(model, self.config, proposer, prefix_cache is not None)
+        self._speculation = self._features.speculation
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._ids = _REQUEST_IDS  # one numbering for the process: log lines stay unique
         self._running: dict[int, Job] = {}  # batcher uid -> job
@@ -114,10 +83,8 @@ class MLXEngine:
         self._eos = sorted(model.tokenizer.eos_token_ids)
         # One object shared by every request: the batcher builds a matcher per row.
         self._stop_tokens = StopSequences([[t] for t in self._eos])
-        # Unseeded samplers are stateless: requests with equal parameters share one
-        # object, so the batcher samples them in one call instead of row by row.
-        self._samplers: dict[tuple[float, float, int, float], Sampler] = {}
-        # Measured at load, by the model's one probe (``cache_layout.probe_model``).
+        self._samplers = SharedSamplers()
+        # Measured at load, by the model's one probe (``cache.layout.probe_model``).
         limit = self.config.kv_memory_limit
         cost = model.kv_cost if limit is not None else None
         budget = KVBudget(limit, cost.per_token, cost) if cost is not None else None
@@ -177,7 +144,7 @@ class MLXEngine:
     # ---- engine thread ----------------------------------------------------
 
     def _run(self) -> None:
-        self._fresh_cache = self._exact_caches()
+        self._fresh_cache = exact_caches(self.model, self._features.exact_kv)
         self._generator = self._new_generator()
         if self.config.warm_up:
             self._warm_up()
@@ -207,7 +174,7 @@ class MLXEngine:
                 self._generator,
                 self.model.model,
                 token,
-                self._sampler(_GREEDY),
+                self._samplers.of(_GREEDY),
                 request_waiting=lambda: not self._inbox.empty(),
                 new_cache=self._fresh_cache,
             )
@@ -222,71 +189,12 @@ class MLXEngine:
         how = "warm-up stopped for a request:" if interrupted else "warmed up"
         log.info("%s %s in %.2f s", how, self.model.model_id, time.monotonic() - started)
 
-    def _speculation_for(self, proposer: Proposer | None) -> Speculation | None:
-        """The engine's speculation, where its config asks for it and the model allows it."""
-        config = self.config.speculation
-        if config is None:
-            return None
-        if not self._plain_layout():
-            log.info(
-                "speculative decoding of %s: off: its cache has layers a refused draft cannot be "
-                "taken back from (recurrent state or a sliding window)",
-                self.model.model_id,
-            )
-            return None
-        if not batch_rows.private_access_supported():
-            log.info(
-                "speculative decoding of %s: off: written for mlx-lm %sx",
-                self.model.model_id,
-                batch_rows.WRITTEN_FOR,
-            )
-            return None
-        if proposer is None:
-            proposer = PromptLookup(config.ngram_max, config.ngram_min)
-        return Speculation(config, proposer)
-
-    def _exact_caches(self) -> Callable[[], list[Any]] | None:
-        """What makes a fresh request's cache in exact mode; None where it does not apply."""
-        quant = self.config.exact_kv
-        if quant is None:
-            return None
-        if not exact_fits(self.model.model, quant.group_size):
-            log.warning(
-                "exact KV of %s: off: a head_dim is not a multiple of kv_group_size %d; its cache "
-                "runs and is stored in full precision",
-                self.model.model_id,
-                quant.group_size,
-            )
-            return None
-        log.info(
-            "exact KV of %s: the running cache holds %s codes", self.model.model_id, quant.label
-        )
-        return partial(exact_prompt_cache, self.model.model, quant.group_size, quant.bits)
-
     @property
     def speculation(self) -> Speculation | None:
         return self._speculation
 
-    def _plain_layout(self) -> bool:
-        layout = self.model.layout
-        return layout is not None and not layout.unsupported and layout.domain.plain
-
     def _new_generator(self) -> BatchGenerator:
-        in_order = self.config.in_order
-        if in_order is None:
-            # On the CPU, mlx-lm's pipelined decode step hands tokens out a pass late.
-            in_order = mx.default_device().type == mx.cpu
-        return FusingBatchGenerator(
-            self.model.model,
-            fuse=self.config.fuse_last_token and self._plain_layout(),
-            in_order=in_order,
-            speculation=self._speculation,
-            completion_batch_size=self.config.max_concurrent,
-            # Every admitted prompt joins the prefill batch at once: a short prompt
-            # beside a long one is split off to decode after its own last chunk.
-            prefill_batch_size=self.config.max_concurrent,
-            prefill_step_size=self.config.prefill_step_size,
-        )
+        return new_generator(self.model, self.config, self._features)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -310,7 +218,7 @@ class MLXEngine:
     def _admit_waiting(self) -> None:
         """Start what the scheduler lets leave the queue (FCFS, within the KV memory)."""
         for job, verdict in self.scheduler.admissible(
-            self._make_room if self.prefix_cache else None
+            partial(admission.make_room, self.prefix_cache) if self.prefix_cache else None
         ):
             if verdict is Verdict.REFUSE:
                 self._refuse(job)
@@ -325,21 +233,6 @@ class MLXEngine:
                 continue
             self.scheduler.started(job)
             self._report_memory()
-
-    def _make_room(self, job: Job, room: int) -> int:
-        """The prefix cache gives RAM back for ``job`` (its own prefix pinned first); bytes left."""
-        assert self.prefix_cache is not None
-        if job.session is None:  # pin its prefix: the shrink must not evict what it will restore
-            job.session = self._begin(job)
-        before = self.prefix_cache.held_bytes()
-        left = self.prefix_cache.make_room(room)
-        if left < before:
-            log.info(
-                "memory guard: the prefix cache gave back %s for request %d",
-                format_bytes(before - left),
-                job.id,
-            )
-        return left
 
     def _report_memory(self) -> None:
         """What this model's KV holds now, for the process-wide account (several models)."""
@@ -356,54 +249,19 @@ class MLXEngine:
         self._jobs.pop(job.id, None)
         job.emit(Failed(message))
 
-    def _sampler(self, params: Any) -> Sampler:
-        if params.seed is not None:
-            return make_sampler(
-                params.temperature, params.top_p, params.top_k, params.seed, params.min_p
-            )
-        key = (
-            (params.temperature, params.top_p, params.top_k, params.min_p)
-            if params.temperature > 0
-            else (0.0, 1.0, 0, 0.0)
-        )
-        sampler = self._samplers.get(key)
-        if sampler is None:
-            if len(self._samplers) >= 64:  # clients choose the floats: keep the memo small
-                self._samplers.clear()
-            sampler = self._samplers[key] = make_sampler(*key[:3], min_p=key[3])
-        return sampler
-
-    def _begin(self, job: Job) -> CacheSession:
-        """Its prompt looked up, its prefix pinned (the prefix cache's session for it)."""
-        assert self.prefix_cache is not None
-        job.times.setdefault("considered", time.monotonic())
-        request = job.request
-        return self.prefix_cache.begin(
-            request.prompt_tokens,
-            store=request.cache_store,
-            tenant=request.cache_tenant,
-            probed=request.cache_probe,  # the app's probe: no second hash, no second query
-        )
-
     def _admit(self, job: Job) -> None:
         tokens = list(job.request.prompt_tokens)
-        job.times.setdefault("considered", time.monotonic())
-        cache = None
-        if self.prefix_cache is not None:
-            if job.session is None:
-                job.session = self._begin(job)
-            cache = job.session.restore()
-            job.cached_tokens = job.session.cached_tokens
-        if cache is None and self._fresh_cache is not None:
-            cache = self._fresh_cache()  # every row of a batch must be of one cache class
+        cache = admission.starting_cache(self.prefix_cache, job, self._fresh_cache)
         job.times["admitted"] = time.monotonic()
         plan = job.session.plan if job.session is not None else ()
+        block_size = self.prefix_cache.block_size if self.prefix_cache is not None else None
+        step = self.config.prefill_step_size
         (job.uid,) = self._generator.insert_segments(
-            [self._segments(tokens, job.cached_tokens, plan)],
+            [admission.segments(tokens, job.cached_tokens, plan, block_size, step)],
             max_tokens=[job.request.max_tokens],
             caches=[cache],
             all_tokens=[tokens[: job.cached_tokens]],
-            samplers=[self._sampler(job.request.sampling)],
+            samplers=[self._samplers.of(job.request.sampling)],
             logits_processors=[request_processors(job.request, self._eos)],
             stop_sequences=[self._stop_tokens],
         )
@@ -414,22 +272,6 @@ class MLXEngine:
         job.times["inserted"] = time.monotonic()
         self._running[job.uid] = job
         job.emit(PrefillStarted(job.cached_tokens, len(tokens)))
-
-    def _segments(self, tokens: list[int], start: int, plan: tuple[int, ...]) -> list[list[int]]:
-        """The uncached tail, cut so that every prefill chunk ends on a block boundary.
-
-        mlx-lm's batcher never lets a chunk span two segments and reports each segment's
-        end: segments end at multiples of the chunk size (a multiple of the block size)
-        and at the restore points the request's capture plans.
-        """
-        if self.prefix_cache is None:
-            return [tokens[start:]]
-        bs = self.prefix_cache.block_size
-        step = bs * max(1, self.config.prefill_step_size // bs)
-        cuts = set(range((start // step + 1) * step, len(tokens), step))
-        cuts.update(p for p in plan if start < p < len(tokens))
-        edges = [start, *sorted(cuts), len(tokens)]
-        return [tokens[a:b] for a, b in itertools.pairwise(edges) if b > a]
 
     def _step(self) -> None:
         prompt_responses, generation_responses = self._generator.next()
@@ -451,7 +293,7 @@ class MLXEngine:
                 job.emit(PrefillProgress(job.prefilled, total + job.cached_tokens))
                 if r.end_of_segment and job.session is not None:
                     job.session.prefilled(
-                        self._view(batch_rows.prefill_row, job), job.cached_tokens + done
+                        self._view(rows.prefill_row, job), job.cached_tokens + done
                     )
         for r in generation_responses:
             job = self._running.get(r.uid)
@@ -460,11 +302,11 @@ class MLXEngine:
             self._on_token(job, r)
             if job.deferred_capture is not None and not job.done and job.session is not None:
                 position, job.deferred_capture = job.deferred_capture, None
-                job.session.prefilled(self._view(batch_rows.decode_row, job), position)
+                job.session.prefilled(self._view(rows.decode_row, job), position)
 
     def _view(self, row_of: Callable[..., Any], job: Job) -> Callable[[], Any]:
         """What gives a running request's cache as it is now, when the session asks for it."""
-        return partial(row_of, self._generator, job.uid)
+        return partial(row_of, self._generator, job.uid, self._features.private)
 
     def _on_token(self, job: Job, r: Any) -> None:
         if "first_token" not in job.times:
@@ -473,39 +315,23 @@ class MLXEngine:
         if r.finish_reason is None and job.session is not None:
             position = len(job.request.prompt_tokens) + job.fed_tokens
             if job.session.wants_decoded(position):
-                job.session.decoded(self._view(batch_rows.decode_row, job), position)
-        is_eos = r.finish_reason == "stop"
-        if not is_eos:
-            job.completion_tokens += 1
-            if job.request.logprobs is not None:
-                job.logprobs.append(token_logprob(r.token, r.logprobs, job.request.logprobs))
-            job.detok.add_token(r.token)
-            text = job.stops.feed(job.detok.last_segment)
-            if text:
-                self._emit_text(job, text)
+                job.session.decoded(self._view(rows.decode_row, job), position)
+        if r.finish_reason != "stop":  # not EOS
+            jobs.hand_out(job, r.token, r.logprobs)
         if job.stops.stopped:
             if job.logprobs:
-                self._emit_text(job, "")
+                jobs.emit_text(job, "")
             removed = self._generator.remove([job.uid], return_prompt_caches=True)
             cache, tokens = removed.get(job.uid, (None, None))
             # A speculative step may have fed tokens past this one: keep what was handed out.
             cache, tokens = _cut(cache, tokens, len(job.request.prompt_tokens) + job.fed_tokens)
             self._finish(job, "stop", cache, tokens)
         elif r.finish_reason is not None:
-            job.detok.finalize()
-            tail = job.stops.feed(job.detok.last_segment) + job.stops.flush()
-            if tail or job.logprobs:
-                self._emit_text(job, tail)
+            jobs.flush(job)
             reason = (
                 "stop" if job.stops.stopped else grammar_finish_reason(job.request, r.finish_reason)
             )
             self._finish(job, reason, r.prompt_cache, r.all_tokens)
-
-    @staticmethod
-    def _emit_text(job: Job, text: str) -> None:
-        """A text delta, with the log-probabilities of the tokens since the previous one."""
-        job.emit(TextDelta(text, tuple(job.logprobs)))
-        job.logprobs.clear()
 
     def _finish(self, job: Job, reason: str, cache: Any, tokens: list[int] | None) -> None:
         """Drop its KV, tell the client, then unpin its prefix and store its new blocks.
@@ -520,18 +346,7 @@ class MLXEngine:
         self.scheduler.ended(job.id)
         self._report_memory()
         speculated = self._speculation.pop(job.uid) if self._speculation is not None else None
-        job.emit(
-            Finished(
-                reason,
-                len(job.request.prompt_tokens),
-                job.completion_tokens,
-                job.cached_tokens,
-                job.stops.matched if job.stops is not None else None,
-                phases_of(job),
-                tier_of(job),
-                speculated,
-            )
-        )
+        job.emit(jobs.finished_event(job, reason, speculated))
         log_finished(job, reason, self.model.model_id, speculated)
         if job.session is not None:
             job.session.finished(tokens, cache)  # never raises
