@@ -13,7 +13,7 @@ import mlx.core as mx
 import pytest
 from click.testing import CliRunner
 
-from omlx.adapters.mlx import prepared as prepared_module
+from omlx.adapters.mlx.models import prepared as prepared_module
 from omlx.adapters.mlx.models.gguf import load_gguf
 from omlx.adapters.mlx.models.loader import load_model
 from omlx.adapters.mlx.models.prepared import MANIFEST, PREPARED_DIR, WEIGHTS_FILE, PreparedWeights

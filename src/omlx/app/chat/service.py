@@ -67,7 +67,7 @@ class GenerationService:
         self.model = model
         self.tokenizer = model.tokenizer
         # The tokenizer's own encode unless a faster equal one is given (a growing
-        # conversation's tokens reused: adapters.mlx.prompt_tokens).
+        # conversation's tokens reused: adapters.mlx.models.prompt_tokens).
         self._encode = encode or (
             lambda text: list(self.tokenizer.encode(text, add_special_tokens=False))
         )

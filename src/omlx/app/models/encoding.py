@@ -35,7 +35,7 @@ class Ranked:
 
 
 class EmbeddingService:
-    """Embeddings of one embedding model (``adapters.mlx.encoders.EmbeddingModel``)."""
+    """Embeddings of one embedding model (``adapters.mlx.models.encoders.EmbeddingModel``)."""
 
     def __init__(self, runner: Any, model: Any) -> None:
         self.runner = runner

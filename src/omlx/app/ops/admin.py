@@ -170,7 +170,7 @@ def _stats(target: Target, index: SqlBlockIndex | None) -> dict[str, Any]:
 
 
 def _prepared_weights(cache_dir: Path) -> dict[str, Any]:
-    """The dequantized GGUF copies kept beside the blocks (``adapters/mlx/prepared.py``)."""
+    """The dequantized GGUF copies kept beside the blocks (``adapters/mlx/models/prepared.py``)."""
     from omlx.adapters.mlx.models.prepared_folder import PREPARED_DIR, list_copies
 
     copies = list_copies(cache_dir / PREPARED_DIR)
