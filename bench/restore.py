@@ -132,9 +132,9 @@ def write_blocks(
     if not writer.close(timeout=600):
         raise SystemExit("the writer did not drain")
     stats = writer.stats()
-    if stats["written"] != len(metas):
+    if stats.written != len(metas):
         raise SystemExit(f"the writer wrote {stats['written']} of {len(metas)} blocks: {stats}")
-    return metas, encode_s, stats["write_seconds"]
+    return metas, encode_s, stats.write_seconds
 
 
 def restore_cold_tier(tier: ColdTier, metas: list[BlockMeta]) -> tuple[list[Any], float]:

@@ -274,12 +274,12 @@ def test_budget_10mb_of_50mb_written_lru_victims(tmp_path: Path) -> None:
                 assert tier.get(chain[5][0].key, chain[5][0].parent_key) is not None
                 _drain_recency(tier)
         assert store.peak <= budget + size
-        assert writer.stats()["written_bytes"] >= 50 * 10**6 * 0.99
+        assert writer.stats().written_bytes >= 50 * 10**6 * 0.99
         kept = set(index.get_blocks([m.key for m, _, _ in chain]))
         assert chain[0][0].key in kept and chain[5][0].key in kept  # pinned; recently read
         others = sorted(i for i, (m, _, _) in enumerate(chain) if m.key in kept and i not in (0, 5))
         assert others == list(range(200 - len(others), 200))  # the newest survive, LRU went first
-        assert writer.stats()["evicted_blocks"] == 200 - len(kept)
+        assert writer.stats().evicted_blocks == 200 - len(kept)
     assert_cache_invariants(tmp_path, budget)
 
 

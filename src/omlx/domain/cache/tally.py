@@ -1,7 +1,8 @@
 """Counters by name behind one lock, read as one frozen stats value.
 
-The stats convention of the cache: the prefix cache and the cold tier each count into
-a ``Tally`` and answer ``stats()`` with a frozen dataclass read from it. Each counter is spelled once, as a field of that dataclass: the parts of one
+The one stats convention of the cache: the prefix cache, the cold tier and the block
+writer each count into a ``Tally`` and answer ``stats()`` with a frozen dataclass read
+from it. Each counter is spelled once, as a field of that dataclass: the parts of one
 component add to one shared tally, and a misspelt name fails at the first ``stats()``
 instead of being a field nobody bumps.
 """

@@ -198,7 +198,7 @@ def _ssd_usage(container: Container, ssd: Any) -> dict[str, Any]:
         )
     used = sum(ns["bytes"] for ns in namespaces)
     settings = container.settings
-    writer = container.writer.stats() if container.writer is not None else {}
+    queued = container.writer.stats().queued if container.writer is not None else 0
     return {
         "enabled": True,
         "dir": str(ssd.dir),
@@ -208,6 +208,6 @@ def _ssd_usage(container: Container, ssd: Any) -> dict[str, Any]:
         "bytes": used,
         "max_bytes": DiskBudget(ssd.dir, settings.ssd_cache_bytes).limit(used),
         "configured_max_bytes": settings.ssd_cache_bytes,
-        "write_queue": int(writer.get("queued", 0)),
+        "write_queue": queued,
         "namespaces": namespaces,
     }
