@@ -1,5 +1,6 @@
-"""Imports point inward (DESIGN §3): the adapters and the ``omlx.cache`` library never reach
-up into the app, and the adapters never into the library built on them."""
+"""Imports point inward (DESIGN §3): the domain reaches no layer above it (its policies
+take ports, never adapters), the adapters and the ``omlx.cache`` library never reach up
+into the app, and the adapters never into the library built on them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "omlx"
 # package -> the omlx packages its modules may not import, even lazily inside a function
 FORBIDDEN = {
+    "domain": ("omlx.adapters", "omlx.app", "omlx.cache"),
     "adapters": ("omlx.app", "omlx.cache"),
     "cache": ("omlx.app",),
 }
