@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omlx.adapters.blockfiles.writer import BlockWriter  # the root's: Litestar reads these hints
@@ -93,7 +93,7 @@ def _cache_health(settings: Settings, served: Served) -> dict[str, Any]:
     if prefix_cache is not None:
         cache["block_size"] = settings.block_size
         stats = prefix_cache.stats()
-        cache["hot"] = _asdict(stats.hot)
+        cache["hot"] = asdict(stats.hot)
         cache["restored"] = _restored(stats)
         cache["ssd"] = served.cold_tier is not None
     return cache
@@ -110,9 +110,3 @@ def _restored(stats: Any) -> dict[str, Any]:
         "partial_blocks": stats.partial_hits,
         "partial_tokens": stats.partial_tokens,
     }
-
-
-def _asdict(value: Any) -> dict[str, Any]:
-    from dataclasses import asdict, is_dataclass
-
-    return asdict(value) if is_dataclass(value) else dict(value)
