@@ -132,9 +132,9 @@ def write_blocks(
     if not writer.close(timeout=600):
         raise SystemExit("the writer did not drain")
     stats = writer.stats()
-    if stats["written"] != len(metas):
+    if stats.written != len(metas):
         raise SystemExit(f"the writer wrote {stats['written']} of {len(metas)} blocks: {stats}")
-    return metas, encode_s, stats["write_seconds"]
+    return metas, encode_s, stats.write_seconds
 
 
 def restore_cold_tier(tier: ColdTier, metas: list[BlockMeta]) -> tuple[list[Any], float]:
@@ -143,7 +143,7 @@ def restore_cold_tier(tier: ColdTier, metas: list[BlockMeta]) -> tuple[list[Any]
     t0 = time.perf_counter()
     payloads = [payload for _, payload in tier.get_many([(m.key, m.parent_key) for m in metas])]
     if len(payloads) != len(metas):
-        raise SystemExit(f"{len(payloads)} of {len(metas)} blocks were served: {tier.stats}")
+        raise SystemExit(f"{len(payloads)} of {len(metas)} blocks were served: {tier.stats()}")
     restored = codec.assemble(payloads)
     return restored, time.perf_counter() - t0
 
@@ -156,7 +156,7 @@ def restore_serial(tier: ColdTier, metas: list[BlockMeta]) -> tuple[list[Any], f
     for meta in metas:
         found = tier.get(meta.key, meta.parent_key)
         if found is None:
-            raise SystemExit(f"block {meta.key} was not served: {tier.stats}")
+            raise SystemExit(f"block {meta.key} was not served: {tier.stats()}")
         payloads.append(found[1])
     restored = codec.assemble(payloads)
     return restored, time.perf_counter() - t0

@@ -94,7 +94,8 @@ class FakeCodec:
 
 
 class FakeBlockStore:
-    """Block files in a dict; set ``fail_writes`` to an ``OSError`` to simulate a full disk.
+    """Block files in a dict; set ``fail_writes`` to an ``OSError`` to simulate a full disk,
+    ``fail_deletes`` to one to simulate a folder that turned read-only.
 
     ``read_many`` verifies size and checksum as the real store does; ``unreadable`` holds
     relpaths whose reads fail with an I/O error, ``slow`` those whose reads time out.
@@ -104,6 +105,7 @@ class FakeBlockStore:
         self.files: dict[str, bytes] = {}
         self.temp_files: dict[str, float] = {}  # relpath -> age in seconds
         self.fail_writes: OSError | None = None
+        self.fail_deletes: OSError | None = None
         self.unreadable: set[str] = set()
         self.slow: set[str] = set()
         self.reads: list[str] = []
@@ -143,6 +145,8 @@ class FakeBlockStore:
                 yield BlockRead(block, data)
 
     def delete(self, relpath: str) -> None:
+        if self.fail_deletes is not None:
+            raise self.fail_deletes
         self.files.pop(relpath, None)
 
     def iter_relpaths(self) -> Iterator[str]:
@@ -164,7 +168,8 @@ class FakeBlockStore:
 class FakeBlockIndex:
     """The block index in dicts, with the same ordering rules as the SQL one.
 
-    Set ``down`` to make every call raise ``IndexUnavailable`` (a database outage);
+    A block's namespace must be recorded first, as the SQL index's foreign key requires
+    (an admin's cache clear drops namespace rows: ``namespaces.clear()``). Set ``down`` to make every call raise ``IndexUnavailable`` (a database outage);
     set ``evicting_elsewhere`` to make ``evict`` report another server evicting.
     """
 
@@ -187,6 +192,8 @@ class FakeBlockIndex:
 
     def add_block(self, block: StoredBlock, tokens: Sequence[int] = ()) -> bool:
         self._check()
+        if block.namespace not in self.namespaces:
+            raise LookupError(f"foreign key: no namespace {block.namespace[:12]}")
         if block.key in self.blocks:
             return False
         self.blocks[block.key] = block
@@ -281,6 +288,21 @@ class FakeBlockIndex:
 
     def all_relpaths(self) -> set[str]:
         return {b.relpath for b in self.blocks.values()}
+
+
+# --- ByteBudget --------------------------------------------------------------------
+
+
+class FakeByteBudget:
+    """A fixed byte limit, as ``DiskBudget`` is on a disk with room to spare; set ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.asked: list[int] = []  # the ``used`` of each call
+
+    def limit(self, used: int) -> int:
+        self.asked.append(used)
+        return self.max_bytes
 
 
 # --- BlockSink ---------------------------------------------------------------------

@@ -105,7 +105,7 @@ def test_put_then_get_round_trip(tmp_path: Path) -> None:
         assert not tier.contains("ab" * 32)
         tier.flush()
         assert index.get_blocks([chain[0][0].key])[chain[0][0].key].hit_count == 1
-        assert (tier.stats.hits, tier.stats.misses, tier.stats.queued) == (3, 1, 3)
+        assert (tier.stats().hits, tier.stats().misses, tier.stats().queued) == (3, 1, 3)
     assert_cache_invariants(tmp_path)
 
 
@@ -137,7 +137,7 @@ def test_corrupt_block_is_detected_not_served_and_removed(
         with caplog.at_level(logging.WARNING):
             assert tier.get(meta.key, meta.parent_key) is None
         assert "not served" in caplog.text
-        assert tier.stats.corrupt_blocks == 1
+        assert tier.stats().corrupt_blocks == 1
         assert index.get_blocks([meta.key]) == {}
         assert FileBlockStore(tmp_path).file_info(row.relpath) is None
         assert tier.get(chain[0][0].key, ns.digest) is not None  # its neighbour is fine
@@ -156,7 +156,7 @@ def test_tokens_that_do_not_rehash_are_not_served(tmp_path: Path) -> None:
         index.remove_blocks([m0.key])
         index.add_block(replace(row, nbytes=len(d1), checksum=sha256(d1).hexdigest()))
         assert tier.get(m0.key, m0.parent_key) is None
-        assert tier.stats.corrupt_blocks == 1 and not tier.contains(m0.key)
+        assert tier.stats().corrupt_blocks == 1 and not tier.contains(m0.key)
     assert_cache_invariants(tmp_path)
 
 
@@ -168,7 +168,7 @@ def test_missing_file_drops_the_row(tmp_path: Path) -> None:
         _drain(writer)
         FileBlockStore(tmp_path).delete(index.get_blocks([meta.key])[meta.key].relpath)
         assert tier.get(meta.key, meta.parent_key) is None
-        assert tier.stats.missing_files == 1 and index.block_count() == 0
+        assert tier.stats().missing_files == 1 and index.block_count() == 0
     assert_cache_invariants(tmp_path)
 
 
@@ -185,12 +185,12 @@ def test_get_many_serves_a_chain_in_order_read_ahead(tmp_path: Path) -> None:
         _drain(writer)
         got = list(tier.get_many(_pairs(chain)))
         assert got == [(tokens, ns.layer_count) for _, tokens, _ in chain]
-        assert (tier.stats.hits, tier.stats.misses) == (20, 0)
+        assert (tier.stats().hits, tier.stats().misses) == (20, 0)
         tier.flush()  # one batch counts a key once: flush between the two reads of block 0
         # A chain longer than the disk's: served up to the first key without a row, one miss.
         tail = ("ab" * 32, chain[-1][0].key)
         assert len(list(tier.get_many([*_pairs(chain[:3]), tail, *_pairs(chain[3:5])]))) == 3
-        assert (tier.stats.hits, tier.stats.misses) == (23, 1)
+        assert (tier.stats().hits, tier.stats().misses) == (23, 1)
         assert list(tier.get_many([])) == []
         assert list(tier.get_many([tail])) == []
         tier.flush()
@@ -223,7 +223,7 @@ def test_get_many_stops_at_a_bad_block_and_drops_only_it(tmp_path: Path, problem
         assert FileBlockStore(tmp_path).file_info(row.relpath) is None
         assert len(index.get_blocks([k for k, _ in pairs[bad + 1 :]])) == 12 - bad - 1
         counter = "missing_files" if problem == "missing-file" else "corrupt_blocks"
-        assert getattr(tier.stats, counter) == 1 and tier.stats.hits == bad
+        assert getattr(tier.stats(), counter) == 1 and tier.stats().hits == bad
     assert_cache_invariants(tmp_path)
 
 
@@ -247,7 +247,7 @@ def test_get_many_closed_early_stops_reading(tmp_path: Path) -> None:
         batch.close()
         tier.close()  # waits for reads already started
         assert 1 <= len(reads) < 40  # read ahead a few files, not the whole chain
-        assert tier.stats.hits == 1
+        assert tier.stats().hits == 1
         assert len(list(tier.get_many(_pairs(chain)))) == 40  # a closed tier reads again
     assert_cache_invariants(tmp_path)
 
@@ -274,12 +274,12 @@ def test_budget_10mb_of_50mb_written_lru_victims(tmp_path: Path) -> None:
                 assert tier.get(chain[5][0].key, chain[5][0].parent_key) is not None
                 _drain_recency(tier)
         assert store.peak <= budget + size
-        assert writer.stats()["written_bytes"] >= 50 * 10**6 * 0.99
+        assert writer.stats().written_bytes >= 50 * 10**6 * 0.99
         kept = set(index.get_blocks([m.key for m, _, _ in chain]))
         assert chain[0][0].key in kept and chain[5][0].key in kept  # pinned; recently read
         others = sorted(i for i, (m, _, _) in enumerate(chain) if m.key in kept and i not in (0, 5))
         assert others == list(range(200 - len(others), 200))  # the newest survive, LRU went first
-        assert writer.stats()["evicted_blocks"] == 200 - len(kept)
+        assert writer.stats().evicted_blocks == 200 - len(kept)
     assert_cache_invariants(tmp_path, budget)
 
 

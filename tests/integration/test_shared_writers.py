@@ -69,8 +69,8 @@ def test_one_key_written_by_two_servers_at_once_leaves_one_row_one_file(
     _wait(a)
     _wait(b)
     stats = [a.stats(), b.stats()]
-    assert sorted(s["written"] for s in stats) == [0, 1], stats
-    assert sorted(s["lost_races"] for s in stats) == [0, 1]
+    assert sorted(s.written for s in stats) == [0, 1], stats
+    assert sorted(s.lost_races for s in stats) == [0, 1]
     row = ia.get_blocks([meta.key])[meta.key]
     assert row.checksum in {__import__("hashlib").sha256(d).hexdigest() for d in (data, other)}
     assert len(list(FileBlockStore(tmp_path).iter_relpaths())) == 1
@@ -111,8 +111,8 @@ def test_a_tiny_shared_budget_holds_across_two_writers(tmp_path: Path, pg_url: s
     for t in threads:
         t.join()
     stats = [w.stats() for w, _ in writers]
-    assert sum(s["written"] for s in stats) >= 40  # both wrote, by turns
-    assert sum(s["evicted_blocks"] for s in stats) >= 70
+    assert sum(s.written for s in stats) >= 40  # both wrote, by turns
+    assert sum(s.evicted_blocks for s in stats) >= 70
     assert peak <= budget + 2 * size  # at most one block in flight per writer beyond it
     for w, i in writers:
         assert w.close(timeout=10)
@@ -132,7 +132,7 @@ def test_the_lease_keeps_young_blocks_and_drops_the_write_instead(
         a.submit(meta, ns, data)
         _wait(a)
     stats = a.stats()
-    assert stats["written"] == 4 and stats["dropped_no_space"] == 6 and stats["evicted_blocks"] == 0
+    assert stats.written == 4 and stats.dropped_no_space == 6 and stats.evicted_blocks == 0
     assert set(ia.get_blocks([m.key for m, _, _ in chain])) == {m.key for m, _, _ in chain[:4]}
     assert a.close(timeout=10)
     ia.close()
@@ -151,7 +151,7 @@ def test_an_unreachable_index_drops_writes_and_leaves_no_file(tmp_path: Path) ->
     for meta, _, data in make_chain(ns, 3):
         assert writer.submit(meta, ns, data)
     assert writer.close(timeout=10)
-    assert writer.stats()["dropped_index_unavailable"] == 3
+    assert writer.stats().dropped_index_unavailable == 3
     assert list(FileBlockStore(tmp_path).iter_relpaths()) == []
     assert list(FileBlockStore(tmp_path).iter_temp_files()) == []
     index.close()

@@ -65,12 +65,12 @@ def test_close_drains_the_queue(tmp_path: Path) -> None:
     assert writer.close(timeout=20)
     assert writer.pending_keys() == frozenset()
     stats = writer.stats()
-    assert stats["written"] == 40 and stats["written_bytes"] == sum(len(d) for _, _, d in chain)
-    assert stats["write_seconds"] > 0
+    assert stats.written == 40 and stats.written_bytes == sum(len(d) for _, _, d in chain)
+    assert stats.write_seconds > 0
     assert set(index.get_blocks([m.key for m, _, _ in chain])) == {m.key for m, _, _ in chain}
     meta, _, data = make_chain(ns, 1, seed=5)[0]
     assert writer.submit(meta, ns, data) is False  # closed: dropped, counted
-    assert writer.stats()["dropped_closed"] == 1
+    assert writer.stats().dropped_closed == 1
     index.close()
     assert_cache_invariants(tmp_path)
 
@@ -97,7 +97,7 @@ def test_full_queue_drops_without_blocking(
     store.gate.set()
     assert writer.close(timeout=10)
     stats = writer.stats()
-    assert stats["dropped_queue_full"] == 1 and stats["written"] == 3
+    assert stats.dropped_queue_full == 1 and stats.written == 3
     index.close()
     assert_cache_invariants(tmp_path)
 
@@ -118,7 +118,7 @@ def test_enospc_drops_the_write(tmp_path: Path, caplog: pytest.LogCaptureFixture
     writer.submit(chain[1][0], ns, chain[1][2])
     assert writer.close(timeout=10)
     stats = writer.stats()
-    assert stats["dropped_no_space"] == 1 and stats["written"] == 1
+    assert stats.dropped_no_space == 1 and stats.written == 1
     assert index.get_blocks([chain[0][0].key]) == {}
     index.close()
     assert_cache_invariants(tmp_path)
@@ -136,7 +136,7 @@ def test_real_enospc_removes_the_temp_file(tmp_path: Path, monkeypatch: pytest.M
     writer.submit(meta, ns, data)
     assert writer.close(timeout=10)
     monkeypatch.undo()
-    assert writer.stats()["dropped_no_space"] == 1
+    assert writer.stats().dropped_no_space == 1
     index.close()
     assert_cache_invariants(tmp_path)  # no row, no file, no temp file
 
@@ -151,7 +151,7 @@ def test_close_is_bounded_and_keeps_the_invariant(tmp_path: Path) -> None:
     assert writer.close(timeout=0.3) is False
     assert time.monotonic() - started < 2.0
     stats = writer.stats()
-    assert stats["written"] + stats["dropped_closed"] == 30 and stats["dropped_closed"] > 0
+    assert stats.written + stats.dropped_closed == 30 and stats.dropped_closed > 0
     assert writer.pending_keys() == frozenset()
     index.close()
     assert_cache_invariants(tmp_path)
@@ -173,7 +173,7 @@ def test_budget_evicts_lru_first_and_never_pinned(tmp_path: Path) -> None:
     kept = {m.key for m, _, _ in chain} & set(index.get_blocks([m.key for m, _, _ in chain]))
     assert pinned <= kept
     assert kept - pinned == {m.key for m, _, _ in chain[-4:]}  # the newest four, LRU went first
-    assert writer.stats()["evicted_blocks"] == 14
+    assert writer.stats().evicted_blocks == 14
     index.close()
     assert_cache_invariants(tmp_path, 6 * size)
 
@@ -271,7 +271,9 @@ def test_a_disk_fault_is_one_warning_per_episode_and_one_recovery_line(
     assert not any(r.exc_info for r in caplog.records)  # no traceback
     stats = writer.stats()
     assert (
-        stats[f"dropped_{reason}"] == 20 and stats["written"] == 5 and stats["dropped_error"] == 0
+        getattr(stats, f"dropped_{reason}") == 20
+        and stats.written == 5
+        and stats.dropped_error == 0
     )
     index.close()
     assert_cache_invariants(tmp_path)
@@ -308,6 +310,6 @@ def test_a_full_index_database_is_the_same_episode(
     # Only warnings count: the index's creation is an INFO line of the set-up.
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(lines) == 2 and "out of space (database or disk is full)" in lines[0], lines
-    assert writer.stats()["dropped_no_space"] == 4 and writer.stats()["written"] == 2
+    assert writer.stats().dropped_no_space == 4 and writer.stats().written == 2
     index.close()
     assert_cache_invariants(tmp_path)  # the files of the failed rows were removed

@@ -8,7 +8,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from omlx.app.api.app import create_app
 from omlx.app.settings import load_settings
+from omlx.domain.cache.blocks import NamespaceInfo
 from omlx.domain.cache.cold_tier import ColdTierStats
+from omlx.domain.cache.cold_writes import WriterStats
 from omlx.domain.cache.hot_tier import HotTierStats
 from omlx.domain.cache.tally import PrefixCacheStats
 from tests.unit.api_fakes import MODEL, FakeEngine, fake_container, reply
@@ -142,24 +144,27 @@ def test_metrics_read_cache_tiers_at_scrape_time():
     hot = HotTierStats(blocks=3, bytes=300, max_bytes=1000, hits=5, misses=1, evictions=2, pinned=0)
 
     class Prefix:
+        namespace = NamespaceInfo("ab" * 32, MODEL, "/m", 16, "float16", 2)
+        block_size = 16
+
         def stats(self):
             return PrefixCacheStats(7, 700, 320, 5, 1, 4, 4, 0, None, hot=hot)
 
     class Writer:
         def stats(self):
-            return {
-                "written": 4,
-                "written_bytes": 400,
-                "evicted_blocks": 1,
-                "evicted_bytes": 100,
-                "dropped_no_space": 2,
-                "queued": 1,
-            }
+            return WriterStats(
+                written=4,
+                written_bytes=400,
+                evicted_blocks=1,
+                evicted_bytes=100,
+                dropped_no_space=2,
+                queued=1,
+            )
 
     class Cold:
-        stats = ColdTierStats(
-            hits=1, corrupt_blocks=1
-        )  # an attribute on ColdTier, a method elsewhere
+        def stats(self):
+            return ColdTierStats(hits=1, corrupt_blocks=1)
+
         writer = Writer()
 
     container = fake_container()

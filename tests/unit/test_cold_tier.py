@@ -90,7 +90,7 @@ def _served(rig: Rig, upto: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]
 
 def test_put_queues_then_get_many_serves_the_chain_and_records_hits(rig: Rig) -> None:
     assert list(rig.tier.get_many(rig.pairs())) == _served(rig, 6)
-    assert (rig.tier.stats.hits, rig.tier.stats.misses, rig.tier.stats.queued) == (6, 0, 6)
+    assert (rig.tier.stats().hits, rig.tier.stats().misses, rig.tier.stats().queued) == (6, 0, 6)
     assert rig.index.lookups == 1  # one index query for the whole chain
     rig.tier.flush()
     assert all(b.hit_count == 1 for b in rig.index.blocks.values())
@@ -111,7 +111,7 @@ def test_put_refuses_a_foreign_block_and_counts_a_full_queue(rig: Rig) -> None:
     rig.sink.accept = False
     mine = _chain(rig.tier.namespace, 1, start=500)[0]
     rig.tier.put(*mine)
-    assert rig.tier.stats.dropped == 2 and rig.sink.queue == {}
+    assert rig.tier.stats().dropped == 2 and rig.sink.queue == {}
 
 
 def test_a_checksum_mismatch_is_dropped_row_first(rig: Rig) -> None:
@@ -119,7 +119,7 @@ def test_a_checksum_mismatch_is_dropped_row_first(rig: Rig) -> None:
     rig.store.files[row.relpath] = rig.store.files[row.relpath][:-1]
     assert list(rig.tier.get_many(rig.pairs())) == _served(rig, 2)
     assert row.key not in rig.index.blocks and row.relpath not in rig.store.files
-    assert rig.tier.stats.corrupt_blocks == 1
+    assert rig.tier.stats().corrupt_blocks == 1
     assert rig.store.reads == [rig.row(i).relpath for i in range(2)] + [row.relpath]  # no further
 
 
@@ -131,7 +131,7 @@ def test_tokens_that_do_not_rehash_are_dropped(rig: Rig) -> None:
         row, nbytes=len(other), checksum=hashlib.sha256(other).hexdigest()
     )
     assert rig.tier.get(row.key, row.parent_key) is None
-    assert rig.tier.stats.corrupt_blocks == 1 and row.key not in rig.index.blocks
+    assert rig.tier.stats().corrupt_blocks == 1 and row.key not in rig.index.blocks
 
 
 def test_undecodable_bytes_are_dropped_not_raised(rig: Rig) -> None:
@@ -142,7 +142,7 @@ def test_undecodable_bytes_are_dropped_not_raised(rig: Rig) -> None:
         row, nbytes=len(junk), checksum=hashlib.sha256(junk).hexdigest()
     )
     assert rig.tier.get(row.key, row.parent_key) is None
-    assert rig.tier.stats.corrupt_blocks == 1
+    assert rig.tier.stats().corrupt_blocks == 1
 
 
 def test_missing_file_owned_folder_drops_the_row() -> None:
@@ -150,7 +150,7 @@ def test_missing_file_owned_folder_drops_the_row() -> None:
     del rig.store.files[rig.row(1).relpath]
     assert list(rig.tier.get_many(rig.pairs())) == _served(rig, 1)
     assert rig.chain[1][0].key not in rig.index.blocks
-    assert rig.tier.stats.missing_files == 1
+    assert rig.tier.stats().missing_files == 1
 
 
 def test_missing_file_shared_folder_is_a_miss_and_keeps_the_row(
@@ -162,7 +162,7 @@ def test_missing_file_shared_folder_is_a_miss_and_keeps_the_row(
     with caplog.at_level(logging.INFO):
         assert list(rig.tier.get_many(rig.pairs())) == _served(rig, 1)
     assert row.key in rig.index.blocks and "its row is left" in caplog.text
-    assert (rig.tier.stats.missing_files, rig.tier.stats.corrupt_blocks) == (1, 0)
+    assert (rig.tier.stats().missing_files, rig.tier.stats().corrupt_blocks) == (1, 0)
     rig.store.files[row.relpath] = file  # the share shows it now: served, nothing lost
     assert list(rig.tier.get_many(rig.pairs())) == _served(rig, 3)
 
@@ -172,7 +172,7 @@ def test_io_errors_and_timeouts_are_misses_that_keep_the_row(rig: Rig, failure: 
     getattr(rig.store, failure).add(rig.row(3).relpath)
     assert list(rig.tier.get_many(rig.pairs())) == _served(rig, 3)
     assert len(rig.index.blocks) == 6 and len(rig.store.files) == 6
-    assert rig.tier.stats.corrupt_blocks == rig.tier.stats.missing_files == 0
+    assert rig.tier.stats().corrupt_blocks == rig.tier.stats().missing_files == 0
 
 
 def test_an_unreachable_index_is_a_miss_everywhere(rig: Rig) -> None:
@@ -185,7 +185,7 @@ def test_an_unreachable_index_is_a_miss_everywhere(rig: Rig) -> None:
     assert rig.tier.flush() == 0 and rig.tier.recency.pending() == 1  # kept for later
     rig.index.down = False
     assert rig.tier.flush() == 1
-    assert rig.tier.stats.misses == 2
+    assert rig.tier.stats().misses == 2
 
 
 def test_closing_get_many_early_closes_the_store_batch(rig: Rig) -> None:

@@ -49,6 +49,7 @@ PORT_FAKES = [
     ("KVCodec", "FakeCodec"),
     ("BlockStore", "FakeBlockStore"),
     ("BlockIndex", "FakeBlockIndex"),
+    ("ByteBudget", "FakeByteBudget"),
     ("ColdSource", "FakeColdSource"),
     ("BlockSink", "FakeBlockSink"),
     ("KeptCaches", "FakeKeptCaches"),

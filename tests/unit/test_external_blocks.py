@@ -180,18 +180,18 @@ def test_the_cold_tier_serves_an_external_block_by_its_hash_without_tokens() -> 
     tier, index, sink = _tier()
     meta = _meta()
     tier.put(meta, (), FakeCodec().encode((1, 2, 3), (), meta))
-    assert tier.contains(meta.key) and tier.stats.queued == 1
+    assert tier.contains(meta.key) and tier.stats().queued == 1
     sink.drain()
     assert index.blocks[meta.key].kind == EXTERNAL and index.blocks[meta.key].token_count == 64
     assert tier.get(meta.key, HASH.hex()) == ((), (1, 2, 3))
-    assert tier.stats.hits == 1 and tier.stats.corrupt_blocks == 0
+    assert tier.stats().hits == 1 and tier.stats().corrupt_blocks == 0
 
 
 def test_the_cold_tier_refuses_tokens_on_an_external_block() -> None:
     tier, _, sink = _tier()
     meta = _meta(token_count=2)
     tier.put(meta, (1, 2), FakeCodec().encode((1,), (1, 2), meta))
-    assert tier.stats.dropped == 1 and sink.queue == {}
+    assert tier.stats().dropped == 1 and sink.queue == {}
 
 
 def test_an_external_block_whose_key_does_not_follow_from_its_hash_is_dropped() -> None:
@@ -201,7 +201,7 @@ def test_an_external_block_whose_key_does_not_follow_from_its_hash_is_dropped() 
     sink.drain()
     # Asked for under another hash (a row that names the wrong caller's hash reads alike).
     assert tier.get(meta.key, bytes(32).hex()) is None
-    assert tier.stats.corrupt_blocks == 1 and meta.key not in index.blocks
+    assert tier.stats().corrupt_blocks == 1 and meta.key not in index.blocks
 
 
 def test_an_external_file_naming_another_hash_is_dropped() -> None:
@@ -211,4 +211,4 @@ def test_an_external_file_naming_another_hash_is_dropped() -> None:
     tier.put(meta, (), lying)
     sink.drain()
     assert tier.get(meta.key, HASH.hex()) is None
-    assert tier.stats.corrupt_blocks == 1 and meta.key not in index.blocks
+    assert tier.stats().corrupt_blocks == 1 and meta.key not in index.blocks

@@ -1,5 +1,6 @@
-"""Imports point inward (DESIGN §3): the adapters and the ``omlx.cache`` library never reach
-up into the app, the adapters never into the library built on them, and the HTTP edge
+"""Imports point inward (DESIGN §3): the domain reaches no layer above it (its policies
+take ports, never adapters), the adapters and the ``omlx.cache`` library never reach up
+into the app, the adapters never into the library built on them, and the HTTP edge
 (``app/api``) never past the app's services to an adapter. Inside the MLX adapter, rooms
 point down: ``batch`` -> ``models`` -> ``cache`` -> ``mlx_lm_private``."""
 
@@ -13,6 +14,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "omlx"
 # package -> the omlx packages its modules may not import, even lazily inside a function
 FORBIDDEN = {
+    "domain": ("omlx.adapters", "omlx.app", "omlx.cache"),
     "adapters": ("omlx.app", "omlx.cache"),
     "cache": ("omlx.app",),
     # The HTTP edge calls the app's services; only the composition root builds adapters.

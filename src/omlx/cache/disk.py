@@ -134,7 +134,7 @@ class DiskTier:
         return True
 
     def stats(self) -> dict[str, Any]:
-        return {"disk": asdict(self.cold.stats), "writer": self.writer.stats()}
+        return {"disk": asdict(self.cold.stats()), "writer": asdict(self.writer.stats())}
 
     def close(self, timeout: float = 30.0) -> None:
         """Drain the writer, save recency, stop the read threads, close the index, unlock."""

@@ -13,6 +13,7 @@ from omlx.domain.cache.blocks import (
     PrefixHit,
     StoredBlock,
 )
+from omlx.domain.cache.cold_writes import ColdWrites, WriteOutcome
 from omlx.domain.cache.eviction import LRUPolicy, plan_eviction
 from omlx.domain.cache.hot_tier import HotBlock, HotTier, HotTierStats
 from omlx.domain.cache.keys import CACHE_FORMAT_VERSION, block_key, chain_keys, namespace_digest
@@ -24,6 +25,7 @@ from omlx.domain.cache.tally import PrefixCacheStats
 from omlx.domain.ports import (
     BlockIndex,
     BlockStore,
+    ByteBudget,
     Clock,
     ColdSource,
     EvictionPolicy,
@@ -37,9 +39,11 @@ __all__ = [
     "BlockIndex",
     "BlockMeta",
     "BlockStore",
+    "ByteBudget",
     "CacheSession",
     "Clock",
     "ColdSource",
+    "ColdWrites",
     "DecodedBlock",
     "EvictionPolicy",
     "HotBlock",
@@ -57,6 +61,7 @@ __all__ = [
     "ReuseLevelPolicy",
     "StoredBlock",
     "SystemClock",
+    "WriteOutcome",
     "best_child",
     "block_key",
     "chain_keys",

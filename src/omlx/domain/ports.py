@@ -266,6 +266,14 @@ class BlockStore(Protocol):
         ...
 
 
+class ByteBudget(Protocol):
+    """How many bytes of blocks the cold tier may hold now (a size cap, a disk's free space)."""
+
+    def limit(self, used: int) -> int:
+        """The limit, given ``used`` bytes of blocks stored already (evicting them frees space)."""
+        ...
+
+
 class BlockIndex(Protocol):
     """The transactional index of cold blocks (SQLite embedded, or PostgreSQL shared by servers).
 

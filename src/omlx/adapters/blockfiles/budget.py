@@ -26,7 +26,7 @@ def default_reserve(disk_total: int) -> int:
 
 @dataclass(frozen=True)
 class DiskBudget:
-    """How many bytes of blocks the cache folder may hold right now."""
+    """How many bytes of blocks the cache folder may hold right now (the domain's ``ByteBudget``)."""
 
     path: Path
     max_bytes: int = COLD_TIER_DEFAULT_BYTES

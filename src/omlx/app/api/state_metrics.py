@@ -167,17 +167,27 @@ def _cache_families(state: ServerState) -> Iterator[Metric]:
         put("omlx_cache_blocks", hot.blocks, m, "hot")
         put("omlx_cache_bytes", hot.bytes, m, "hot")
         put("omlx_cache_max_bytes", hot.max_bytes, m, "hot")
-        cold = model.cache.cold or {}
-        put("omlx_cache_blocks_read", cold.get("hits"), m, "ssd")
-        put("omlx_cache_blocks_dropped", cold.get("dropped"), m, "ssd", "rejected")
-        put("omlx_cache_blocks_rejected", cold.get("corrupt_blocks"), m, "ssd", "corrupt")
-        put("omlx_cache_blocks_rejected", cold.get("missing_files"), m, "ssd", "missing_file")
-    writer = state.writer or {}
-    put("omlx_cache_blocks_written", writer.get("written"), "all", "ssd")
-    put("omlx_cache_bytes_written", writer.get("written_bytes"), "all", "ssd")
-    put("omlx_cache_blocks_evicted", writer.get("evicted_blocks"), "all", "ssd")
-    put("omlx_cache_bytes_evicted", writer.get("evicted_bytes"), "all", "ssd")
-    for reason in ("queue_full", "no_space", "read_only", "io_error", "damaged", "closed", "error"):
-        put("omlx_cache_blocks_dropped", writer.get(f"dropped_{reason}"), "all", "ssd", reason)
-    put("omlx_cache_write_queue_blocks", writer.get("queued"), "all")
+        cold = model.cache.cold
+        if cold is not None:
+            put("omlx_cache_blocks_read", cold.hits, m, "ssd")
+            put("omlx_cache_blocks_dropped", cold.dropped, m, "ssd", "rejected")
+            put("omlx_cache_blocks_rejected", cold.corrupt_blocks, m, "ssd", "corrupt")
+            put("omlx_cache_blocks_rejected", cold.missing_files, m, "ssd", "missing_file")
+    w = state.writer
+    if w is not None:
+        put("omlx_cache_blocks_written", w.written, "all", "ssd")
+        put("omlx_cache_bytes_written", w.written_bytes, "all", "ssd")
+        put("omlx_cache_blocks_evicted", w.evicted_blocks, "all", "ssd")
+        put("omlx_cache_bytes_evicted", w.evicted_bytes, "all", "ssd")
+        for reason, dropped in (
+            ("queue_full", w.dropped_queue_full),
+            ("no_space", w.dropped_no_space),
+            ("read_only", w.dropped_read_only),
+            ("io_error", w.dropped_io_error),
+            ("damaged", w.dropped_damaged),
+            ("closed", w.dropped_closed),
+            ("error", w.dropped_error),
+        ):
+            put("omlx_cache_blocks_dropped", dropped, "all", "ssd", reason)
+        put("omlx_cache_write_queue_blocks", w.queued, "all")
     yield from (f for f in families.values() if f.samples)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from omlx import __version__
+from omlx.domain.cache.cold_tier import ColdTierStats
+from omlx.domain.cache.cold_writes import WriterStats
 from omlx.domain.cache.tally import PrefixCacheStats
 
 if TYPE_CHECKING:
@@ -30,7 +32,7 @@ class CacheState:
     namespace: str | None = None
     block_size: int | None = None
     stats: PrefixCacheStats | None = None
-    cold: dict[str, float] | None = None  # its cold tier's counters; None: no SSD tier
+    cold: ColdTierStats | None = None  # its cold tier's counters; None: no SSD tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +65,7 @@ class ServerState:
     memory_by_model: dict[str, dict[str, int]]
     loads: int
     normalizations: dict[str, int]
-    writer: dict[str, float] | None  # the shared cold-tier writer's counters; None: no SSD tier
+    writer: WriterStats | None  # the shared cold-tier writer's counters; None: no SSD tier
 
     def model(self, model_id: str) -> ModelState:
         return next(m for m in self.models if m.id == model_id)
@@ -146,11 +148,5 @@ def _cache(c: Container, served: Served) -> CacheState:
         namespace=prefix_cache.namespace.digest,
         block_size=prefix_cache.block_size,
         stats=prefix_cache.stats(),
-        cold=_cold_stats(cold) if cold is not None else None,
+        cold=cold.stats() if cold is not None else None,
     )
-
-
-def _cold_stats(cold: object) -> dict[str, float]:
-    from dataclasses import asdict
-
-    return asdict(cold.stats)  # type: ignore[attr-defined]

@@ -160,7 +160,7 @@ def _container(
             lease=settings.eviction_lease_seconds,
             is_pinned=pool.is_pinned,
             loaded=lambda: {s.id: s.controls for s in pool.loaded() if s.controls is not None},
-            queued=lambda: int(cold.writer.stats().get("queued", 0)) if cold is not None else 0,
+            queued=lambda: cold.writer.stats().queued if cold is not None else 0,
         )
     return Container(
         settings=settings,

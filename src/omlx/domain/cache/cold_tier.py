@@ -28,6 +28,7 @@ from omlx.domain.cache.blocks import (
     StoredBlock,
 )
 from omlx.domain.cache.keys import EXTERNAL, KV, rederives
+from omlx.domain.cache.tally import Tally
 from omlx.domain.ports import (
     BlockIndex,
     BlockSink,
@@ -123,8 +124,11 @@ class RecencyBuffer:
         return len(batch)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class ColdTierStats:
+    """Cumulative counters of one namespace's cold tier: reads served, missed and refused,
+    blocks queued for the writer or dropped before it."""
+
     hits: int = 0
     misses: int = 0
     corrupt_blocks: int = 0
@@ -162,8 +166,10 @@ class ColdTier:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self.recency = recency if recency is not None else RecencyBuffer(index, self._clock)
         self.drop_missing_rows = drop_missing_rows
-        self.stats = ColdTierStats()
-        self._lock = threading.Lock()  # the counters
+        self._tally = Tally()
+
+    def stats(self) -> ColdTierStats:
+        return self._tally.read_as(ColdTierStats)
 
     def get(
         self, key: str, parent_key: str, *, touch: bool = True
@@ -171,7 +177,7 @@ class ColdTier:
         rows = self._lookup([key])
         row = None if rows is None else rows.get(key)
         if row is None or row.namespace != self.namespace.digest:
-            self._count("misses")
+            self._tally.add(misses=1)
             return None
         with closing(self._store.read_many([row])) as reads:
             read = next(reads, None)
@@ -189,7 +195,7 @@ class ColdTier:
         if rows is None:  # not already asked (``rows``) for this chain
             rows = self._lookup_chain([key for key, _ in chain])
         if rows is None:
-            self._count("misses")
+            self._tally.add(misses=1)
             return
         found: list[tuple[StoredBlock, str]] = []
         for key, parent_key in chain:  # the chain ends at its first block without a row
@@ -198,7 +204,7 @@ class ColdTier:
                 break
             found.append((row, parent_key))
         if not found:
-            self._count("misses")
+            self._tally.add(misses=1)
             return
         # Closing this generator closes the store's: files not yet read are not read.
         with closing(self._store.read_many([row for row, _ in found])) as reads:
@@ -208,7 +214,7 @@ class ColdTier:
                     return
                 yield served
         if len(found) < len(chain):
-            self._count("misses")
+            self._tally.add(misses=1)
 
     def rows(self, keys: Sequence[str]) -> dict[str, StoredBlock] | None:
         """The index rows of a chain's ``keys`` in this namespace (head first, as a lookup
@@ -248,7 +254,7 @@ class ColdTier:
         carried = 0 if meta.kind == EXTERNAL else meta.token_count
         if meta.namespace != self.namespace.digest or len(tokens) != carried:
             log.error("block %s does not match this namespace or its tokens; not stored", meta.key)
-            self._count("dropped")
+            self._tally.add(dropped=1)
             return
         if meta.kind == KV and not meta.tokens:  # the index keeps them, to rank siblings
             meta = replace(meta, tokens=tuple(tokens))
@@ -257,7 +263,10 @@ class ColdTier:
         except Exception:
             log.exception("queueing block %s failed; dropped", meta.key)
             accepted = False
-        self._count("queued" if accepted else "dropped")
+        if accepted:
+            self._tally.add(queued=1)
+        else:
+            self._tally.add(dropped=1)
 
     def contains(self, key: str) -> bool:
         if self._writer.pending(key):
@@ -361,12 +370,11 @@ class ColdTier:
                 log.info(
                     "cold block %s: %s here; a miss, its row is left", row.key, read.failure.value
                 )
-                self._count("missing_files")
-                self._count("misses")
+                self._tally.add(missing_files=1, misses=1)
             return None
         if read.failure in (ReadFailure.UNREADABLE, ReadFailure.TIMED_OUT):
             log.error("cold block %s: %s (%s); a miss", row.key, read.failure.value, read.detail)
-            self._count("misses")
+            self._tally.add(misses=1)
             return None
         decoded, problem = self._verify(read, parent_key)
         if decoded is None:
@@ -374,7 +382,7 @@ class ColdTier:
             return None
         if touch:  # a no-store request's reads leave the index as it was
             self.recency.record((row.key,))
-        self._count("hits")
+        self._tally.add(hits=1)
         return decoded.tokens, decoded.payload
 
     def _verify(self, read: BlockRead, parent_key: str) -> tuple[DecodedBlock | None, str]:
@@ -416,14 +424,9 @@ class ColdTier:
         log.warning(
             "cold block %s (%s) is not served: %s; removing it", row.key, row.relpath, problem
         )
-        self._count(counter)
-        self._count("misses")
+        self._tally.add(**{counter: 1}, misses=1)
         try:
             self._index.remove_blocks([row.key])  # row first, file second
             self._store.delete(row.relpath)
         except Exception as exc:
             log.warning("removing bad block %s failed (%s); reconcile will", row.key, exc)
-
-    def _count(self, name: str) -> None:
-        with self._lock:
-            setattr(self.stats, name, getattr(self.stats, name) + 1)

@@ -178,8 +178,8 @@ class PrefixCache:
         return capture.stored_blocks
 
     def stats(self) -> PrefixCacheStats:
-        return PrefixCacheStats(
-            **self._tally.read(),  # type: ignore[arg-type]
+        return self._tally.read_as(
+            PrefixCacheStats,
             active_leases=self._matcher.active_leases,
             kept_bytes=self._kept.nbytes if self._kept is not None else 0,
             hot=self._hot.stats(),

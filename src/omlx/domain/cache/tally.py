@@ -1,16 +1,22 @@
 """Counters by name behind one lock, read as one frozen stats value.
 
-Each counter is spelled once, as a field of the stats dataclass it is read into: the
-parts of the prefix cache add to one shared tally, and a misspelt name fails at the
-first ``stats()`` instead of being a field nobody bumps.
+The one stats convention of the cache: the prefix cache, the cold tier and the block
+writer each count into a ``Tally`` and answer ``stats()`` with a frozen dataclass read
+from it. Each counter is spelled once, as a field of that dataclass: the parts of one
+component add to one shared tally, and a misspelt name fails at the first ``stats()``
+instead of being a field nobody bumps.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from omlx.domain.cache.hot_tier import HotTierStats
+
+S = TypeVar("S")
 
 
 class Tally:
@@ -35,6 +41,11 @@ class Tally:
         """A consistent copy of every counter set so far."""
         with self._lock:
             return dict(self._values)
+
+    def read_as(self, stats: Callable[..., S], **now: object) -> S:
+        """The counters read into their frozen ``stats`` value, with the values of ``now``
+        (gauges its owner reads at the same moment); a misspelt counter raises here."""
+        return stats(**self.read(), **now)
 
 
 class TenantTally:
