@@ -22,7 +22,7 @@ from omlx.domain.cache.blocks import (
     StoredBlock,
 )
 from omlx.domain.cache.keys import block_key, object_key
-from omlx.domain.ports import EvictionPlan, IndexUnavailable
+from omlx.domain.cache.ports import EvictionPlan, IndexUnavailable
 
 # --- Clock -------------------------------------------------------------------------
 

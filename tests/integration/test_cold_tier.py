@@ -21,7 +21,7 @@ from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
 from omlx.domain.cache.cold_tier import ColdTier, RecencyBuffer
 from omlx.domain.cache.keys import block_key
 from omlx.domain.cache.partial_match import best_child
-from omlx.domain.ports import ColdSource
+from omlx.domain.cache.ports import ColdSource
 from tests.fakes import FakeClock
 from tests.storage_checks import assert_cache_invariants, fake_decode, make_chain, make_namespace
 

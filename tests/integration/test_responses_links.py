@@ -19,7 +19,7 @@ from omlx.adapters.sqlindex import (
     upgrade,
 )
 from omlx.app.wiring.responses_store import MemoryResponseStore
-from omlx.domain.ports import IndexUnavailable
+from omlx.domain.cache.ports import IndexUnavailable
 from omlx.domain.responses import (
     DAY,
     Retention,

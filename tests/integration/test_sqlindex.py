@@ -30,7 +30,7 @@ from omlx.adapters.sqlindex.postgres import EVICTION_LOCK, lock_key
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo, StoredBlock
 from omlx.domain.cache.cold_tier import RecencyBuffer
 from omlx.domain.cache.keys import block_key
-from omlx.domain.ports import IndexUnavailable
+from omlx.domain.cache.ports import IndexUnavailable
 from tests.fakes import FakeClock
 from tests.storage_checks import assert_cache_invariants, make_chain, make_namespace, record_block
 

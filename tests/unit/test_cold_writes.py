@@ -18,8 +18,8 @@ from omlx.adapters.blockfiles.budget import DiskBudget
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
 from omlx.domain.cache.cold_writes import ColdWrites, WriteOutcome, WriterStats
 from omlx.domain.cache.keys import block_key, namespace_digest
+from omlx.domain.cache.ports import ByteBudget, IndexUnavailable
 from omlx.domain.cache.tally import Tally
-from omlx.domain.ports import ByteBudget, IndexUnavailable
 from tests.fakes import FakeBlockIndex, FakeBlockStore, FakeByteBudget, FakeClock
 
 SIZE = 100  # bytes of every block file here

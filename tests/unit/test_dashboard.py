@@ -204,7 +204,7 @@ def test_clearing_a_model_empties_its_hot_tier_and_its_blocks_are_written_again(
 
 
 def test_an_index_that_does_not_answer_leaves_the_rest_of_the_page():
-    from omlx.domain.ports import IndexUnavailable
+    from omlx.domain.cache.ports import IndexUnavailable
 
     class AwayIndex:
         def usage(self):

@@ -64,9 +64,10 @@ def test_fakes_implement_their_ports(port_name: str, impl_name: str) -> None:
     # Protocols are structural: keep the fakes' method names and parameters in step.
     from omlx.domain import ports
     from omlx.domain.cache import eviction
+    from omlx.domain.cache import ports as cache_ports
     from tests import fakes
 
-    port = getattr(ports, port_name)
+    port = getattr(ports, port_name, None) or getattr(cache_ports, port_name)
     impl = getattr(fakes, impl_name, None) or getattr(eviction, impl_name)
     for name, member in vars(port).items():
         if name.startswith("_") or not callable(member):

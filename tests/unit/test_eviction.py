@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from omlx.domain.cache.blocks import StoredBlock
 from omlx.domain.cache.eviction import LRUPolicy, plan_eviction
-from omlx.domain.ports import EvictionPolicy
+from omlx.domain.cache.ports import EvictionPolicy
 
 
 def never(_: str) -> bool:

@@ -7,7 +7,7 @@ import pytest
 from litestar.testing import TestClient
 
 from omlx.app.api.app import create_app
-from omlx.domain.ports import IndexUnavailable
+from omlx.domain.cache.ports import IndexUnavailable
 from tests.unit.api_fakes import MODEL, FakeEngine, fake_container, reply
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from omlx.domain.cache.blocks import BlockMeta
 from omlx.domain.cache.eviction import LRUPolicy
 from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.ports import EvictionPolicy
 from omlx.domain.cache.reuse_eviction import ReuseLevelPolicy
-from omlx.domain.ports import EvictionPolicy
 
 ROOT = "namespace"
 

@@ -18,21 +18,20 @@ from omlx.domain.cache.eviction import LRUPolicy, plan_eviction
 from omlx.domain.cache.hot_tier import HotBlock, HotTier, HotTierStats
 from omlx.domain.cache.keys import CACHE_FORMAT_VERSION, block_key, chain_keys, namespace_digest
 from omlx.domain.cache.partial_match import PartialMatch, best_child, common_prefix
-from omlx.domain.cache.prefix_cache import PrefixCache
-from omlx.domain.cache.reuse_eviction import ReuseLevelPolicy
-from omlx.domain.cache.session import CacheSession
-from omlx.domain.cache.tally import PrefixCacheStats
-from omlx.domain.ports import (
+from omlx.domain.cache.ports import (
     BlockIndex,
     BlockStore,
     ByteBudget,
-    Clock,
     ColdSource,
     EvictionPolicy,
     KeptCaches,
     KVCodec,
-    SystemClock,
 )
+from omlx.domain.cache.prefix_cache import PrefixCache
+from omlx.domain.cache.reuse_eviction import ReuseLevelPolicy
+from omlx.domain.cache.session import CacheSession
+from omlx.domain.cache.tally import PrefixCacheStats
+from omlx.domain.ports import Clock, SystemClock
 
 __all__ = [
     "CACHE_FORMAT_VERSION",

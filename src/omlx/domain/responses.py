@@ -100,7 +100,7 @@ class TooLargeToStore(Exception):
 class ResponseStore(Protocol):
     """Where stored responses live: the index database, or memory without an SSD tier.
 
-    Any method may raise ``ports.IndexUnavailable`` when the database cannot be used.
+    Any method may raise ``cache.ports.IndexUnavailable`` when the database cannot be used.
     """
 
     def put(self, record: StoredResponse) -> None:

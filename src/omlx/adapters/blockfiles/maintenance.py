@@ -19,7 +19,7 @@ from omlx.adapters.blockfiles.format import unpack_block
 from omlx.adapters.blockfiles.store import FileBlockStore, key_of
 from omlx.domain.cache.blocks import StoredBlock
 from omlx.domain.cache.keys import EXTERNAL, rederives
-from omlx.domain.ports import BlockIndex
+from omlx.domain.cache.ports import BlockIndex
 
 T = TypeVar("T")
 # Wraps an iterable to show progress: (items, length or None, label) -> items.

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from omlx.adapters.disk_faults import NO_SPACE, FaultEpisodes, fault_of
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
 from omlx.domain.cache.cold_writes import ColdWrites, WriteOutcome, WriterStats
+from omlx.domain.cache.ports import BlockIndex, BlockStore, ByteBudget, IndexUnavailable
 from omlx.domain.cache.tally import Tally
-from omlx.domain.ports import BlockIndex, BlockStore, ByteBudget, IndexUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 
 from omlx.adapters.disk_faults import fault_of
-from omlx.domain.ports import IndexUnavailable
+from omlx.domain.cache.ports import IndexUnavailable
 
 log = logging.getLogger(__name__)
 

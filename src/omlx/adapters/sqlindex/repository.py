@@ -35,7 +35,7 @@ from omlx.adapters.sqlindex.models import (
 from omlx.adapters.sqlindex.urls import SQLITE, display, sqlite_path, sqlite_url, to_url
 from omlx.domain.cache.blocks import NamespaceInfo, NamespaceUsage, StoredBlock
 from omlx.domain.cache.keys import CACHE_FORMAT_VERSION
-from omlx.domain.ports import EvictionPlan
+from omlx.domain.cache.ports import EvictionPlan
 
 _BLOCKS = BlockRow.metadata.tables["blocks"]
 _B = _BLOCKS.c

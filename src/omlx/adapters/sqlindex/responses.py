@@ -23,7 +23,7 @@ from omlx.adapters.sqlindex.availability import Availability
 from omlx.adapters.sqlindex.database import writer_engine
 from omlx.adapters.sqlindex.models import ResponseRow
 from omlx.adapters.sqlindex.urls import display
-from omlx.domain.ports import IndexUnavailable
+from omlx.domain.cache.ports import IndexUnavailable
 from omlx.domain.responses import BrokenChain, Retention, StoredResponse, TooLargeToStore, folded
 
 _T = ResponseRow.metadata.tables["responses"]

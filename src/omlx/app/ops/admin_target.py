@@ -29,7 +29,7 @@ from omlx.adapters.sqlindex import (
     sqlite_url,
 )
 from omlx.app.settings import Settings, load_settings
-from omlx.domain.ports import IndexUnavailable
+from omlx.domain.cache.ports import IndexUnavailable
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -324,7 +324,7 @@ def _reconcile_quietly(settings: Settings, ssd: ColdFolder, started: float) -> N
                 )
         log.info("cache folder reconciled: %s", report)
     except Exception as exc:
-        from omlx.domain.ports import IndexUnavailable
+        from omlx.domain.cache.ports import IndexUnavailable
 
         if isinstance(exc, IndexUnavailable):
             log.warning("start-up reconcile skipped: %s", exc)

@@ -21,8 +21,8 @@ from omlx.domain.cache.blocks import PrefixHit
 from omlx.domain.cache.keeper import BlockKeeper, NewObject
 from omlx.domain.cache.keys import KV, STATE, WINDOW, block_key, object_key
 from omlx.domain.cache.layout import CacheLayout
+from omlx.domain.cache.ports import KVCodec
 from omlx.domain.cache.restore_points import anchor_at, interior_points
-from omlx.domain.ports import KVCodec
 
 
 class RequestCapture:

@@ -28,15 +28,9 @@ from omlx.domain.cache.blocks import (
     StoredBlock,
 )
 from omlx.domain.cache.keys import EXTERNAL, KV, rederives
+from omlx.domain.cache.ports import BlockIndex, BlockSink, BlockStore, IndexUnavailable
 from omlx.domain.cache.tally import Tally
-from omlx.domain.ports import (
-    BlockIndex,
-    BlockSink,
-    BlockStore,
-    Clock,
-    IndexUnavailable,
-    SystemClock,
-)
+from omlx.domain.ports import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 

@@ -23,15 +23,9 @@ from enum import StrEnum
 
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo, StoredBlock
 from omlx.domain.cache.eviction import evict
+from omlx.domain.cache.ports import BlockIndex, BlockStore, ByteBudget, IndexUnavailable
 from omlx.domain.cache.tally import Tally
-from omlx.domain.ports import (
-    BlockIndex,
-    BlockStore,
-    ByteBudget,
-    Clock,
-    IndexUnavailable,
-    SystemClock,
-)
+from omlx.domain.ports import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from omlx.domain.cache.blocks import StoredBlock
-from omlx.domain.ports import BlockIndex, BlockStore
+from omlx.domain.cache.ports import BlockIndex, BlockStore
 
 log = logging.getLogger(__name__)
 

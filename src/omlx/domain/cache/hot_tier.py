@@ -17,7 +17,7 @@ from typing import Any
 from omlx.domain.cache.blocks import BlockMeta
 from omlx.domain.cache.eviction import LRUPolicy
 from omlx.domain.cache.keys import KV
-from omlx.domain.ports import EvictionPolicy
+from omlx.domain.cache.ports import EvictionPolicy
 
 
 @dataclass(frozen=True, slots=True)

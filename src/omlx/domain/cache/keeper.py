@@ -16,8 +16,8 @@ from typing import Any
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.keys import KV
+from omlx.domain.cache.ports import ColdSource, KVCodec
 from omlx.domain.cache.tally import Tally
-from omlx.domain.ports import ColdSource, KVCodec
 
 
 class KnownKeys:

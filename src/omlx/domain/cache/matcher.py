@@ -26,8 +26,9 @@ from omlx.domain.cache.keys import chain_keys, iter_chain_keys
 from omlx.domain.cache.layout import CacheLayout
 from omlx.domain.cache.partial_match import PartialMatch, best_child
 from omlx.domain.cache.point_finder import FoundPoint, RestorePointFinder
+from omlx.domain.cache.ports import ColdSource, KVCodec
 from omlx.domain.cache.tally import Tally
-from omlx.domain.ports import Clock, ColdSource, KVCodec
+from omlx.domain.ports import Clock
 
 log = logging.getLogger(__name__)
 

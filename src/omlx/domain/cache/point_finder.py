@@ -18,8 +18,8 @@ from omlx.domain.cache.blocks import BlockMeta
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.keys import STATE
 from omlx.domain.cache.layout import CacheLayout
+from omlx.domain.cache.ports import ColdSource, KVCodec
 from omlx.domain.cache.restore_points import RestorePoint, candidates, marked_positions
-from omlx.domain.ports import ColdSource, KVCodec
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,11 @@ from omlx.domain.cache.keys import tenant_root
 from omlx.domain.cache.layout import CacheLayout
 from omlx.domain.cache.matcher import PrefixMatcher
 from omlx.domain.cache.pins import DEFAULT_PIN_SHARE, PinBook
+from omlx.domain.cache.ports import ColdSource, KeptCaches, KVCodec
 from omlx.domain.cache.probe import CachedPrefix, probe
 from omlx.domain.cache.session import CacheSession
 from omlx.domain.cache.tally import PrefixCacheStats, Tally, TenantTally
-from omlx.domain.ports import Clock, ColdSource, KeptCaches, KVCodec, SystemClock
+from omlx.domain.ports import Clock, SystemClock
 
 
 class PrefixCache:

@@ -18,7 +18,7 @@ from omlx.domain.cache.blocks import HOT, NONE, SSD, CachedPrefix, PromptChain
 from omlx.domain.cache.hot_tier import HotBlock, HotTier
 from omlx.domain.cache.keys import chain_keys
 from omlx.domain.cache.partial_match import common_prefix, upper_bound
-from omlx.domain.ports import ColdSource
+from omlx.domain.cache.ports import ColdSource
 
 __all__ = ["HOT", "NONE", "SSD", "CachedPrefix", "probe"]
 

@@ -21,8 +21,8 @@ from omlx.domain.cache.capture import RequestCapture
 from omlx.domain.cache.keeper import BlockKeeper
 from omlx.domain.cache.layout import CacheLayout
 from omlx.domain.cache.matcher import PrefixMatcher
+from omlx.domain.cache.ports import KeptCaches, KVCodec
 from omlx.domain.cache.tally import Tally
-from omlx.domain.ports import KeptCaches, KVCodec
 
 log = logging.getLogger(__name__)
 

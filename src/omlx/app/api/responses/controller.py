@@ -32,7 +32,7 @@ from omlx.app.cache_controls.hints import openai_retention
 from omlx.app.chat.turn import ChatResult
 from omlx.app.errors import InvalidRequest, NotFound, StoreUnavailable
 from omlx.app.models.pool import ModelPool, Served
-from omlx.domain.ports import IndexUnavailable
+from omlx.domain.cache.ports import IndexUnavailable
 from omlx.domain.responses import (
     BrokenChain,
     ResponseStore,
