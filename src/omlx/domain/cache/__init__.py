@@ -1,6 +1,7 @@
-"""The block cache: keys, block values, the hot and cold tiers, matching, restore points.
+"""The block cache: keys, block values, its ports, the hot and cold tiers, matching, restore
+points.
 
-Its API is re-exported by ``omlx.domain``, not here: ``domain/ports.py`` (one floor up)
-imports this package's values, and the cache's modules import the ports, so importing
-them all here would make ``import omlx.domain.ports`` run in a circle.
+Its API is re-exported by ``omlx.domain``, not here: this package's modules import one
+another (the ports import the block values, the tiers the ports), so re-exporting them
+all from here would make importing any one of them run the whole package first.
 """
