@@ -15,6 +15,7 @@ import msgspec
 
 from omlx.app.config_errors import check_file_keys, describe_invalid, name_origin
 from omlx.domain.cache.kv_quant import KVQuant, kv_quant_of, parse_kv_mode
+from omlx.domain.json_values import JsonObject
 from omlx.domain.responses import Retention
 from omlx.domain.sizes import parse_size
 from omlx.domain.tier_defaults import AUTO, COLD_TIER_DEFAULT, HOT_TIER_DEFAULT
@@ -214,7 +215,7 @@ def load_settings(
     default ``claude-*`` included): a flag adds a name, and replaces only an alias of the
     same NAME. ValueError messages name the file, variable or flag at fault.
     """
-    values: dict[str, Any] = tomllib.loads(default_config_text())
+    values: JsonObject = tomllib.loads(default_config_text())
     known = [field.name for field in msgspec.structs.fields(Settings)]
     origins: dict[str, str] = {}
     if config_file is not None:

@@ -36,6 +36,7 @@ from omlx.app.cache_controls.service import (
 from omlx.app.chat.pipeline import ChatRequest
 from omlx.app.errors import InvalidRequest, NotFound
 from omlx.app.models.pool import ModelPool, Served
+from omlx.domain.json_values import JsonObject
 from omlx.domain.responses import ResponseStore
 
 _ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404)
@@ -203,7 +204,7 @@ class CacheController(Controller):
         pool: ModelPool,
         translate: Translators,
         responses: ResponseStore,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         served, _, _, report = await prompt_of(data, request, pool, translate, responses)
         return {"model": served.id, **report.as_json()}
 
@@ -316,7 +317,7 @@ class CacheController(Controller):
         summary="The caller's last requests' x-omlx-cache reports, newest first",
         responses=_ERRORS,
     )
-    async def recent(self, request: Request) -> dict[str, Any]:
+    async def recent(self, request: Request) -> JsonObject:
         return {"object": "list", "data": recent_reports(request, tenant_of(request) or "")}
 
     @get(
@@ -325,7 +326,7 @@ class CacheController(Controller):
         summary="The caller's tenant: lookups, prompt and restored tokens, pins, per model",
         responses=_ERRORS,
     )
-    async def tenant_stats(self, pool: ModelPool, request: Request) -> dict[str, Any]:
+    async def tenant_stats(self, pool: ModelPool, request: Request) -> JsonObject:
         tenant = tenant_of(request)
         return {"tenant": tenant or None, "models": _usage(pool, tenant)}
 

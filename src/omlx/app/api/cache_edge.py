@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 from litestar import Request
 from litestar.types import Message, Scope
@@ -23,6 +22,7 @@ from omlx.app.cache_controls.hints import Breakpoint
 from omlx.app.cache_controls.report import HEADER, CacheReport
 from omlx.app.errors import InvalidRequest
 from omlx.app.ops.request_log import current_report
+from omlx.domain.json_values import JsonObject
 
 CONTROL_HEADER = "x-omlx-cache-control"
 CONTROL_FIELD = "omlx_cache_control"
@@ -77,7 +77,7 @@ def note(request: Request, cache: CacheReport | None, model: str = "") -> None:
     slot = current_report.get()
     if slot is not None:  # the request log's record of this request shows where it diverged
         slot["report"] = cache
-    recent: deque[dict[str, Any]] | None = request.app.state.get(RECENT_KEY)
+    recent: deque[JsonObject] | None = request.app.state.get(RECENT_KEY)
     if recent is None:
         recent = request.app.state[RECENT_KEY] = deque(maxlen=RECENT_LIMIT)
     recent.append(
@@ -91,7 +91,7 @@ def note(request: Request, cache: CacheReport | None, model: str = "") -> None:
     )
 
 
-def recent_reports(request: Request, tenant: str) -> list[dict[str, Any]]:
+def recent_reports(request: Request, tenant: str) -> list[JsonObject]:
     """The last reports of ``tenant``'s requests, newest first (``GET /v1/cache/recent``)."""
     recent = request.app.state.get(RECENT_KEY) or ()
     return [r for r in reversed(recent) if r["tenant"] == tenant]

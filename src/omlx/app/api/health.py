@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
 
 from litestar import Controller, get
 
 from omlx.app.api.auth import PUBLIC
 from omlx.app.ops.status import CacheState, ModelState, ServerState, ServerStatus
+from omlx.domain.json_values import JsonObject
 
 
-def health_json(state: ServerState) -> dict[str, Any]:
+def health_json(state: ServerState) -> JsonObject:
     """``GET /health``: readiness, each model's state and cache, memory, the BLAS in use."""
     models = {m.id: _model(m) for m in state.models}
     first = next((m for m in state.models if m.loaded and m.task == "chat"), None)
@@ -36,8 +36,8 @@ def health_json(state: ServerState) -> dict[str, Any]:
     }
 
 
-def _model(m: ModelState) -> dict[str, Any]:
-    out: dict[str, Any] = {"state": m.state, "task": m.task}
+def _model(m: ModelState) -> JsonObject:
+    out: JsonObject = {"state": m.state, "task": m.task}
     if m.error is not None:
         out["error"] = m.error
     if not m.loaded:
@@ -50,8 +50,8 @@ def _model(m: ModelState) -> dict[str, Any]:
     return out
 
 
-def _cache(c: CacheState) -> dict[str, Any]:
-    out: dict[str, Any] = {"enabled": c.enabled}
+def _cache(c: CacheState) -> JsonObject:
+    out: JsonObject = {"enabled": c.enabled}
     if c.disabled_reason is not None:
         out["disabled_reason"] = c.disabled_reason
     if c.layout is not None:  # what each layer keeps: kv, window W, state
@@ -83,5 +83,5 @@ class HealthController(Controller):
         summary="Server, engine and cache state (no API key needed)",
         opt={PUBLIC: True},
     )
-    async def health(self, status: ServerStatus) -> dict[str, Any]:
+    async def health(self, status: ServerStatus) -> JsonObject:
         return health_json(status.read())

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from omlx.app.cache_controls.service import CacheControls
 from omlx.domain.cache.eviction import evict
+from omlx.domain.json_values import JsonObject
 from omlx.domain.sizes import format_bytes
 
 if TYPE_CHECKING:  # the folder's adapters are the root's; these functions are handed them
@@ -208,7 +209,7 @@ class CacheMaintenance:
             controls.forget_stored()
         return Vacuumed(max_bytes, freed, lines)
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> JsonObject:
         """Blocks, tokens and bytes per namespace, the budget and the write queue (JSON values)."""
         index = self._folder.index
         usage = {u.namespace: u for u in index.usage()}

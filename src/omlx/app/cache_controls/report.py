@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from omlx.domain.cache.partial_match import common_prefix
 from omlx.domain.cache.probe import CachedPrefix
+from omlx.domain.json_values import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class CacheReport:
                 fields += [f"message={self.message}", f"role={self.role}"]
         return "; ".join(fields)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         return {
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached,
@@ -122,7 +122,7 @@ class PromptParts:
     raw prompt.
     """
 
-    messages: Sequence[dict[str, Any]] = ()
+    messages: Sequence[JsonObject] = ()
     labels: Sequence[str] = ()
     prefix_tokens: Callable[[int], Sequence[int]] | None = None
     changed_part: str | None = None

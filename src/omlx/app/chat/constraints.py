@@ -21,13 +21,14 @@ from omlx.app.chat.output import OutputFormat
 from omlx.app.chat.tool_calls import HERMES, ToolCallFormat
 from omlx.app.errors import InvalidRequest
 from omlx.domain.grammar import CallShape, OutputGrammar
+from omlx.domain.json_values import JsonObject
 
 
 @dataclass(frozen=True, slots=True)
 class ResponseFormat:
     """The answer as JSON: matching ``schema``, or any JSON object when it is None."""
 
-    schema: dict[str, Any] | None = None
+    schema: JsonObject | None = None
     strict: bool = False  # True: a schema keyword that cannot be enforced is a 400
     param: str = "response_format"  # the request field named in errors
 
@@ -51,7 +52,7 @@ def closed(schema: Any) -> Any:
         return [closed(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for key, value in schema.items():
         if key == "allOf":
             out[key] = value
@@ -76,7 +77,7 @@ def output_grammar(
     response_format: ResponseFormat | None,
     tool_mode: str,
     tool_name: str | None,
-    tools: list[dict[str, Any]] | None,
+    tools: list[JsonObject] | None,
     parallel: bool,
 ) -> tuple[OutputGrammar, str] | None:
     """The turn's grammar and the request field that asked for it; None: the output is free."""
@@ -125,6 +126,6 @@ def output_grammar(
     return None
 
 
-def _parameters(function: dict[str, Any]) -> Any:
+def _parameters(function: JsonObject) -> Any:
     parameters = function.get("parameters")
     return parameters if parameters else {"type": "object", "properties": {}}

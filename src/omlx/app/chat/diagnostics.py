@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from omlx.domain.json_values import JsonObject
+
 # Anthropic's cache_miss_reason types, by the kind of part that changed.
 _REASONS = {"model": "model_changed", "system": "system_changed", "tools": "tools_changed"}
 
@@ -57,13 +59,13 @@ def _digest(value: Any) -> str:
 
 def fingerprint(
     model: str,
-    messages: Sequence[dict[str, Any]],
+    messages: Sequence[JsonObject],
     labels: Sequence[str],
-    tools: Sequence[dict[str, Any]] | None,
+    tools: Sequence[JsonObject] | None,
     tokens: Sequence[int],
 ) -> Fingerprint:
     """``labels[i]`` names the request part ``messages[i]`` came from ("system", "messages[k]")."""
-    grouped: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+    grouped: OrderedDict[str, list[JsonObject]] = OrderedDict()
     for label, message in zip(labels, messages, strict=True):
         grouped.setdefault(label, []).append(message)
     parts = [("system", _digest(grouped.pop("system", [])))]

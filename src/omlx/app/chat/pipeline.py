@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
-from typing import Any
 
 import anyio
 
@@ -56,6 +55,7 @@ from omlx.domain.generation import (
     TextDelta,
     TokenLogprob,
 )
+from omlx.domain.json_values import JsonObject
 
 __all__ = [
     "ChatEvent",
@@ -188,7 +188,7 @@ class ChatPipeline:
         turn.request = self.controls.apply(request, controls, found)
         return turn
 
-    def format_for(self, tools: list[dict[str, Any]] | None) -> OutputFormat:
+    def format_for(self, tools: list[JsonObject] | None) -> OutputFormat:
         """The output format of a turn: the model's own tool-call syntax, or the fallback's
         (Hermes) where its template shows the tools no other way."""
         if tools and not self.renderer.renders_tools():
@@ -388,7 +388,7 @@ def _whole(pieces: list[Piece]) -> list[Piece]:
     ]
 
 
-def check_tool_choice(choice: ToolChoice, tools: list[dict[str, Any]] | None) -> None:
+def check_tool_choice(choice: ToolChoice, tools: list[JsonObject] | None) -> None:
     """Tool choices that name what is not there are the client's mistake."""
     if choice.mode in ("required", "function") and not tools:
         raise InvalidRequest(f"tool_choice {choice.mode!r} needs tools", param="tool_choice")

@@ -26,6 +26,7 @@ from typing import Any
 
 from omlx.app.chat.tool_calls import fallback
 from omlx.app.errors import InvalidRequest
+from omlx.domain.json_values import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +39,12 @@ class RenderedPrompt:
     tokens: list[int]
 
 
-def fold_system_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def fold_system_messages(messages: list[JsonObject]) -> list[JsonObject]:
     """Leading system messages merged into one; each later one appended to the user turn before it.
 
     With no user turn before it, a later system message joins the leading system message.
     """
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     for message in messages:
         if message.get("role") != "system":
             out.append(dict(message))
@@ -102,15 +103,15 @@ class ChatRenderer:
 
     def render(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
+        messages: list[JsonObject],
+        tools: list[JsonObject] | None = None,
+        template_kwargs: JsonObject | None = None,
     ) -> str:
         """The prompt text, ending with the template's generation prompt."""
         if not self._probed:
             self._probed = True
             self._report_history_rewrites()
-        kwargs: dict[str, Any] = {**(template_kwargs or {}), "add_generation_prompt": True}
+        kwargs: JsonObject = {**(template_kwargs or {}), "add_generation_prompt": True}
         messages = [self._inline_reasoning(m) for m in messages]
         if tools and not self.renders_tools():
             messages = fallback.with_tools_in_system(fallback.inline_calls(messages), tools)
@@ -135,7 +136,7 @@ class ChatRenderer:
         )
         return text
 
-    def _apply(self, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
+    def _apply(self, messages: list[JsonObject], kwargs: JsonObject) -> str:
         try:
             text = self._tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
         except Exception as exc:  # jinja raises on messages a template rejects
@@ -146,7 +147,7 @@ class ChatRenderer:
             raise InvalidRequest("the model's chat template did not render text", param="messages")
         return text
 
-    def _inline_reasoning(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _inline_reasoning(self, message: JsonObject) -> JsonObject:
         """An assistant turn's reasoning where this template will render it."""
         reasoning = message.get("reasoning_content")
         if message.get("role") != "assistant" or not reasoning or self.renders_reasoning:
@@ -160,7 +161,7 @@ class ChatRenderer:
     def _report_history_rewrites(self) -> None:
         """Log once if this template does not continue a turn with the previous prompt and answer."""
         ask = {"role": "user", "content": "ping"}
-        answer: dict[str, Any] = {"role": "assistant", "content": "pong"}
+        answer: JsonObject = {"role": "assistant", "content": "pong"}
         if self.think is not None:
             answer["reasoning_content"] = "hmm"
         try:
@@ -187,11 +188,11 @@ class ChatRenderer:
                 problem,
             )
 
-    def render_raw(self, messages: list[dict[str, Any]]) -> str:
+    def render_raw(self, messages: list[JsonObject]) -> str:
         return self._apply(messages, {"add_generation_prompt": True})
 
 
-def _has_later_system(messages: list[dict[str, Any]]) -> bool:
+def _has_later_system(messages: list[JsonObject]) -> bool:
     seen_other = False
     for message in messages:
         if message.get("role") != "system":

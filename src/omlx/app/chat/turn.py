@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from omlx.app.cache_controls.controls import TurnControls
 from omlx.app.cache_controls.report import CacheReport
@@ -13,6 +12,7 @@ from omlx.app.chat.output import OutputSplitter, Piece
 from omlx.app.chat.sampling import Sampling
 from omlx.app.chat.templates import RenderedPrompt
 from omlx.domain.generation import Finished, GenerationRequest, TokenLogprob
+from omlx.domain.json_values import JsonObject
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,12 +32,12 @@ class ChatRequest:
     """
 
     model: str  # the served model id
-    messages: list[dict[str, Any]]
+    messages: list[JsonObject]
     labels: list[str]
-    tools: list[dict[str, Any]] | None = None
+    tools: list[JsonObject] | None = None
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     sampling: Sampling = field(default_factory=Sampling)
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    template_kwargs: JsonObject = field(default_factory=dict)
     parallel_tool_calls: bool = True
     # A forced call may be several only when asked for outright (parallel_tool_calls: true):
     # forced, a small model calls again and again until max_tokens.

@@ -12,12 +12,16 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from omlx.app.chat.prompt_limit import PromptLimit
 from omlx.app.errors import InvalidRequest
+
+if TYPE_CHECKING:  # built by the loader; the services only call them
+    from omlx.adapters.mlx.models.encoders import EmbeddingModel, RerankModel
+    from omlx.adapters.mlx.models.runner import MLXRunner
 
 MAX_INPUTS = 2048  # per request, as OpenAI's embeddings API allows
 
@@ -35,9 +39,9 @@ class Ranked:
 
 
 class EmbeddingService:
-    """Embeddings of one embedding model (``adapters.mlx.models.encoders.EmbeddingModel``)."""
+    """Embeddings of one embedding model on its worker thread."""
 
-    def __init__(self, runner: Any, model: Any) -> None:
+    def __init__(self, runner: MLXRunner, model: EmbeddingModel) -> None:
         self.runner = runner
         self.model = model
         self.limit = PromptLimit.of(model.tokenizer, model.context_length)
@@ -116,9 +120,9 @@ def _truncated(vector: list[float], dimensions: int, normalize: bool) -> list[fl
 
 
 class RerankService:
-    """Relevance of documents to a query by one rerank model (``encoders.RerankModel``)."""
+    """Relevance of documents to a query by one rerank model on its worker thread."""
 
-    def __init__(self, runner: Any, model: Any) -> None:
+    def __init__(self, runner: MLXRunner, model: RerankModel) -> None:
         self.runner = runner
         self.model = model
         self.limit = PromptLimit.of(model.tokenizer, model.context_length)

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import click
 
@@ -35,6 +35,7 @@ from omlx.app.ops.admin_target import (
     owned_or_shared,
 )
 from omlx.app.progress import track
+from omlx.domain.json_values import JsonObject
 from omlx.domain.sizes import format_bytes, parse_size
 
 T = TypeVar("T")
@@ -119,9 +120,9 @@ def _per_token(nbytes: float | None) -> str:
     return "-" if nbytes is None else f"{format_bytes(int(nbytes))}/token"
 
 
-def _stats(target: Target, index: SqlBlockIndex | None) -> dict[str, Any]:
+def _stats(target: Target, index: SqlBlockIndex | None) -> JsonObject:
     cache_dir = target.cache_dir
-    namespaces: list[dict[str, Any]] = []
+    namespaces: list[JsonObject] = []
     if index is not None:
         usage = {u.namespace: u for u in index.usage()}
         for rec in index.namespace_records():
@@ -169,7 +170,7 @@ def _stats(target: Target, index: SqlBlockIndex | None) -> dict[str, Any]:
     }
 
 
-def _prepared_weights(cache_dir: Path) -> dict[str, Any]:
+def _prepared_weights(cache_dir: Path) -> JsonObject:
     """The dequantized GGUF copies kept beside the blocks (``adapters/mlx/models/prepared.py``)."""
     from omlx.adapters.mlx.models.prepared_folder import PREPARED_DIR, list_copies
 

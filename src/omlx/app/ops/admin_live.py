@@ -18,6 +18,8 @@ from typing import Any
 
 import click
 
+from omlx.domain.json_values import JsonObject
+
 server_option = click.option(
     "--url",
     default="http://127.0.0.1:8000",
@@ -60,9 +62,7 @@ def call(
         raise click.ClickException(f"cannot reach the server at {url}: {exc.reason}") from exc
 
 
-def request_body(
-    request_file: Path | None, prompt: str | None, model: str | None
-) -> dict[str, Any]:
+def request_body(request_file: Path | None, prompt: str | None, model: str | None) -> JsonObject:
     if (request_file is None) == (prompt is None):
         raise click.UsageError("give a request file or --prompt, one of them")
     if request_file is not None:

@@ -16,10 +16,10 @@ from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
 
 from omlx.app.cache_controls.report import CacheReport
 from omlx.domain.generation import Finished
+from omlx.domain.json_values import JsonObject
 
 DEFAULT_CAPACITY = 200
 
@@ -28,7 +28,7 @@ DEFAULT_CAPACITY = 200
 current_api: ContextVar[tuple[str, str]] = ContextVar("omlx_current_api", default=("", ""))
 # A per-request slot ({"report": CacheReport}) the middleware opens: a mutable holder, so a
 # report noted in the handler is seen where the generation ends, whichever task that is.
-current_report: ContextVar[dict[str, Any] | None] = ContextVar("omlx_current_report", default=None)
+current_report: ContextVar[JsonObject | None] = ContextVar("omlx_current_report", default=None)
 
 
 @dataclass(frozen=True, slots=True)

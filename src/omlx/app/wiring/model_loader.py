@@ -32,11 +32,19 @@ from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
 if TYPE_CHECKING:  # adapters are imported where they are built, on the loading thread
     from omlx.adapters.blockfiles import BlockWriter
     from omlx.adapters.cold_folder import ColdFolder
+    from omlx.adapters.grammar import LLGuidanceCompiler
+    from omlx.adapters.mlx.models.draft_model import DraftModel
     from omlx.adapters.mlx.models.loader import LoadedModel
+    from omlx.adapters.mlx.models.prepared import PreparedWeights
     from omlx.domain.cache.cold_tier import ColdTier, RecencyBuffer
     from omlx.domain.cache.prefix_cache import PrefixCache
+    from omlx.domain.memory import KVBudget
+    from omlx.domain.speculation import SpeculationConfig
 
 log = logging.getLogger(__name__)
+
+# Remembers weight digests per (path, size, mtime): (path, how to compute it) -> digest.
+DigestCache = Callable[[Path, Callable[[Path], str]], str]
 
 # A GGUF's weights are dequantized to float32 on the CPU: up to ~8x its file (Q4).
 _GGUF_ON_CPU_FACTOR = 8
@@ -58,7 +66,7 @@ class ModelLoader:
         cold: SharedCold | None,
         account: MemoryAccount,
         kv_memory_limit: int | None,
-        digest_cache: Any = None,
+        digest_cache: DigestCache | None = None,
         observers: Observers | None = None,
     ) -> None:
         self.settings = settings
@@ -67,7 +75,7 @@ class ModelLoader:
         self.account = account
         self.kv_memory_limit = kv_memory_limit
         self.digest_cache = digest_cache
-        self._prepared: Any = None  # PreparedWeights, built with the first GGUF load
+        self._prepared: PreparedWeights | None = None  # built with the first GGUF load
 
     def estimate(self, spec: ModelSpec) -> int:
         """An upper bound of what loading ``spec`` will take, from its files."""
@@ -101,7 +109,7 @@ class ModelLoader:
         )
         return self.wire_chat(spec, model)
 
-    def _prepared_weights(self) -> Any:
+    def _prepared_weights(self) -> PreparedWeights | None:
         """Where dequantized GGUF copies are kept: in the SSD tier's folder, if it is on."""
         budget = self.settings.prepared_weights_bytes
         if self.cold is None or budget == 0:
@@ -180,7 +188,7 @@ class ModelLoader:
 
     def _speculation(
         self, spec: ModelSpec, model: LoadedModel, options: ModelOptions, exact_kv: bool = False
-    ) -> tuple[Any, Any, int]:
+    ) -> tuple[SpeculationConfig | None, DraftModel | None, int]:
         """How the model speculates (None: not at all), its draft model if it has one, and
         that model's weight bytes.
 
@@ -232,8 +240,8 @@ class ModelLoader:
         return config, DraftModel(draft.model, draft.model_id), draft_bytes
 
     def _cache(
-        self, model: Any, closers: list[Callable[[], None]], kv_quant: KVQuant | None
-    ) -> tuple[Any, Any]:
+        self, model: LoadedModel, closers: list[Callable[[], None]], kv_quant: KVQuant | None
+    ) -> tuple[PrefixCache, ColdTier | None]:
         from omlx.adapters.mlx.cache.codec import MLXKVCodec
         from omlx.adapters.mlx.cache.finished_caches import FinishedCaches
         from omlx.domain.cache.cold_tier import ColdTier
@@ -280,7 +288,7 @@ class ModelLoader:
         )
         return prefix_cache, cold_tier
 
-    def _hot_budget(self, model: Any) -> tuple[int, str]:
+    def _hot_budget(self, model: LoadedModel) -> tuple[int, str]:
         """The model's hot tier in bytes, and in words for the log.
 
         ``auto``: sized from the model's KV bytes per token (full precision: quantized
@@ -325,7 +333,7 @@ class ModelLoader:
         started = time.monotonic()
         if spec.task == EMBEDDING:
             model = load_embedding_model(spec.path, spec.id)
-            service_type: Any = EmbeddingService
+            service_type: type[EmbeddingService] | type[RerankService] = EmbeddingService
         else:
             model = load_rerank_model(spec.path, spec.id)
             service_type = RerankService
@@ -385,7 +393,7 @@ def serve_chat(
     )
 
 
-def _grammar_compiler(model: Any) -> Any:
+def _grammar_compiler(model: LoadedModel) -> LLGuidanceCompiler:
     """Constrained decoding for the model's tokenizer (its vocabulary view builds in the background)."""
     from omlx.adapters.grammar import LLGuidanceCompiler
 
@@ -397,7 +405,7 @@ def _grammar_compiler(model: Any) -> Any:
     )
 
 
-def _guard_line(budget: Any, context: int) -> str:
+def _guard_line(budget: KVBudget, context: int) -> str:
     """The memory guard in words: its limit, KV per token and what one request may use,
     which the model's context caps long before the memory does on a small model."""
     from omlx.domain.sizes import format_bytes

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from litestar import Controller, Request, post
 
@@ -29,6 +28,7 @@ from omlx.app.chat.output import Piece, Reasoning, ToolCallPiece
 from omlx.app.chat.sealing import ReasoningSeal
 from omlx.app.chat.turn import ChatResult, ChatTurn
 from omlx.app.models.pool import ModelPool
+from omlx.domain.json_values import JsonObject
 
 _ERRORS = error_responses(AnthropicErrorResponse, 400, 401, 404, 413, 429, 500)
 CACHE_DIAGNOSIS_BETA = "cache-diagnosis-2026-04-07"
@@ -82,7 +82,7 @@ def message_of(
     )
 
 
-def diagnostics(turn: ChatTurn) -> dict[str, Any]:
+def diagnostics(turn: ChatTurn) -> JsonObject:
     """Anthropic's ``diagnostics`` object for a turn (cache-diagnosis beta)."""
     if turn.previous_named and turn.previous is None:
         return {"cache_miss_reason": {"type": "previous_message_not_found"}}

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from msgspec import UNSET, Struct, UnsetType
 
+from omlx.domain.json_values import JsonObject
+
 
 class ResultPart(Struct, kw_only=True):
     """A block inside a ``tool_result``'s content (text, tool_reference; images are refused)."""
@@ -26,14 +28,14 @@ class InputBlock(Struct, kw_only=True):
     text: str | None = None
     id: str | None = None
     name: str | None = None
-    input: dict[str, Any] | None = None
+    input: JsonObject | None = None
     tool_use_id: str | None = None
     content: str | list[ResultPart] | None = None
     is_error: bool | None = None
     thinking: str | None = None
     signature: str | None = None
     data: str | None = None  # redacted_thinking
-    cache_control: dict[str, Any] | None = None
+    cache_control: JsonObject | None = None
 
 
 class InputMessage(Struct, kw_only=True):
@@ -45,17 +47,17 @@ class InputMessage(Struct, kw_only=True):
 class SystemBlock(Struct, kw_only=True):
     type: str = "text"
     text: str = ""
-    cache_control: dict[str, Any] | None = None
+    cache_control: JsonObject | None = None
 
 
 class ToolParam(Struct, kw_only=True):
     name: str = ""
     description: str | None = None
-    input_schema: dict[str, Any] | None = None
+    input_schema: JsonObject | None = None
     type: str | None = None  # "custom" or absent; server tools are left out of the prompt
     defer_loading: bool | None = None  # loaded by tool search (a tool_reference) only
     strict: bool | None = None
-    cache_control: dict[str, Any] | None = None
+    cache_control: JsonObject | None = None
 
 
 class ToolChoice(Struct, kw_only=True):
@@ -72,11 +74,11 @@ class ThinkingParam(Struct, kw_only=True):
 
 class OutputConfig(Struct, kw_only=True):
     effort: str | None = None
-    format: dict[str, Any] | None = None
+    format: JsonObject | None = None
 
 
 class ContextManagement(Struct, kw_only=True):
-    edits: list[dict[str, Any]] | None = None
+    edits: list[JsonObject] | None = None
 
 
 class DiagnosticsParam(Struct, kw_only=True):
@@ -96,14 +98,14 @@ class MessagesRequest(Struct, kw_only=True):
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingParam | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: JsonObject | None = None
     output_config: OutputConfig | None = None
     context_management: ContextManagement | None = None
     diagnostics: DiagnosticsParam | None = None
-    mcp_servers: list[dict[str, Any]] | None = None
+    mcp_servers: list[JsonObject] | None = None
     container: Any = None
     service_tier: str | None = None
-    cache_control: dict[str, Any] | None = None  # automatic caching: a breakpoint at the end
+    cache_control: JsonObject | None = None  # automatic caching: a breakpoint at the end
     omlx_cache_control: str | None = None  # "no-store": restore, keep nothing (cache_edge)
 
 
@@ -133,7 +135,7 @@ class ThinkingBlock(Struct, tag="thinking", tag_field="type"):
 class ToolUseBlock(Struct, tag="tool_use", tag_field="type"):
     id: str
     name: str
-    input: dict[str, Any]
+    input: JsonObject
 
 
 OutputBlock = TextBlock | ThinkingBlock | ToolUseBlock
@@ -157,7 +159,7 @@ class Message(Struct, kw_only=True):
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
     # Only with the cache-diagnosis beta: {"cache_miss_reason": {...} | None}
-    diagnostics: dict[str, Any] | UnsetType = UNSET
+    diagnostics: JsonObject | UnsetType = UNSET
 
 
 class AnthropicErrorDetail(Struct):

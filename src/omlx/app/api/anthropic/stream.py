@@ -6,7 +6,6 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 import msgspec
 from litestar.response.sse import ServerSentEventMessage
@@ -25,11 +24,12 @@ from omlx.app.chat.output import (
 from omlx.app.chat.pipeline import ChatEvent, Done, Error, Output, Started
 from omlx.app.chat.sealing import ReasoningSeal
 from omlx.app.chat.tool_calls import close_partial
+from omlx.domain.json_values import JsonObject
 
 log = logging.getLogger(__name__)
 
 
-def tool_input(arguments: str) -> dict[str, Any]:
+def tool_input(arguments: str) -> JsonObject:
     """A call's arguments as ``tool_use.input``; cut ones (``max_tokens``) as far as they got."""
     try:
         value = json.loads(arguments)
@@ -68,7 +68,7 @@ def tool_id() -> str:
     return f"toolu_{uuid.uuid4().hex[:24]}"
 
 
-def _event(name: str, body: dict[str, Any]) -> ServerSentEventMessage:
+def _event(name: str, body: JsonObject) -> ServerSentEventMessage:
     return ServerSentEventMessage(event=name, data=msgspec.json.encode(body).decode())
 
 
@@ -85,7 +85,7 @@ class MessageStream:
         model: str,
         seal: ReasoningSeal,
         show_thinking: bool = True,
-        diagnostics: dict[str, Any] | None = None,
+        diagnostics: JsonObject | None = None,
     ) -> None:
         self.mid, self.model = mid, model
         self.seal, self.show_thinking, self.diagnostics = seal, show_thinking, diagnostics
@@ -129,7 +129,7 @@ class MessageStream:
         )
         return events
 
-    def begin(self, block: dict[str, Any]) -> list[ServerSentEventMessage]:
+    def begin(self, block: JsonObject) -> list[ServerSentEventMessage]:
         events = self.close()
         self.index += 1
         self.open = block["type"]
@@ -141,7 +141,7 @@ class MessageStream:
         )
         return events
 
-    def delta(self, delta: dict[str, Any]) -> ServerSentEventMessage:
+    def delta(self, delta: JsonObject) -> ServerSentEventMessage:
         return _event(
             "content_block_delta",
             {"type": "content_block_delta", "index": self.index, "delta": delta},

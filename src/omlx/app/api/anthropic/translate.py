@@ -35,6 +35,7 @@ from omlx.app.chat.pipeline import (
 )
 from omlx.app.chat.sealing import ReasoningSeal
 from omlx.app.errors import InvalidRequest
+from omlx.domain.json_values import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class Translator:
         messages, labels = self.messages_to_template(data, deferred)
         choice = tool_choice_of(data.tool_choice)
         check_tool_choice(choice, tools)
-        kwargs: dict[str, Any] = {}
+        kwargs: JsonObject = {}
         thinking = data.thinking.type if data.thinking is not None else None
         if thinking in ("enabled", "disabled"):
             kwargs["enable_thinking"] = thinking == "enabled"
@@ -99,10 +100,10 @@ class Translator:
         )
 
     def messages_to_template(
-        self, data: Any, deferred: dict[str, dict[str, Any]] | None = None
-    ) -> tuple[list[dict[str, Any]], list[str]]:
+        self, data: Any, deferred: dict[str, JsonObject] | None = None
+    ) -> tuple[list[JsonObject], list[str]]:
         """Template messages and the request part each came from ("system", "messages[k]")."""
-        out: list[dict[str, Any]] = []
+        out: list[JsonObject] = []
         labels: list[str] = []
         if text := self.system_text(data.system):
             out.append({"role": "system", "content": text})
@@ -129,7 +130,7 @@ class Translator:
 
     def _message(
         self, message: InputMessage, clear_thinking: bool, deferred: dict[str, dict]
-    ) -> list[dict[str, Any]]:
+    ) -> list[JsonObject]:
         if message.role == "system":
             content = message.content
             blocks = (
@@ -145,7 +146,7 @@ class Translator:
             return [self._assistant(message.content, clear_thinking)]
         return _user_to_template(message.content, deferred)
 
-    def _assistant(self, blocks: list[InputBlock], clear_thinking: bool) -> dict[str, Any]:
+    def _assistant(self, blocks: list[InputBlock], clear_thinking: bool) -> JsonObject:
         texts, thinking, calls = [], [], []
         for block in blocks:
             if block.type == "text":
@@ -170,7 +171,7 @@ class Translator:
                     f"assistant content blocks of type {block.type!r} are not supported",
                     param="messages",
                 )
-        out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        out: JsonObject = {"role": "assistant", "content": "".join(texts)}
         if calls:
             out["tool_calls"] = calls
         if reasoning := "".join(thinking):
@@ -189,8 +190,8 @@ class Translator:
         return block.thinking or ""
 
 
-def _user_to_template(blocks: list[InputBlock], deferred: dict[str, dict]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _user_to_template(blocks: list[InputBlock], deferred: dict[str, dict]) -> list[JsonObject]:
+    out: list[JsonObject] = []
     texts: list[str] = []
     for block in blocks:
         if block.type == "text":

@@ -6,15 +6,14 @@ page and ``omlx admin cache`` cannot drift apart; unloading is the pool's.
 
 from __future__ import annotations
 
-from typing import Any
-
 from omlx.app.cache_controls.maintenance import CacheMaintenance
 from omlx.app.errors import Busy, InvalidRequest, NotFound
 from omlx.app.models.pool import ModelPool
+from omlx.domain.json_values import JsonObject
 from omlx.domain.sizes import parse_size
 
 
-def unload_model(pool: ModelPool, model_id: str) -> dict[str, Any]:
+def unload_model(pool: ModelPool, model_id: str) -> JsonObject:
     """Stop serving ``model_id`` now; its blocks on disk stay for when it is loaded again."""
     _known(pool, model_id)
     if pool.state(model_id) != "loaded":
@@ -38,7 +37,7 @@ def unload_model(pool: ModelPool, model_id: str) -> dict[str, Any]:
 
 def clear_model_cache(
     pool: ModelPool, maintenance: CacheMaintenance | None, model_id: str
-) -> dict[str, Any]:
+) -> JsonObject:
     """Drop ``model_id``'s cached blocks from RAM and disk (blocking: run it on a worker thread)."""
     served = next((s for s in pool.loaded() if s.id == model_id), None)
     controls = served.controls if served is not None else None
@@ -62,7 +61,7 @@ def clear_model_cache(
     }
 
 
-def vacuum_cache(maintenance: CacheMaintenance | None, max_size: str) -> dict[str, Any]:
+def vacuum_cache(maintenance: CacheMaintenance | None, max_size: str) -> JsonObject:
     """Reconcile the SSD tier and evict its LRU blocks beyond ``max_size`` (blocking)."""
     try:
         max_bytes = parse_size(max_size)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
 
 import anyio
 import msgspec
@@ -31,6 +30,7 @@ from omlx.app.models.pool import ModelPool
 from omlx.app.ops.request_log import RequestLog, current_api, current_report
 from omlx.app.ops.status import ServerStatus
 from omlx.app.settings import Settings
+from omlx.domain.json_values import JsonObject
 
 # The page's files, served from the package (no build step, nothing from the network).
 _STATIC = {
@@ -104,7 +104,7 @@ class DashboardController(Controller):
         dashboard: Dashboard,
         pool: ModelPool,
         maintenance: CacheMaintenance | None,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         ssd = await anyio.to_thread.run_sync(ssd_usage, maintenance)
         pins = pins_of(pool, tenant_of(request))
         return dashboard_state(status.read(), settings, dashboard.log, dashboard.series, ssd, pins)
@@ -117,7 +117,7 @@ class DashboardController(Controller):
         include_in_schema=False,
         status_code=200,
     )
-    async def unload(self, request: Request, pool: ModelPool, model_id: str) -> dict[str, Any]:
+    async def unload(self, request: Request, pool: ModelPool, model_id: str) -> JsonObject:
         _require_json(request)
         return unload_model(pool, model_id)
 
@@ -133,7 +133,7 @@ class DashboardController(Controller):
         pool: ModelPool,
         maintenance: CacheMaintenance | None,
         model_id: str,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         _require_json(request)
         return await anyio.to_thread.run_sync(clear_model_cache, pool, maintenance, model_id)
 
@@ -151,7 +151,7 @@ class DashboardController(Controller):
     @post("/vacuum", operation_id="dashboardVacuum", include_in_schema=False, status_code=200)
     async def vacuum(
         self, request: Request, maintenance: CacheMaintenance | None, data: VacuumRequest
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         _require_json(request)
         return await anyio.to_thread.run_sync(vacuum_cache, maintenance, data.max_size)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from typing import Any
 
 import msgspec
 
@@ -21,6 +20,7 @@ from omlx.app.cache_controls.service import PinView
 from omlx.app.ops.request_log import RequestLog
 from omlx.app.ops.status import CacheState, ModelState, ServerState
 from omlx.app.settings import Settings
+from omlx.domain.json_values import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +32,9 @@ def dashboard_state(
     settings: Settings,
     requests: RequestLog,
     series: RequestSeries,
-    ssd: dict[str, Any],
+    ssd: JsonObject,
     pins: dict[str, list[PinView]],
-) -> dict[str, Any]:
+) -> JsonObject:
     """The whole page's data; ``ssd`` is ``ssd_usage``'s answer (read off the event loop)."""
     models = [_model(m) for m in state.models]
     for model in models:
@@ -74,7 +74,7 @@ def dashboard_state(
     }
 
 
-def pins_json(pins: dict[str, list[PinView]]) -> dict[str, list[dict[str, Any]]]:
+def pins_json(pins: dict[str, list[PinView]]) -> dict[str, list[JsonObject]]:
     """Each loaded model's live pins, soonest to expire first, with the TTL left."""
     return {
         model: [
@@ -85,7 +85,7 @@ def pins_json(pins: dict[str, list[PinView]]) -> dict[str, list[dict[str, Any]]]
     }
 
 
-def _ssd_of(model: dict[str, Any], namespaces: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _ssd_of(model: JsonObject, namespaces: list[JsonObject]) -> JsonObject | None:
     """A loaded model's namespace on disk; for one not loaded, the newest-listed of its name."""
     digest = model.get("cache", {}).get("namespace")
     if digest is not None:  # none on disk yet, or all cleared: the row goes with the blocks
@@ -102,8 +102,8 @@ def _ssd_of(model: dict[str, Any], namespaces: list[dict[str, Any]]) -> dict[str
     return named[-1] if named else None
 
 
-def _model(m: ModelState) -> dict[str, Any]:
-    out: dict[str, Any] = {
+def _model(m: ModelState) -> JsonObject:
+    out: JsonObject = {
         "id": m.id,
         "task": m.task,
         "state": m.state,
@@ -124,7 +124,7 @@ def _model(m: ModelState) -> dict[str, Any]:
     return out
 
 
-def _cache(c: CacheState) -> dict[str, Any]:
+def _cache(c: CacheState) -> JsonObject:
     s = c.stats
     if s is None:
         return {"enabled": False, "disabled_reason": c.disabled_reason or "turned off"}
@@ -142,7 +142,7 @@ def _cache(c: CacheState) -> dict[str, Any]:
     }
 
 
-def ssd_usage(maintenance: CacheMaintenance | None) -> dict[str, Any]:
+def ssd_usage(maintenance: CacheMaintenance | None) -> JsonObject:
     """The cold tier's blocks, bytes and budget, per namespace (index queries: call off the loop).
 
     An index that cannot answer now (a shared database away, a long lock) is reported as

@@ -7,11 +7,10 @@ docs/api.md lists every parameter in one of the three, and a test walks that lis
 
 from __future__ import annotations
 
-from typing import Any
-
 from omlx.app.api.openai.schemas import ChatCompletionRequest, CompletionRequest
 from omlx.app.chat.pipeline import ResponseFormat, Sampling
 from omlx.app.errors import InvalidRequest
+from omlx.domain.json_values import JsonObject
 
 # OpenAI's efforts, as the values chat templates take (gpt-oss: low/medium/high).
 EFFORT = {
@@ -41,7 +40,7 @@ def refuse_unsupported_chat(data: ChatCompletionRequest) -> None:
 
 
 def response_format_of(
-    raw: dict[str, Any] | None, param: str = "response_format"
+    raw: JsonObject | None, param: str = "response_format"
 ) -> ResponseFormat | None:
     """``response_format`` (chat) or ``text.format`` (Responses): None for plain text."""
     if raw is None:
@@ -66,13 +65,13 @@ def response_format_of(
     )
 
 
-def effort_kwargs(effort: str | None, param: str, effort_kwarg: bool) -> dict[str, Any]:
+def effort_kwargs(effort: str | None, param: str, effort_kwarg: bool) -> JsonObject:
     """Template kwargs for a reasoning effort (where the template takes one)."""
     if effort is None:
         return {}
     if effort not in EFFORT:
         raise InvalidRequest(f"{param} {effort!r} is not one of {', '.join(EFFORT)}", param=param)
-    kwargs: dict[str, Any] = {}
+    kwargs: JsonObject = {}
     if effort == "none":
         kwargs["enable_thinking"] = False  # templates that can turn thinking off (Qwen3)
     if effort_kwarg:

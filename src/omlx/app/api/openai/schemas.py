@@ -11,6 +11,8 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
+from omlx.domain.json_values import JsonObject
+
 
 class ContentPart(Struct, kw_only=True):
     type: str
@@ -40,7 +42,7 @@ class ChatMessage(Struct, kw_only=True):
 class FunctionDefinition(Struct, kw_only=True):
     name: str
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonObject | None = None
     strict: bool | None = None
 
 
@@ -67,12 +69,12 @@ class ChatCompletionRequest(Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: str | JsonObject | None = None
     parallel_tool_calls: bool | None = None
     user: str | None = None
     # vLLM's and mlx-lm's extension, e.g. {"enable_thinking": false}
-    chat_template_kwargs: dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: JsonObject | None = None
+    response_format: JsonObject | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
     presence_penalty: float | None = None
@@ -83,14 +85,14 @@ class ChatCompletionRequest(Struct, kw_only=True):
     reasoning_effort: str | None = None
     verbosity: str | None = None
     # Accepted: they change nothing the model writes (openai.params lists them all).
-    metadata: dict[str, Any] | None = None
+    metadata: JsonObject | None = None
     store: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
-    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_options: JsonObject | None = None
     safety_identifier: str | None = None
-    prediction: dict[str, Any] | None = None  # a latency hint: the output stays the model's
+    prediction: JsonObject | None = None  # a latency hint: the output stays the model's
     # Refused with a 400 where set: omlx does not honour them.
     audio: Any = None
     modalities: list[str] | None = None

@@ -17,6 +17,7 @@ from omlx.app.api.openai.schemas import ChatCompletionRequest, ChatMessage
 from omlx.app.chat.normalize import PromptNormalizer
 from omlx.app.chat.pipeline import ChatRequest, ToolChoice, check_tool_choice
 from omlx.app.errors import InvalidRequest
+from omlx.domain.json_values import JsonObject
 
 
 def text_of(content: str | list | None, param: str) -> str:
@@ -41,9 +42,7 @@ def template_arguments(arguments: str) -> Any:
     return value if isinstance(value, dict) else arguments
 
 
-def message_to_template(
-    message: ChatMessage, normalizer: PromptNormalizer
-) -> dict[str, Any] | None:
+def message_to_template(message: ChatMessage, normalizer: PromptNormalizer) -> JsonObject | None:
     """A chat message in the dict form chat templates expect; text parts joined.
 
     System text goes through the prompt normalizations (block by block); a system message
@@ -61,7 +60,7 @@ def message_to_template(
         content = "".join(kept)
     else:
         content = text_of(message.content, "messages")
-    out: dict[str, Any] = {"role": role, "content": content}
+    out: JsonObject = {"role": role, "content": content}
     if message.name:
         out["name"] = message.name
     if message.tool_calls:
@@ -83,7 +82,7 @@ def message_to_template(
     return out
 
 
-def tool_choice_of(choice: str | dict[str, Any] | None) -> ToolChoice:
+def tool_choice_of(choice: str | JsonObject | None) -> ToolChoice:
     if choice is None or choice == "auto":
         return ToolChoice("auto")
     if choice in ("none", "required"):

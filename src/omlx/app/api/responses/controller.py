@@ -33,6 +33,7 @@ from omlx.app.chat.turn import ChatResult
 from omlx.app.errors import InvalidRequest, NotFound, StoreUnavailable
 from omlx.app.models.pool import ModelPool, Served
 from omlx.domain.cache.ports import IndexUnavailable
+from omlx.domain.json_values import JsonObject
 from omlx.domain.responses import (
     BrokenChain,
     ResponseStore,
@@ -68,7 +69,7 @@ async def stored_chain(responses: ResponseStore, response_id: str) -> list[Store
     return chain
 
 
-async def history(responses: ResponseStore, previous_id: str | None) -> list[dict[str, Any]]:
+async def history(responses: ResponseStore, previous_id: str | None) -> list[JsonObject]:
     """The conversation a previous response continued: its input items, then its output."""
     if previous_id is None:
         return []

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
 
 from omlx.app.api.openai.translate import template_arguments
 from omlx.app.api.responses.schemas import InputItem, Part
 from omlx.app.chat.normalize import PromptNormalizer
 from omlx.app.chat.sealing import ReasoningSeal
 from omlx.app.errors import InvalidRequest
+from omlx.domain.json_values import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def canonical_items(value: str | list[InputItem] | None) -> list[dict[str, Any]]:
+def canonical_items(value: str | list[InputItem] | None) -> list[JsonObject]:
     """The request's ``input`` as canonical items; a 400 naming the item that cannot be rendered."""
     if value is None:
         return []
@@ -40,7 +40,7 @@ def canonical_items(value: str | list[InputItem] | None) -> list[dict[str, Any]]
     return [_canonical(item, f"input[{k}]") for k, item in enumerate(value)]
 
 
-def _canonical(item: InputItem, where: str) -> dict[str, Any]:
+def _canonical(item: InputItem, where: str) -> JsonObject:
     kind = item.type or ("message" if item.role is not None else None)
     if kind == "message":
         if item.role not in ROLES:
@@ -97,7 +97,7 @@ def _canonical(item: InputItem, where: str) -> dict[str, Any]:
     )
 
 
-def _message(role: str, parts: list[dict[str, Any]], item_id: str | None) -> dict[str, Any]:
+def _message(role: str, parts: list[JsonObject], item_id: str | None) -> JsonObject:
     return {
         "id": item_id or new_id("msg"),
         "type": "message",
@@ -107,7 +107,7 @@ def _message(role: str, parts: list[dict[str, Any]], item_id: str | None) -> dic
     }
 
 
-def _parts(content: str | list[Part] | None, role: str, where: str) -> list[dict[str, Any]]:
+def _parts(content: str | list[Part] | None, role: str, where: str) -> list[JsonObject]:
     """Content parts typed as the role's own (output_text for the assistant, else input_text)."""
     if content is None:
         content = ""
@@ -134,7 +134,7 @@ def _texts(parts: list[Part], where: str, refusal_ok: bool = False) -> list[str]
     return out
 
 
-def _joined(parts: list[dict[str, Any]] | None) -> str:
+def _joined(parts: list[JsonObject] | None) -> str:
     return "".join(p.get("text") or "" for p in parts or [])
 
 
@@ -147,11 +147,11 @@ class ItemRenderer:
         self.seal = seal
 
     def messages(
-        self, items: list[dict[str, Any]], leading_system: bool = True
-    ) -> tuple[list[dict[str, Any]], list[str]]:
-        out: list[dict[str, Any]] = []
+        self, items: list[JsonObject], leading_system: bool = True
+    ) -> tuple[list[JsonObject], list[str]]:
+        out: list[JsonObject] = []
         labels: list[str] = []
-        turn: dict[str, Any] | None = None  # the assistant turn being gathered
+        turn: JsonObject | None = None  # the assistant turn being gathered
         for k, item in enumerate(items):
             kind, role = item["type"], item.get("role")
             if kind in ("reasoning", "function_call") or role == "assistant":
@@ -179,7 +179,7 @@ class ItemRenderer:
             labels.append("system" if leading_system else f"input[{k}]")
         return out, labels
 
-    def _add_to_turn(self, turn: dict[str, Any], item: dict[str, Any]) -> None:
+    def _add_to_turn(self, turn: JsonObject, item: JsonObject) -> None:
         kind = item["type"]
         if kind == "reasoning":
             text = self.reasoning_text(item)
@@ -199,7 +199,7 @@ class ItemRenderer:
         else:
             turn["content"] += _joined(item["content"])
 
-    def reasoning_text(self, item: dict[str, Any]) -> str:
+    def reasoning_text(self, item: JsonObject) -> str:
         """The reasoning as the model produced it (sealed), else the text the item shows."""
         sealed = item.get("encrypted_content")
         if sealed:

@@ -9,8 +9,6 @@ tool call one ``function_call`` item. Streamed and plain responses are built by 
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from omlx.app.api.openai.stream import call_id
@@ -33,8 +31,9 @@ from omlx.app.chat.output import (
     ToolCallStart,
 )
 from omlx.app.chat.sealing import ReasoningSeal
+from omlx.domain.json_values import JsonObject
 
-Event = dict[str, Any]  # a stream event without its sequence_number
+Event = JsonObject  # a stream event without its sequence_number
 
 
 class OutputBuilder:
@@ -43,10 +42,10 @@ class OutputBuilder:
     def __init__(self, seal: ReasoningSeal, encrypted_reasoning: bool = False) -> None:
         self.seal = seal
         self.encrypted_reasoning = encrypted_reasoning
-        self.items: list[dict[str, Any]] = []
-        self._open: dict[str, Any] | None = None  # the reasoning or message item being written
+        self.items: list[JsonObject] = []
+        self._open: JsonObject | None = None  # the reasoning or message item being written
         self._texts: list[str] = []
-        self._calls: dict[int, dict[str, Any]] = {}  # streaming function_call items, by call index
+        self._calls: dict[int, JsonObject] = {}  # streaming function_call items, by call index
 
     @property
     def reasoning_text(self) -> str:
@@ -89,7 +88,7 @@ class OutputBuilder:
         self._open, self._texts = None, []
         done = {**where, "content_index": 0, "text": text}
         if item["type"] == "reasoning":
-            part: dict[str, Any] = {"type": "reasoning_text", "text": text}
+            part: JsonObject = {"type": "reasoning_text", "text": text}
             done["type"] = "response.reasoning_text.done"
             if self.encrypted_reasoning:
                 item["encrypted_content"] = self.seal.seal(text)
@@ -117,8 +116,8 @@ class OutputBuilder:
     def _begin(self, kind: str) -> list[Event]:
         events = self.close()
         if kind == "reasoning":
-            item: dict[str, Any] = {"id": new_id("rs"), "type": "reasoning", "summary": []}
-            part: dict[str, Any] = {"type": "reasoning_text", "text": ""}
+            item: JsonObject = {"id": new_id("rs"), "type": "reasoning", "summary": []}
+            part: JsonObject = {"type": "reasoning_text", "text": ""}
         else:
             item = {"id": new_id("msg"), "type": "message", "role": "assistant"}
             part = {"type": "output_text", "text": "", "annotations": []}
@@ -160,7 +159,7 @@ class OutputBuilder:
         }
         return [added, delta, *self._call_done(item, piece)]
 
-    def _call_done(self, item: dict[str, Any], piece: ToolCallPiece) -> list[Event]:
+    def _call_done(self, item: JsonObject, piece: ToolCallPiece) -> list[Event]:
         """A call's arguments are whole (``incomplete``: cut by max_output_tokens)."""
         item.update(
             arguments=piece.arguments, status="completed" if piece.complete else "incomplete"
@@ -175,15 +174,15 @@ class OutputBuilder:
             self._item_event("response.output_item.done", item),
         ]
 
-    def _index(self, item: dict[str, Any]) -> int:
+    def _index(self, item: JsonObject) -> int:
         return next(i for i in range(len(self.items) - 1, -1, -1) if self.items[i] is item)
 
-    def _where(self, item: dict[str, Any] | None = None) -> Event:
+    def _where(self, item: JsonObject | None = None) -> Event:
         item = item or self._open
         assert item is not None
         return {"item_id": item["id"], "output_index": self._index(item)}
 
-    def _item_event(self, kind: str, item: dict[str, Any]) -> Event:
+    def _item_event(self, kind: str, item: JsonObject) -> Event:
         # A copy: the item changes after it is added, the event must not.
         return {"output_index": self._index(item), "item": dict(item), "type": kind}
 
@@ -193,7 +192,7 @@ def base_response(rid: str, created: int, data: ResponsesRequest) -> ResponseObj
     reasoning = None
     if data.reasoning is not None:
         reasoning = {"effort": data.reasoning.effort, "summary": data.reasoning.summary}
-    text: dict[str, Any] = {"format": {"type": "text"}}
+    text: JsonObject = {"format": {"type": "text"}}
     if data.text is not None and data.text.format is not None:
         # omit_defaults drops a "text" type: it is written back first
         text["format"] = {"type": data.text.format.type, **msgspec.to_builtins(data.text.format)}
@@ -241,7 +240,7 @@ def usage_of(
 
 def finished_response(
     base: ResponseObject,
-    items: list[dict[str, Any]],
+    items: list[JsonObject],
     usage: ResponseUsage | None,
     *,
     cut: bool = False,

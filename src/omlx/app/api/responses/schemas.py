@@ -7,9 +7,11 @@ dicts in the SDK's shapes (``responses.output``): they are stored and replayed a
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from msgspec import Struct
+
+from omlx.domain.json_values import JsonObject
 
 
 class Part(Struct, kw_only=True):
@@ -45,7 +47,7 @@ class ToolParam(Struct, kw_only=True):
     type: str
     name: str | None = None
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonObject | None = None
     strict: bool | None = None
 
 
@@ -60,7 +62,7 @@ class TextFormat(Struct, kw_only=True, omit_defaults=True):
     # json_schema: the schema inline, as the Responses API has it
     name: str | None = None
     description: str | None = None
-    schema: dict[str, Any] | None = None
+    schema: JsonObject | None = None
     strict: bool | None = None
 
 
@@ -77,8 +79,8 @@ class ResponsesRequest(Struct, kw_only=True):
     store: bool = True
     previous_response_id: str | None = None
     include: list[str] | None = None
-    tools: list[dict[str, Any]] | None = None  # echoed as sent; read as ToolParam
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[JsonObject] | None = None  # echoed as sent; read as ToolParam
+    tool_choice: str | JsonObject | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None
@@ -90,20 +92,20 @@ class ResponsesRequest(Struct, kw_only=True):
     # Accepted: they change nothing the model writes.
     prompt_cache_key: str | None = None  # a routing hint for later
     prompt_cache_retention: str | None = None
-    prompt_cache_options: dict[str, Any] | None = None
-    client_metadata: dict[str, Any] | None = None
+    prompt_cache_options: JsonObject | None = None
+    client_metadata: JsonObject | None = None
     user: str | None = None
     safety_identifier: str | None = None
     service_tier: str | None = None
-    stream_options: dict[str, Any] | None = None
+    stream_options: JsonObject | None = None
     max_tool_calls: int | None = None  # counts built-in tool calls, which omlx never makes
     # Refused with a 400 where set: omlx does not honour them.
     background: bool | None = None
-    conversation: str | dict[str, Any] | None = None
-    prompt: dict[str, Any] | None = None
+    conversation: str | JsonObject | None = None
+    prompt: JsonObject | None = None
     top_logprobs: int | None = None
-    context_management: list[dict[str, Any]] | None = None
-    moderation: dict[str, Any] | None = None
+    context_management: list[JsonObject] | None = None
+    moderation: JsonObject | None = None
     omlx_cache_control: str | None = None  # "no-store": restore, keep nothing (cache_edge)
 
 
@@ -146,15 +148,15 @@ class ResponseObject(Struct, kw_only=True):
     instructions: str | None = None
     max_output_tokens: int | None = None
     model: str
-    output: list[dict[str, Any]]
+    output: list[JsonObject]
     parallel_tool_calls: bool
     previous_response_id: str | None = None
-    reasoning: dict[str, Any] | None = None
+    reasoning: JsonObject | None = None
     store: bool
     temperature: float | None = None
-    text: dict[str, Any]
-    tool_choice: str | dict[str, Any]
-    tools: list[dict[str, Any]]
+    text: JsonObject
+    tool_choice: str | JsonObject
+    tools: list[JsonObject]
     top_p: float | None = None
     truncation: str = "disabled"
     usage: ResponseUsage | None = None
@@ -173,7 +175,7 @@ class DeletedResponse(Struct):
 
 
 class InputItemList(Struct):
-    data: list[dict[str, Any]]
+    data: list[JsonObject]
     first_id: str | None
     last_id: str | None
     has_more: bool

@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import msgspec
@@ -24,6 +23,7 @@ from omlx.app.api.responses.schemas import ResponseObject, ResponseUsage
 from omlx.app.api.sse import KEEPALIVE
 from omlx.app.chat.pipeline import ChatEvent, Done, Error, Output, Started
 from omlx.domain.generation import Finished
+from omlx.domain.json_values import JsonObject
 from omlx.domain.responses import ResponseStore, StoredResponse
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 class ResponseRun:
     base: ResponseObject
     builder: OutputBuilder
-    items: list[dict[str, Any]]  # this turn's own input items, stored with the response
+    items: list[JsonObject]  # this turn's own input items, stored with the response
     previous_id: str | None  # the response it continues: its items are stored there
     store: ResponseStore | None  # None: store is off
     caching: bool  # the prefix cache keeps what is prefilled (usage.cache_write_tokens)

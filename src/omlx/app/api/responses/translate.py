@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
@@ -27,6 +26,7 @@ from omlx.app.chat.pipeline import (
 )
 from omlx.app.chat.sealing import ReasoningSeal
 from omlx.app.errors import InvalidRequest
+from omlx.domain.json_values import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ _left_out_logged: set[tuple[str, ...]] = set()
 @dataclass(slots=True)
 class Translated:
     chat: ChatRequest
-    items: list[dict[str, Any]]  # the resolved conversation: history, then this request's items
+    items: list[JsonObject]  # the resolved conversation: history, then this request's items
     encrypted_reasoning: bool  # include asks for reasoning.encrypted_content
 
 
@@ -74,7 +74,7 @@ class Translator:
         self.effort_kwarg = effort_kwarg
 
     def translate(
-        self, data: ResponsesRequest, model_id: str, history: list[dict[str, Any]] | None = None
+        self, data: ResponsesRequest, model_id: str, history: list[JsonObject] | None = None
     ) -> Translated:
         """``history``: the previous response's conversation (its input, then its output)."""
         refuse_unsupported(data)
@@ -83,7 +83,7 @@ class Translator:
         items = [*history, *canonical_items(data.input)]
         if not items:
             raise InvalidRequest("input is required", param="input")
-        messages: list[dict[str, Any]] = []
+        messages: list[JsonObject] = []
         labels: list[str] = []
         if data.instructions:
             kept = self.normalizer.system_blocks([data.instructions])
@@ -117,7 +117,7 @@ class Translator:
         )
         return Translated(chat, items, encrypted)
 
-    def template_kwargs(self, data: ResponsesRequest) -> dict[str, Any]:
+    def template_kwargs(self, data: ResponsesRequest) -> JsonObject:
         effort = data.reasoning.effort if data.reasoning is not None else None
         if effort is None:
             return {}
@@ -126,7 +126,7 @@ class Translator:
                 f"reasoning.effort {effort!r} is not one of {', '.join(_EFFORT)}",
                 param="reasoning.effort",
             )
-        kwargs: dict[str, Any] = {}
+        kwargs: JsonObject = {}
         if effort == "none":
             kwargs["enable_thinking"] = False  # templates that can turn thinking off (Qwen3)
         if self.effort_kwarg:
@@ -183,7 +183,7 @@ def check_include(include: list[str] | None) -> bool:
     return ENCRYPTED_REASONING in (include or ())
 
 
-def tools_to_template(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+def tools_to_template(tools: list[JsonObject] | None) -> list[JsonObject] | None:
     """Function tools as template tools; the rest (hosted, namespaces) named in a log line."""
     if not tools:
         return None
@@ -198,7 +198,7 @@ def tools_to_template(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]
             continue
         if not tool.name:
             raise InvalidRequest(f"tools[{i}]: a function tool needs a name", param=f"tools[{i}]")
-        function: dict[str, Any] = {"name": tool.name, "description": tool.description or ""}
+        function: JsonObject = {"name": tool.name, "description": tool.description or ""}
         function["parameters"] = tool.parameters or {"type": "object", "properties": {}}
         out.append({"type": "function", "function": function})
     if left_out:
@@ -212,7 +212,7 @@ def tools_to_template(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]
     return out or None
 
 
-def tool_choice_of(choice: str | dict[str, Any] | None) -> ToolChoice:
+def tool_choice_of(choice: str | JsonObject | None) -> ToolChoice:
     if choice is None or choice == "auto":
         return ToolChoice("auto")
     if choice in ("none", "required"):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any
+
+from omlx.domain.json_values import JsonObject
 
 PROBE_TOOL = "omlx_probe_tool"
 _INSTRUCTIONS = (
@@ -24,13 +25,13 @@ _INSTRUCTIONS = (
 )
 
 
-def tools_text(tools: list[dict[str, Any]]) -> str:
+def tools_text(tools: list[JsonObject]) -> str:
     """The system-turn section that describes ``tools`` and how to call them."""
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
     return _INSTRUCTIONS.format(tools=lines)
 
 
-def call_text(call: dict[str, Any]) -> str:
+def call_text(call: JsonObject) -> str:
     function = call.get("function", call)
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
@@ -40,9 +41,7 @@ def call_text(call: dict[str, Any]) -> str:
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
-def with_tools_in_system(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
+def with_tools_in_system(messages: list[JsonObject], tools: list[JsonObject]) -> list[JsonObject]:
     """``messages`` with the tools' section ending the leading system message (one is
     added if there is none)."""
     section = tools_text(tools)
@@ -54,7 +53,7 @@ def with_tools_in_system(
     return [{"role": "system", "content": section}, *messages]
 
 
-def inline_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def inline_calls(messages: list[JsonObject]) -> list[JsonObject]:
     """Assistant calls written into their message's text; tool results wrapped in
     ``<tool_response>`` tags (for templates that render neither)."""
     out = []
@@ -72,7 +71,7 @@ def inline_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def probe_tools() -> list[dict[str, Any]]:
+def probe_tools() -> list[JsonObject]:
     return [
         {
             "type": "function",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omlx.domain.grammar import PairStyle
+from omlx.domain.json_values import JsonObject
 
 Call = tuple[str, Any]  # a tool's name and its arguments (a dict, or text as written)
 Header = Callable[[str, int], "tuple[str, int, int] | None"]  # name, args start, match start
@@ -104,7 +105,7 @@ def _glm_parser() -> Callable[[str], list[Call]]:
         name = re.split(head_end, body.strip(), maxsplit=1)[0].strip()
         if not name or not re.fullmatch(r"[\w.\-]+", name):
             raise ValueError("no tool name")
-        arguments: dict[str, Any] = {}
+        arguments: JsonObject = {}
         for key, raw in pair.findall(body):
             try:
                 arguments[key.strip()] = json.loads(raw)
