@@ -40,8 +40,11 @@ class CachingEngine:
     def submit(self, request: GenerationRequest, emit: Callable[[GenerationEvent], None]) -> int:
         self.submitted.append(request)
         tokens = list(request.prompt_tokens)
-        session = self.prefix_cache.begin(
-            tokens, store=request.cache_store, tenant=request.cache_tenant
+        session = self.prefix_cache.begin(  # as the engine's admission does
+            tokens,
+            store=request.cache_store,
+            tenant=request.cache_tenant,
+            probed=request.cache_probe,
         )
         session.restore()
         cached = session.cached_tokens
@@ -79,6 +82,41 @@ def chat(client: TestClient, messages: list[dict[str, Any]], **extra: Any) -> An
     r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, **extra})
     assert r.status_code == 200, r.text
     return r
+
+
+def test_a_turn_hashes_its_prompt_and_asks_the_disk_tier_once_before_its_engine(
+    app, monkeypatch
+) -> None:
+    """The report's probe (``x-omlx-cache``) and the engine's lookup share one hash of the
+    prompt and one question to the disk tier's index."""
+    from omlx.domain.cache import matcher, probe
+
+    client, engine = app
+    chat(client, TURN2)
+    engine.prefix_cache.clear()  # the next turn's prefix is on disk only
+    hashed: list[int] = []
+    for module, name in (
+        (probe, "chain_keys"),
+        (matcher, "chain_keys"),
+        (matcher, "iter_chain_keys"),
+    ):
+        real = getattr(module, name)
+
+        def counted(parent, tokens, block_size, _real=real):
+            hashed.append(len(tokens))
+            return _real(parent, tokens, block_size)
+
+        monkeypatch.setattr(module, name, counted)
+    cold = engine.cold
+    asked = len(cold.rows_calls), len(cold.children_calls)
+    reply = chat(client, [*TURN2, {"role": "user", "content": "And of Spain?"}])
+    assert int(fields(reply.headers["x-omlx-cache"])["cached"]) > 0
+    assert len(hashed) == 1  # by the probe; the engine's lookup reused its keys
+    assert len(cold.rows_calls) - asked[0] == 1  # one question for the chain's rows
+    assert len(cold.children_calls) - asked[1] == 1  # one listing where the blocks end
+    # (Storing the turn's new blocks then asks which are on disk: the write path, once
+    # per chunk, after the lookup.)
+    assert cold.batch_rows[-1]  # the engine's read was handed the probe's rows
 
 
 def test_a_cold_turn_then_a_follow_up_name_where_the_prompt_left_the_cache(app) -> None:
