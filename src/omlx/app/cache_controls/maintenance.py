@@ -33,10 +33,6 @@ log = logging.getLogger(__name__)
 Progress = Callable[[Iterable[Any], int | None, str], Iterable[Any]]
 
 
-def no_progress(items: Iterable[Any], length: int | None, label: str) -> Iterable[Any]:
-    return items
-
-
 @dataclass(frozen=True, slots=True)
 class Cleared:
     blocks: int
@@ -53,7 +49,7 @@ def clear_blocks(
     index: SqlBlockIndex,
     store: FileBlockStore,
     model: str | None,
-    progress: Progress = no_progress,
+    progress: Progress | None = None,
 ) -> Cleared:
     """Delete every cached block, or ``model``'s (rows first, files second).
 
@@ -64,10 +60,10 @@ def clear_blocks(
     if model is not None and not chosen:
         known = ", ".join(sorted({r.info.model_name for r in records})) or "none"
         raise LookupError(f"no cached model named {model!r} (cached: {known})")
-    from omlx.adapters.blockfiles.maintenance import delete_files
+    from omlx.adapters.blockfiles.maintenance import delete_files, no_progress
 
     blocks = index.remove_namespaces([r.info.digest for r in chosen])
-    freed = delete_files(store, blocks, progress)
+    freed = delete_files(store, blocks, progress or no_progress)
     return Cleared(len(blocks), len(chosen), freed)
 
 
@@ -82,7 +78,7 @@ def vacuum_blocks(
     lease: float | None = None,
     is_pinned: Callable[[str], bool] = lambda key: False,
     say: Callable[[str], None] = log.info,
-    progress: Progress = no_progress,
+    progress: Progress | None = None,
 ) -> int | None:
     """Reconcile, drop unused namespaces if asked, evict LRU blocks past ``max_bytes``.
 
@@ -90,8 +86,9 @@ def vacuum_blocks(
     maintenance lock.
     """
     from omlx.adapters.blockfiles.budget import DiskBudget
-    from omlx.adapters.blockfiles.maintenance import delete_files, reconcile
+    from omlx.adapters.blockfiles.maintenance import delete_files, no_progress, reconcile
 
+    progress = progress or no_progress
     with index.maintenance_lock() as ours:
         if not ours:
             return None

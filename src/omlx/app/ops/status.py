@@ -9,7 +9,7 @@ three views only arrange it. Nothing here touches the engine thread or the index
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from omlx import __version__
@@ -117,8 +117,6 @@ def _model(
     )
     if served is None:
         return base
-    from dataclasses import replace
-
     return replace(
         base,
         active=served.engine.active,
