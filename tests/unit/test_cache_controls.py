@@ -103,3 +103,23 @@ def test_pins_stay_within_their_share_and_unpin_by_id() -> None:
         pc.pins.pin(seq(4, 900), ttl=0, source="api")
     assert pc.pins.unpin(pin.id) and not pc.pins.unpin(pin.id)
     assert pc.hot.stats().pinned == 0
+
+
+def test_an_empty_ram_tier_is_no_way_around_the_pinned_share() -> None:
+    # Nothing served yet: the share is counted from the model's cost of a block (32 bytes).
+    pc = make(4, hot_bytes=10 * 4 * 8, pin_share=0.5, block_bytes=32)
+    assert pc.hot.stats().blocks == 0
+    with pytest.raises(PinRefused, match="pinned share"):
+        pc.pins.pin(seq(4 * 8, 100), ttl=60, source="api")  # 8 blocks x 32 B > 160 B
+    pc.pins.pin(seq(4 * 5, 100), ttl=60, source="api")  # 5 blocks: exactly the share
+
+
+def test_a_tenant_holds_at_most_its_count_of_pins() -> None:
+    pc = make(4, pin_share=1.0)
+    pc.pins.max_pins = 3
+    for start in range(3):
+        pc.pins.pin(seq(4, 100 * start), ttl=60, source="api", tenant="alice")
+    pc.pins.pin(seq(4, 0), ttl=120, source="api", tenant="alice")  # the same prefix: extended
+    with pytest.raises(PinRefused, match=r"holds 3 pins, the most one may \(3\)"):
+        pc.pins.pin(seq(4, 900), ttl=60, source="api", tenant="alice")
+    pc.pins.pin(seq(4, 900), ttl=60, source="api", tenant="bob")  # another tenant's count

@@ -8,7 +8,7 @@ import pytest
 from litestar.testing import TestClient
 
 from omlx.app.api.app import create_app
-from omlx.app.cache_controls.tenants import KeysFileError, load_keys
+from omlx.app.cache_controls.tenants import MIN_KEY_CHARS, Caller, KeysFileError, load_keys
 from tests.fakes import FakeColdSource
 from tests.unit.api_fakes import MODEL, fake_container
 from tests.unit.test_cache_header import CachingEngine
@@ -20,22 +20,50 @@ PROMPT = [
 ]
 
 
-def test_the_keys_file_is_read_by_line_and_refused_by_line(tmp_path: Path) -> None:
+ALICE, BOB, OPS = "sk-alice-0123456789", "sk-bob-0123456789", "sk-ops-0123456789"
+
+
+def test_the_keys_file_is_read_by_whole_lines_and_refused_by_line(tmp_path: Path) -> None:
     good = tmp_path / "keys"
-    good.write_text("# tenants\nalice  sk-a1  # the first\n\nbob sk-b2\n")
-    assert load_keys(good) == {"sk-a1": "alice", "sk-b2": "bob"}
+    good.write_text(
+        f"# tenants\n  # indented comment\nalice  {ALICE}\n\nbob sk-b#2-0123456789 tenant\n"
+        f"ops {OPS} operator\n"
+    )
+    good.chmod(0o600)
+    assert load_keys(good) == {
+        ALICE: Caller("alice", operator=False),
+        "sk-b#2-0123456789": Caller("bob", operator=False),  # '#' inside a key is the key's
+        OPS: Caller("ops", operator=True),
+    }
     for text, words in [
-        ("alice\n", "line 1: expected 'TENANT KEY'"),
-        ("alice sk-1\nbob sk-1\n", "line 2: this key is already tenant 'alice'"),
-        ("al/ice sk-1\n", "line 1: a tenant name"),
+        ("alice\n", "line 1: expected 'TENANT KEY"),
+        (f"alice {ALICE}  # note\n", "line 1: expected 'TENANT KEY"),  # no trailing comments
+        (f"alice {ALICE}\nbob {ALICE}\n", "line 2: this key is already tenant 'alice'"),
+        (f"al/ice {ALICE}\n", "line 1: a tenant name"),
+        ("alice k\n", f"line 1: a key is at least {MIN_KEY_CHARS} characters"),
+        (f"alice {ALICE} admin\n", "line 1: the role is 'tenant' or 'operator'"),
+        (f"alice {OPS}\n", "line 1: this key is also --api-key"),
         ("# nothing\n", "no 'TENANT KEY' lines"),
     ]:
         bad = tmp_path / "bad"
         bad.write_text(text)
         with pytest.raises(KeysFileError, match=words):
-            load_keys(bad)
+            load_keys(bad, api_key=OPS)
     with pytest.raises(KeysFileError, match="missing"):
         load_keys(tmp_path / "missing")
+
+
+def test_a_keys_file_every_user_can_read_is_named_in_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"alice {ALICE}\n")
+    keys.chmod(0o600)
+    load_keys(keys)
+    assert "readable by every user" not in caplog.text
+    keys.chmod(0o644)
+    load_keys(keys)
+    assert f"api_keys_file {keys} is readable by every user" in caplog.text and "644" in caplog.text
 
 
 def test_a_tenant_never_hits_another_tenants_blocks_in_ram_or_on_disk() -> None:
@@ -61,7 +89,7 @@ def test_a_tenant_never_hits_another_tenants_blocks_in_ram_or_on_disk() -> None:
 @pytest.fixture
 def tenants(tmp_path: Path) -> tuple[TestClient, CachingEngine]:
     keys = tmp_path / "keys"
-    keys.write_text("alice sk-alice\nbob sk-bob\n")
+    keys.write_text(f"alice {ALICE}\nbob {BOB}\n")
     engine = CachingEngine()
     container = fake_container(engine, api_keys_file=str(keys), api_key="sk-default")
     with TestClient(create_app(container)) as client:
@@ -80,31 +108,31 @@ def chat(client: TestClient, key: str) -> dict:
 
 def test_over_http_each_key_has_its_own_cache_and_stats(tenants) -> None:
     client, engine = tenants
-    assert chat(client, "sk-alice")["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    hit = chat(client, "sk-alice")
+    assert chat(client, ALICE)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    hit = chat(client, ALICE)
     assert hit["usage"]["prompt_tokens_details"]["cached_tokens"] > 50
-    other = chat(client, "sk-bob")
+    other = chat(client, BOB)
     assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert other["header"].startswith("cached=0; tier=none")
     assert chat(client, "sk-default")["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert [r.cache_tenant for r in engine.submitted] == ["alice", "alice", "bob", None]
-    stats = client.get("/v1/cache/stats", headers={"x-api-key": "sk-alice"}).json()
+    stats = client.get("/v1/cache/stats", headers={"x-api-key": ALICE}).json()
     assert stats["tenant"] == "alice"
     assert stats["models"][MODEL]["lookups"] == 2 and stats["models"][MODEL]["cached_tokens"] > 50
-    bob = client.get("/v1/cache/stats", headers={"x-api-key": "sk-bob"}).json()
+    bob = client.get("/v1/cache/stats", headers={"x-api-key": BOB}).json()
     assert bob["models"][MODEL]["cached_tokens"] == 0
     assert client.get("/v1/cache/stats", headers={"x-api-key": "sk-eve"}).status_code == 401
 
 
 def test_a_tenant_sees_and_unpins_only_its_own_pins(tenants) -> None:
     client, _ = tenants
-    chat(client, "sk-alice")
-    alice = {"x-api-key": "sk-alice"}
+    chat(client, ALICE)
+    alice = {"x-api-key": ALICE}
     pin = client.post(
         "/v1/cache/pins", headers=alice, json={"model": MODEL, "messages": PROMPT}
     ).json()
     assert pin["held_blocks"] == pin["blocks"] - 1 or pin["held_blocks"] == pin["blocks"]
-    bob = {"x-api-key": "sk-bob"}
+    bob = {"x-api-key": BOB}
     assert client.get("/v1/cache/pins", headers=bob).json()["data"] == []
     assert client.delete(f"/v1/cache/pins/{pin['id']}", headers=bob).status_code == 404
     assert [p["id"] for p in client.get("/v1/cache/pins", headers=alice).json()["data"]] == [

@@ -55,12 +55,23 @@ def test_the_closest_recent_turn_is_the_conversation_s_previous_one():
     store = FingerprintStore(limit=3)
     first = fp(*turn("a"), list(range(200)))
     sibling = fp(*turn("b"), [*range(64), *range(1000, 1100)])
-    store.record("r1", first)
-    store.record("r2", sibling)
+    store.record(None, "r1", first)
+    store.record(None, "r2", sibling)
     follow_up = fp(*turn("a", "next"), [*range(200), 7, 7])
-    assert store.closest(follow_up) is first
-    assert store.closest(fp(*turn("z"), [42] * 100)) is None  # nothing shares a block
-    assert store.closest(fp(*turn("a"), list(range(200)), model="other")) is None
+    assert store.closest(None, follow_up) is first
+    assert store.closest(None, fp(*turn("z"), [42] * 100)) is None  # nothing shares a block
+    assert store.closest(None, fp(*turn("a"), list(range(200)), model="other")) is None
     for i in range(3):
-        store.record(f"x{i}", sibling)
-    assert store.get("r1") is None  # bounded: the oldest went first
+        store.record(None, f"x{i}", sibling)
+    assert store.get(None, "r1") is None  # bounded: the oldest went first
+
+
+def test_a_tenant_s_turns_are_compared_with_its_own_alone():
+    store = FingerprintStore()
+    alice = fp(*turn("a"), list(range(200)))
+    store.record("alice", "r1", alice)
+    follow_up = fp(*turn("a", "next"), [*range(200), 7])
+    assert store.closest("alice", follow_up) is alice
+    assert store.closest("bob", follow_up) is None  # bob never learns alice's prompt was there
+    assert store.closest(None, follow_up) is None
+    assert store.get("bob", "r1") is None and store.get("alice", "r1") is alice

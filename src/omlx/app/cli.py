@@ -182,7 +182,14 @@ def _serve_options(fn):
         click.option(
             "--api-keys-file",
             default=None,
-            help="Tenants: a file of 'TENANT KEY' lines; each tenant its own cache namespace.",
+            help="Tenants: a file of 'TENANT KEY [tenant|operator]' lines; each tenant its own "
+            "cache namespace, requests and reports.",
+        ),
+        click.option(
+            "--no-report-excerpts",
+            is_flag=True,
+            default=False,
+            help="Keep prompt excerpts out of cache reports (for a key shared by several people).",
         ),
         click.option(
             "--model-alias",
@@ -219,6 +226,8 @@ def _serve(**flags) -> None:
         flags["ssd_cache_enabled"] = False
     if flags.pop("no_speculation"):
         flags["speculation"] = False
+    if flags.pop("no_report_excerpts"):
+        flags["report_excerpts"] = False
     if flags.pop("no_prompt_normalization"):
         flags["prompt_normalizations"] = []
     added_aliases = list(flags.pop("model_aliases"))  # added to the settings' own (claude-*)

@@ -22,6 +22,10 @@ class Unauthorized(AppError):
     """No API key, or the wrong one."""
 
 
+class Forbidden(AppError):
+    """A known key asking for what its role may not do (a tenant's key on an operator action)."""
+
+
 class NotFound(AppError):
     """A model, a stored response or another named thing that does not exist."""
 

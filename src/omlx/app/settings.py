@@ -32,6 +32,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     log_level: str = "info"
     api_key: str = ""
     api_keys_file: str = ""
+    report_excerpts: bool = True  # quote the prompt and the cache where they part, in reports
     cache_enabled: bool = True
     block_size: int = 64
     kv_bits: str = "off"  # "off", "8" or "4": blocks stored quantized (domain/cache/kv_quant.py)

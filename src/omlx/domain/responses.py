@@ -25,6 +25,7 @@ class StoredResponse:
     response: dict[str, Any]  # the Response object as the API returned it
     input_items: list[dict[str, Any]] = field(default_factory=list)  # this turn's own
     previous_id: str | None = None  # the stored response this one continued
+    tenant: str = ""  # the API key's tenant that created it ("": the default one)
 
     @property
     def output_items(self) -> list[dict[str, Any]]:
@@ -119,3 +120,26 @@ class ResponseStore(Protocol):
     def delete(self, response_id: str) -> bool:
         """Forget the record (its followers keep its items); False when there was none."""
         ...
+
+
+class TenantResponses:
+    """One tenant's view of a ``ResponseStore``: what it puts is stamped with its name, and
+    another tenant's responses are not there for it (read, continued, listed or deleted),
+    exactly as an unknown id is not."""
+
+    def __init__(self, store: ResponseStore, tenant: str | None) -> None:
+        self._store, self.tenant = store, tenant or ""
+
+    def put(self, record: StoredResponse) -> None:
+        self._store.put(replace(record, tenant=self.tenant))
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        record = self._store.get(response_id)
+        return record if record is not None and record.tenant == self.tenant else None
+
+    def chain(self, response_id: str) -> list[StoredResponse] | None:
+        chain = self._store.chain(response_id)
+        return chain if chain and chain[-1].tenant == self.tenant else None
+
+    def delete(self, response_id: str) -> bool:
+        return self.get(response_id) is not None and self._store.delete(response_id)

@@ -127,3 +127,5 @@ class ResponseRow(Base):
     input_items: Mapped[str] = mapped_column(Text, nullable=False)
     previous_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     nbytes: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    # The API key's tenant that created it: another tenant's key cannot read or continue it.
+    tenant: Mapped[str] = mapped_column(String(64), nullable=False, server_default="")

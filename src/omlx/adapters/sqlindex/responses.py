@@ -156,6 +156,7 @@ def _row(record: StoredResponse) -> dict[str, Any]:
         "response": response,
         "input_items": items,
         "previous_id": record.previous_id,
+        "tenant": record.tenant,
         "nbytes": len(response.encode()) + len(items.encode()),
     }
 
@@ -167,4 +168,5 @@ def _record(row: Any) -> StoredResponse:
         response=msgspec.json.decode(row.response),
         input_items=msgspec.json.decode(row.input_items),
         previous_id=row.previous_id,
+        tenant=row.tenant,
     )

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from litestar import Litestar
+from litestar import Litestar, Request
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
 from omlx import __version__
 from omlx.app.api.anthropic.controller import AnthropicController
-from omlx.app.api.auth import api_key_guard
+from omlx.app.api.auth import key_guard, tenant_of
 from omlx.app.api.body import CheckedRequest, release_large_bodies
 from omlx.app.api.cache_controller import CacheController
 from omlx.app.api.cache_edge import add_cache_header
@@ -32,11 +32,12 @@ from omlx.app.cache_controls.tenants import load_keys
 from omlx.app.ops.request_log import RequestLog
 from omlx.app.ops.status import ServerStatus
 from omlx.app.wiring.container import Container
+from omlx.domain.responses import ResponseStore, TenantResponses
 
 
 def create_app(container: Container) -> Litestar:
     settings = container.settings
-    tenants = load_keys(settings.api_keys_file) if settings.api_keys_file else None
+    keys = load_keys(settings.api_keys_file, settings.api_key) if settings.api_keys_file else None
     status = ServerStatus(container)
     metrics = Metrics(status)
     request_log = RequestLog()
@@ -78,15 +79,15 @@ def create_app(container: Container) -> Litestar:
         dependencies=_providers(
             pool=container.pool,
             translate=Translators(container.normalizer, container.seal),
-            responses=container.responses,
             maintenance=container.maintenance,
             settings=settings,
             started_at=container.started_at,
             status=status,
             metrics=metrics,
             dashboard=dashboard,
-        ),
-        guards=[api_key_guard(settings.api_key, tenants)] if settings.api_key or tenants else [],
+        )
+        | {"responses": _tenant_responses(container.responses)},
+        guards=[key_guard(settings.api_key, keys)],
         middleware=[release_large_bodies, RequestMetrics(metrics), ApiFamily()],
         before_send=[count_unmatched(metrics), add_cache_header],
         exception_handlers=EXCEPTION_HANDLERS,
@@ -114,3 +115,12 @@ def _providers(**services: object) -> dict[str, Provide]:
         return Provide(lambda: value, sync_to_thread=False, use_cache=True)
 
     return {name: provider(value) for name, value in services.items()}
+
+
+def _tenant_responses(store: ResponseStore) -> Provide:
+    """``responses`` as the request's tenant sees the store: its own responses alone."""
+
+    def provide(request: Request) -> ResponseStore:
+        return TenantResponses(store, tenant_of(request))
+
+    return Provide(provide, sync_to_thread=False)

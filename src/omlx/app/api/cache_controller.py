@@ -18,7 +18,7 @@ from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import Parameter
 
 from omlx.app.api.anthropic.schemas import MessagesRequest
-from omlx.app.api.auth import tenant_of
+from omlx.app.api.auth import is_operator, tenant_of
 from omlx.app.api.cache_edge import recent_reports
 from omlx.app.api.openai.schemas import ChatCompletionRequest, OpenAIErrorResponse
 from omlx.app.api.openapi import error_responses
@@ -32,6 +32,7 @@ from omlx.app.cache_controls.service import (
     NoPrefixCache,
     PinRefused,
     PinView,
+    TenantUsage,
 )
 from omlx.app.chat.pipeline import ChatRequest
 from omlx.app.errors import InvalidRequest, NotFound
@@ -323,19 +324,28 @@ class CacheController(Controller):
     @get(
         "/stats",
         operation_id="cacheTenantStats",
-        summary="The caller's tenant: lookups, prompt and restored tokens, pins, per model",
+        summary="The caller's tenant: lookups, prompt and restored tokens, pins, per model "
+        "(an operator's key adds every tenant's, under 'tenants')",
         responses=_ERRORS,
     )
     async def tenant_stats(self, pool: ModelPool, request: Request) -> JsonObject:
         tenant = tenant_of(request)
-        return {"tenant": tenant or None, "models": _usage(pool, tenant)}
+        out: JsonObject = {"tenant": tenant or None, "models": _usage(pool, tenant)}
+        if is_operator(request):
+            names = sorted({t for _, controls in _loaded(pool) for t in controls.tenants()})
+            out["tenants"] = {name or "": _usage(pool, name or None) for name in names}
+        return out
 
 
-def _usage(pool: ModelPool, tenant: str | None) -> dict[str, dict[str, int]]:
-    """Per loaded model: ``tenant``'s lookups, prompt and restored tokens, and pins."""
+def usage_of(pool: ModelPool, tenant: str | None) -> dict[str, TenantUsage]:
+    """Per loaded model with a cache: ``tenant``'s lookups, prompt and restored tokens, pins."""
     out = {}
     for model, controls in _loaded(pool):
         usage = controls.usage(tenant)
         if usage is not None:
-            out[model] = asdict(usage)
+            out[model] = usage
     return out
+
+
+def _usage(pool: ModelPool, tenant: str | None) -> dict[str, dict[str, int]]:
+    return {model: asdict(usage) for model, usage in usage_of(pool, tenant).items()}

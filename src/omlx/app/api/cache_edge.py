@@ -30,6 +30,9 @@ NO_STORE = "no-store"
 _STATE_KEY = "omlx_cache_report"
 RECENT_KEY = "omlx_cache_recent"  # the app state's last reports, for a dashboard
 RECENT_LIMIT = 100
+# A client's name for its conversation is an id, not a document: bounded, so a session
+# table of them stays small whatever a client sends.
+MAX_SESSION_KEY_CHARS = 512
 
 
 def no_store(request: Request, field: str | None) -> bool:
@@ -58,9 +61,22 @@ def turn_controls(
     session_key: str | None = None,
     breakpoints: Sequence[Breakpoint] = (),
 ) -> TurnControls:
-    """The turn's cache controls: the key's tenant, no-store, and the body's cache hints."""
+    """The turn's cache controls: the key's tenant, no-store, and the body's cache hints.
+
+    The tenant is noted for the request log too, so the dashboard shows each tenant its own.
+    """
+    if session_key is not None and len(session_key) > MAX_SESSION_KEY_CHARS:
+        raise InvalidRequest(
+            f"prompt_cache_key is {len(session_key)} characters; at most "
+            f"{MAX_SESSION_KEY_CHARS} are accepted",
+            param="prompt_cache_key",
+        )
+    tenant = tenant_of(request)
+    slot = current_report.get()
+    if slot is not None:
+        slot["tenant"] = tenant or ""
     return TurnControls(
-        tenant=tenant_of(request),
+        tenant=tenant,
         store=not no_store(request, field),
         retention=retention,
         session_key=session_key,

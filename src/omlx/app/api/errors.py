@@ -17,6 +17,7 @@ from omlx.app.errors import (
     AppError,
     Busy,
     ClientGone,
+    Forbidden,
     GenerationFailed,
     InvalidRequest,
     ModelUnavailable,
@@ -55,6 +56,7 @@ _ANTHROPIC_TYPES = {
 _STATUS: dict[type[AppError], int] = {
     InvalidRequest: 400,
     Unauthorized: 401,
+    Forbidden: 403,
     NotFound: 404,
     Busy: 429,
     ClientGone: 499,

@@ -20,6 +20,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from omlx.app.api.auth import OPERATOR
 from omlx.app.api.state_metrics import StateCollector
 from omlx.app.ops.status import ServerStatus
 from omlx.domain.generation import Finished
@@ -189,8 +190,9 @@ class MetricsController(Controller):
 
     @get(
         operation_id="metrics",
-        summary="Prometheus metrics (text exposition format)",
+        summary="Prometheus metrics (text exposition format): every tenant's counts, for operators",
         media_type=CONTENT_TYPE_LATEST,
+        opt={OPERATOR: True},
     )
     async def metrics(self, metrics: Metrics) -> Response[bytes]:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

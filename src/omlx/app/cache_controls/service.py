@@ -72,10 +72,17 @@ class CacheControls:
     """The prefix cache's user-facing controls for one model (``prefix_cache`` None: none)."""
 
     def __init__(
-        self, prefix_cache: PrefixCache | None, decode: Callable[[Sequence[int]], str]
+        self,
+        prefix_cache: PrefixCache | None,
+        decode: Callable[[Sequence[int]], str],
+        *,
+        excerpts: bool = True,
     ) -> None:
         self._cache = prefix_cache
         self._decode = decode
+        # Off: reports say where a prompt left the cache, never what either holds there
+        # (a key shared by several people shares one cache: the quote would be another's).
+        self._excerpts = excerpts
 
     @property
     def enabled(self) -> bool:
@@ -101,6 +108,8 @@ class CacheControls:
         if found is None:
             return None
         made = report(found, prompt, self._decode, parts or PromptParts())
+        if not self._excerpts:
+            made = replace(made, before="", prompt_next="", cached_next="")
         return made if store else replace(made, no_store=True)
 
     def explain(self, prompt: Sequence[int], tenant: str | None) -> CacheReport:
@@ -212,6 +221,13 @@ class CacheControls:
             return None
         counts = self._cache.tenants.read(tenant or "")
         return TenantUsage(**counts, pins=len(self._cache.pins.pins(tenant or "")))
+
+    def tenants(self) -> list[str]:
+        """Every tenant this model has served or pins for (``""``: the default one)."""
+        if self._cache is None:
+            return []
+        pinned = {pin.tenant for pin in self._cache.pins.pins()}
+        return sorted(set(self._cache.tenants.tenants()) | pinned)
 
     def clear(self) -> int:
         """Drop every block in RAM and forget which are on disk (their files go separately);

@@ -102,31 +102,42 @@ def compare(previous: Fingerprint, current: Fingerprint) -> Divergence | None:
 
 
 class FingerprintStore:
-    """The recent turns' fingerprints by response id (bounded, oldest forgotten first)."""
+    """The recent turns' fingerprints by tenant and response id (bounded, oldest forgotten first).
+
+    A tenant's turns are compared with its own alone: another tenant's prompt is never the
+    "previous turn" a diagnosis names, nor a session a ``prompt_cache_key`` continues.
+    """
 
     def __init__(self, limit: int = 128) -> None:
         self._limit = limit
-        self._items: OrderedDict[str, Fingerprint] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], Fingerprint] = OrderedDict()
         self._lock = threading.Lock()
 
-    def record(self, response_id: str, fp: Fingerprint) -> None:
+    def record(self, tenant: str | None, response_id: str, fp: Fingerprint) -> None:
         with self._lock:
-            self._items[response_id] = fp
-            self._items.move_to_end(response_id)
+            key = (tenant or "", response_id)
+            self._items[key] = fp
+            self._items.move_to_end(key)
             while len(self._items) > self._limit:
                 self._items.popitem(last=False)
 
-    def get(self, response_id: str) -> Fingerprint | None:
+    def get(self, tenant: str | None, response_id: str) -> Fingerprint | None:
         with self._lock:
-            return self._items.get(response_id)
+            return self._items.get((tenant or "", response_id))
 
-    def closest(self, fp: Fingerprint) -> Fingerprint | None:
-        """The recent turn of the same model whose prompt shares the longest prefix with ``fp``'s.
+    def closest(self, tenant: str | None, fp: Fingerprint) -> Fingerprint | None:
+        """``tenant``'s recent turn of the same model whose prompt shares the longest prefix
+        with ``fp``'s.
 
         Only turns sharing at least a block's worth of tokens count as the same conversation.
         """
+        owner = tenant or ""
         with self._lock:
-            candidates = [f for f in reversed(self._items.values()) if f.model == fp.model]
+            candidates = [
+                f
+                for (t, _), f in reversed(self._items.items())
+                if t == owner and f.model == fp.model
+            ]
         head = fp.tokens[: 64 * 4]
         best, best_shared = None, 0
         for candidate in candidates:

@@ -115,11 +115,12 @@ class ChatPipeline:
         recent turn sharing the longest prompt prefix.
         """
         session = _session_name(controls.session_key)
-        if previous_id is None and session and self.fingerprints.get(session) is not None:
+        tenant = controls.tenant
+        if previous_id is None and session and self.fingerprints.get(tenant, session) is not None:
             previous_id = session
         turn = await self.prepare(chat, response_id, previous_id, controls)
         if session:
-            self.fingerprints.record(session, turn.fingerprint)
+            self.fingerprints.record(tenant, session, turn.fingerprint)
         if controls.store and (controls.retention is not None or controls.breakpoints):
             pins = (turn.prompt.tokens, controls, self.prefix_renderer(chat))
             turn.cache_written = await anyio.to_thread.run_sync(self.controls.honour, *pins)
@@ -179,7 +180,7 @@ class ChatPipeline:
         )
         turn = ChatTurn(prompt, request, splitter, chat.parallel_tool_calls, fp, controls=controls)
         self._diagnose(turn, previous_id, last_label=chat.labels[-1] if chat.labels else "")
-        self.fingerprints.record(response_id, fp)
+        self.fingerprints.record(controls.tenant, response_id, fp)
         changed = turn.divergence.part if turn.divergence is not None else None
         found, turn.cache = await anyio.to_thread.run_sync(
             self._report, chat, prompt.tokens, changed, controls
@@ -201,7 +202,7 @@ class ChatPipeline:
         """``chat``'s prompt, and what ``tenant``'s cache holds of it and where it leaves it;
         nothing is run or remembered (``POST /v1/cache/explain``)."""
         prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
-        previous = self.fingerprints.closest(fp)
+        previous = self.fingerprints.closest(tenant, fp)
         divergence = compare(previous, fp) if previous is not None else None
         changed = divergence.part if divergence is not None else None
         controls = TurnControls(tenant=tenant)
@@ -260,9 +261,10 @@ class ChatPipeline:
 
     def _diagnose(self, turn: ChatTurn, previous_id: str | None, last_label: str) -> None:
         if previous_id is not None:
-            turn.previous, turn.previous_named = self.fingerprints.get(previous_id), True
+            turn.previous = self.fingerprints.get(turn.controls.tenant, previous_id)
+            turn.previous_named = True
         else:
-            turn.previous = self.fingerprints.closest(turn.fingerprint)
+            turn.previous = self.fingerprints.closest(turn.controls.tenant, turn.fingerprint)
         if turn.previous is None:
             return
         divergence = compare(turn.previous, turn.fingerprint)

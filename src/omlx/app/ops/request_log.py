@@ -26,8 +26,8 @@ DEFAULT_CAPACITY = 200
 # The API family and route of the HTTP request being served ("openai", "/v1/chat/completions");
 # empty off HTTP.
 current_api: ContextVar[tuple[str, str]] = ContextVar("omlx_current_api", default=("", ""))
-# A per-request slot ({"report": CacheReport}) the middleware opens: a mutable holder, so a
-# report noted in the handler is seen where the generation ends, whichever task that is.
+# A per-request slot ({"report": CacheReport, "tenant": str}) the middleware opens: a mutable
+# holder, so what the handler notes is seen where the generation ends, whichever task that is.
 current_report: ContextVar[JsonObject | None] = ContextVar("omlx_current_report", default=None)
 
 
@@ -67,6 +67,7 @@ class RequestRecord:
     ttft_s: float | None  # None: no token came
     tokens_per_s: float | None  # decode rate after the first token; None: too few tokens
     divergence: Divergence | None = None  # None: a full hit, or no cache report (no prefix cache)
+    tenant: str = ""  # the key's tenant ("": the default one)
 
     @property
     def cached_share(self) -> float:
@@ -93,7 +94,8 @@ class RequestLog:
         decoded = event.completion_tokens - 1  # the first token's time is the TTFT's
         rate = decoded / decode_s if decoded > 0 and decode_s > 0 else None
         api, route = current_api.get()
-        divergence = Divergence.of((current_report.get() or {}).get("report"))
+        slot = current_report.get() or {}
+        divergence = Divergence.of(slot.get("report"))
         with self._lock:
             self._seq += 1
             record = RequestRecord(
@@ -110,14 +112,16 @@ class RequestLog:
                 ttft_s=ttft_s,
                 tokens_per_s=rate,
                 divergence=divergence,
+                tenant=slot.get("tenant") or "",
             )
             self._ring.append(record)
         return record
 
-    def recent(self, limit: int | None = None) -> list[RequestRecord]:
-        """The newest ``limit`` records (all held when None), newest first."""
+    def recent(self, limit: int | None = None, tenant: str | None = None) -> list[RequestRecord]:
+        """The newest ``limit`` records (all held when None; ``tenant``'s alone when given),
+        newest first."""
         with self._lock:
-            records = list(self._ring)
+            records = [r for r in self._ring if tenant is None or r.tenant == tenant]
         records.reverse()
         return records if limit is None else records[:limit]
 

@@ -273,8 +273,15 @@ class ModelLoader:
         # Kept finished caches duplicate hot-tier blocks: a quarter of the guard at most.
         limit = self.kv_memory_limit
         kept = FinishedCaches(max_bytes=min(2 << 30, limit // 4) if limit else 2 << 30)
+        per_token = model.kv_cost.per_token + model.kv_cost.window_per_token
         prefix_cache = PrefixCache(
-            namespace=namespace, codec=codec, hot=hot, cold=cold_tier, layout=layout, kept=kept
+            namespace=namespace,
+            codec=codec,
+            hot=hot,
+            cold=cold_tier,
+            layout=layout,
+            kept=kept,
+            block_bytes=per_token * settings.block_size,
         )
         log.info(
             "prefix cache of %s: hot tier %s, SSD tier %s, block size %d, KV stored as %s, "
@@ -376,7 +383,11 @@ def serve_chat(
         observer=observer,
     )
     tokenizer = model.tokenizer
-    controls = CacheControls(prefix_cache, lambda tokens: tokenizer.decode(list(tokens)))
+    controls = CacheControls(
+        prefix_cache,
+        lambda tokens: tokenizer.decode(list(tokens)),
+        excerpts=settings.report_excerpts,
+    )
     renderer = ChatRenderer(tokenizer, model.model_id)
     chat = ChatPipeline(generation, renderer, controls, observer=observer)
     return Served(

@@ -80,6 +80,11 @@ class HotTier:
             self._policy.record_hit(key, block.nbytes)
             return block
 
+    def sizes(self, keys: Iterable[str]) -> dict[str, int]:
+        """The bytes of those of ``keys`` held; counts no hit, moves no LRU order."""
+        with self._lock:
+            return {k: self._blocks[k].nbytes for k in keys if k in self._blocks}
+
     def children(self, parent_key: str) -> list[HotBlock]:
         """KV blocks in RAM whose parent is ``parent_key``; counts no hit, moves no LRU order."""
         with self._lock:

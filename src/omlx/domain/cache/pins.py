@@ -5,8 +5,11 @@ trailing partial one): the hot tier never evicts a pinned key, and the cold tier
 eviction asks the same ``is_pinned``, so a pin protects RAM and disk alike, and keys not
 yet computed are protected once they are. Pinning a prefix that is pinned already
 (Claude Code re-sends its breakpoints each turn) extends that pin instead of adding one.
-Pins together may hold at most ``share`` of the hot tier's byte budget (blocks counted
-at the tier's mean block size); pins live in memory, for this process's life.
+Pins together may hold at most ``share`` of the hot tier's byte budget: a block held in
+RAM counts its own bytes, one not held yet the tier's mean block, or, while the tier is
+empty, the model's own cost of a full block (``block_bytes``), so an empty tier is no
+way around the share. A tenant holds at most ``max_pins`` pins. Pins live in memory, for
+this process's life.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from omlx.domain.cache.keys import stored_keys
 from omlx.domain.ports import Clock
 
 DEFAULT_PIN_SHARE = 0.5  # of the hot tier's budget; the rest stays plain LRU
+DEFAULT_MAX_PINS = 256  # per tenant: a client re-sending breakpoints extends, never adds
 MAX_PIN_SECONDS = 7 * 24 * 3600.0
 
 
@@ -45,12 +49,21 @@ class PinBook:
     """The pins of one prefix cache; thread-safe (the API and the engine thread both call it)."""
 
     def __init__(
-        self, hot: HotTier, clock: Clock, *, namespace: str, block_size: int, share: float
+        self,
+        hot: HotTier,
+        clock: Clock,
+        *,
+        namespace: str,
+        block_size: int,
+        share: float,
+        block_bytes: int = 0,
+        max_pins: int = DEFAULT_MAX_PINS,
     ) -> None:
         if not 0.0 <= share <= 1.0:
             raise ValueError("the pinned share must be within [0, 1]")
         self._hot, self._clock = hot, clock
         self._namespace, self._block_size, self.share = namespace, block_size, share
+        self._block_bytes, self.max_pins = block_bytes, max_pins
         self._pins: dict[str, Pin] = {}
         self._lock = threading.Lock()
 
@@ -87,6 +100,7 @@ class PinBook:
                 extended = replace(held, expires_at=max(held.expires_at, now + ttl))
                 self._pins[pin_id] = extended
                 return extended
+            self._check_count_locked(tenant)
             self._check_room_locked(keys)
             pin = Pin(pin_id, keys, len(tokens), now, now + ttl, source, group, tenant)
             self._pins[pin_id] = pin
@@ -132,15 +146,24 @@ class PinBook:
             self._hot.unpin(pin.keys)
         return len(gone)
 
+    def _check_count_locked(self, tenant: str) -> None:
+        held = sum(1 for p in self._pins.values() if p.tenant == tenant)
+        if held >= self.max_pins:
+            raise PinRefused(
+                f"this tenant holds {held} pins, the most one may ({self.max_pins}); "
+                "unpin one or let one expire"
+            )
+
     def _check_room_locked(self, keys: Sequence[str]) -> None:
         stats = self._hot.stats()
-        mean = stats.bytes / stats.blocks if stats.blocks else 0.0
-        held = {k for p in self._pins.values() for k in p.keys}
-        blocks = len(held | set(keys))
+        mean = stats.bytes / stats.blocks if stats.blocks else float(self._block_bytes)
+        wanted = {k for p in self._pins.values() for k in p.keys} | set(keys)
+        held = self._hot.sizes(wanted)
+        pinned = sum(held.values()) + (len(wanted) - len(held)) * mean
         allowed = self.share * stats.max_bytes
-        if blocks * mean > allowed:
+        if pinned > allowed:
             raise PinRefused(
-                f"pinning {len(keys)} more blocks would hold about {blocks * mean / 2**20:.1f} MiB "
+                f"pinning {len(keys)} more blocks would hold about {pinned / 2**20:.1f} MiB "
                 f"pinned, past the pinned share ({self.share:.0%} of the "
                 f"{stats.max_bytes / 2**20:.0f} MiB RAM tier); unpin something or shorten the prefix"
             )

@@ -43,6 +43,7 @@ class PrefixCache:
         layout: CacheLayout | None = None,
         kept: KeptCaches | None = None,
         pin_share: float = DEFAULT_PIN_SHARE,
+        block_bytes: int = 0,
     ) -> None:
         self.namespace = namespace
         self.block_size = namespace.block_size
@@ -52,7 +53,12 @@ class PrefixCache:
         clock = self._clock = clock if clock is not None else SystemClock()
         self.tenants = TenantTally()
         self.pins = PinBook(
-            hot, clock, namespace=namespace.digest, block_size=self.block_size, share=pin_share
+            hot,
+            clock,
+            namespace=namespace.digest,
+            block_size=self.block_size,
+            share=pin_share,
+            block_bytes=block_bytes,  # what a pin costs before its blocks are in RAM
         )
         known = self._known = KnownKeys(known_keys_limit)
         self._matcher = PrefixMatcher(

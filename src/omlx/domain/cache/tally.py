@@ -67,6 +67,11 @@ class TenantTally:
             lookups, prompt, cached = self._counts.get(tenant, (0, 0, 0))
         return {"lookups": lookups, "prompt_tokens": prompt, "cached_tokens": cached}
 
+    def tenants(self) -> list[str]:
+        """Every tenant that has looked anything up, by name."""
+        with self._lock:
+            return sorted(self._counts)
+
 
 @dataclass(frozen=True, slots=True)
 class PrefixCacheStats:

@@ -18,13 +18,14 @@ from litestar import Controller, Request, Response, get, post
 from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from omlx.app.api.auth import tenant_of
-from omlx.app.api.cache_controller import Unpinned, pins_of, unpin
+from omlx.app.api.auth import OPERATOR, caller_of, tenant_of
+from omlx.app.api.cache_controller import Unpinned, pins_of, unpin, usage_of
 from omlx.app.api.dashboard.actions import clear_model_cache, unload_model, vacuum_cache
 from omlx.app.api.dashboard.series import RequestSeries
-from omlx.app.api.dashboard.state import dashboard_state, ssd_usage
+from omlx.app.api.dashboard.state import dashboard_state, ssd_usage, tenant_view
 from omlx.app.api.errors import handle_app_error
 from omlx.app.cache_controls.maintenance import CacheMaintenance
+from omlx.app.cache_controls.tenants import LOCAL_USER
 from omlx.app.errors import InvalidRequest, Unauthorized
 from omlx.app.models.pool import ModelPool
 from omlx.app.ops.request_log import RequestLog, current_api, current_report
@@ -105,9 +106,12 @@ class DashboardController(Controller):
         pool: ModelPool,
         maintenance: CacheMaintenance | None,
     ) -> JsonObject:
-        ssd = await anyio.to_thread.run_sync(ssd_usage, maintenance)
-        pins = pins_of(pool, tenant_of(request))
-        return dashboard_state(status.read(), settings, dashboard.log, dashboard.series, ssd, pins)
+        caller = caller_of(request) or LOCAL_USER
+        ssd = await anyio.to_thread.run_sync(ssd_usage, maintenance if caller.operator else None)
+        pins = pins_of(pool, caller.tenant)
+        log, series = dashboard.log, dashboard.series
+        whole = dashboard_state(status.read(), settings, log, series, ssd, pins)
+        return tenant_view(whole, caller, log, series, usage_of(pool, caller.tenant))
 
     # The actions change the server's state: kept out of the OpenAPI schema, so schema-driven
     # fuzzers (tests/e2e/test_schemathesis.py) do not unload or clear what other tests use.
@@ -115,6 +119,7 @@ class DashboardController(Controller):
         "/models/{model_id:str}/unload",
         operation_id="dashboardUnload",
         include_in_schema=False,
+        opt={OPERATOR: True},
         status_code=200,
     )
     async def unload(self, request: Request, pool: ModelPool, model_id: str) -> JsonObject:
@@ -125,6 +130,7 @@ class DashboardController(Controller):
         "/models/{model_id:str}/clear-cache",
         operation_id="dashboardClearCache",
         include_in_schema=False,
+        opt={OPERATOR: True},
         status_code=200,
     )
     async def clear_cache(
@@ -148,7 +154,13 @@ class DashboardController(Controller):
         # DELETE /v1/cache/pins/{id}'s own code: a tenant unpins only its own pins.
         return unpin(pool, pin_id, tenant_of(request))
 
-    @post("/vacuum", operation_id="dashboardVacuum", include_in_schema=False, status_code=200)
+    @post(
+        "/vacuum",
+        operation_id="dashboardVacuum",
+        include_in_schema=False,
+        opt={OPERATOR: True},
+        status_code=200,
+    )
     async def vacuum(
         self, request: Request, maintenance: CacheMaintenance | None, data: VacuumRequest
     ) -> JsonObject:

@@ -45,6 +45,8 @@ class RequestSeries:
         self._clock = clock
         self._seen = log.last_seq
         self._points: dict[str, deque[SeriesPoint]] = {}
+        # The same, per tenant: a tenant's charts are drawn from its own requests alone.
+        self._tenant_points: dict[tuple[str, str], deque[SeriesPoint]] = {}
 
     def sample(self) -> dict[str, SeriesPoint]:
         """Fold the requests finished since the last sample into one point per model."""
@@ -52,16 +54,24 @@ class RequestSeries:
         if fresh:
             self._seen = fresh[-1].seq
         by_model: dict[str, list[RequestRecord]] = {}
+        by_tenant: dict[tuple[str, str], list[RequestRecord]] = {}
         for record in fresh:
             by_model.setdefault(record.model, []).append(record)
+            by_tenant.setdefault((record.tenant, record.model), []).append(record)
         now = self._clock()
         taken = {model: _point(now, records) for model, records in by_model.items()}
         for model, point in taken.items():
             self._points.setdefault(model, deque(maxlen=self.max_points)).append(point)
+        for key, records in by_tenant.items():
+            points = self._tenant_points.setdefault(key, deque(maxlen=self.max_points))
+            points.append(_point(now, records))
         return taken
 
-    def points(self) -> dict[str, list[SeriesPoint]]:
-        return {model: list(points) for model, points in self._points.items()}
+    def points(self, tenant: str | None = None) -> dict[str, list[SeriesPoint]]:
+        """Every request's points per model; ``tenant``'s own alone when given ("": default)."""
+        if tenant is None:
+            return {model: list(points) for model, points in self._points.items()}
+        return {m: list(p) for (t, m), p in self._tenant_points.items() if t == tenant}
 
     async def run(self) -> None:
         """Sample every ``interval`` seconds until cancelled (an app background task)."""

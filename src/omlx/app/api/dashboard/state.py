@@ -16,7 +16,8 @@ import msgspec
 from omlx.app.api.cache_controller import pin_json
 from omlx.app.api.dashboard.series import RequestSeries
 from omlx.app.cache_controls.maintenance import CacheMaintenance
-from omlx.app.cache_controls.service import PinView
+from omlx.app.cache_controls.service import PinView, TenantUsage
+from omlx.app.cache_controls.tenants import Caller
 from omlx.app.ops.request_log import RequestLog
 from omlx.app.ops.status import CacheState, ModelState, ServerState
 from omlx.app.settings import Settings
@@ -35,7 +36,8 @@ def dashboard_state(
     ssd: JsonObject,
     pins: dict[str, list[PinView]],
 ) -> JsonObject:
-    """The whole page's data; ``ssd`` is ``ssd_usage``'s answer (read off the event loop)."""
+    """The whole page's data, as an operator sees it; ``ssd`` is ``ssd_usage``'s answer (read
+    off the event loop). ``tenant_view`` cuts it to what one tenant may see."""
     models = [_model(m) for m in state.models]
     for model in models:
         known = ssd.get("enabled") and "unavailable" not in ssd
@@ -47,7 +49,9 @@ def dashboard_state(
             "uptime_s": state.uptime_s,
             "ready": state.ready,
             "blas": state.blas,
-            "auth": bool(settings.api_key),
+            "auth": bool(settings.api_key or settings.api_keys_file),
+            "role": "operator",
+            "tenant": None,
             "sample_seconds": series.interval,
         },
         "memory": {"limit_bytes": state.memory_limit, "held_bytes": state.memory_held},
@@ -72,6 +76,53 @@ def dashboard_state(
         "series": {m: [asdict(p) for p in pts] for m, pts in series.points().items()},
         "pins": pins_json(pins),
     }
+
+
+def tenant_view(
+    whole: JsonObject,
+    caller: Caller,
+    requests: RequestLog,
+    series: RequestSeries,
+    usage: dict[str, TenantUsage],
+) -> JsonObject:
+    """``whole`` (``dashboard_state``'s) as ``caller`` may see it.
+
+    An operator sees every request, but the excerpts of where a prompt left the cache only
+    for its own tenant's: reports reveal the caller's own prompts alone. A tenant sees its
+    own requests, series, pins and usage per model, and nothing of the tiers' contents,
+    the other tenants' counts or the operator's actions.
+    """
+    tenant = caller.tenant or ""
+    if caller.operator:
+        shown = [_without_others_excerpts(r, tenant) for r in whole["requests"]]
+        return {**whole, "server": {**whole["server"], "tenant": caller.tenant}, "requests": shown}
+    models = []
+    for model in whole["models"]:
+        own = {k: v for k, v in model.items() if k not in ("cache", "ssd")}
+        if model["id"] in usage:
+            use = usage[model["id"]]
+            own["cache"] = {
+                "enabled": True,
+                "lookups": use.lookups,
+                "lookup_tokens": use.prompt_tokens,
+                "hit_tokens": use.cached_tokens,
+            }
+        models.append(own)
+    return {
+        **whole,
+        "server": {**whole["server"], "role": "tenant", "tenant": caller.tenant},
+        "models": models,
+        "tiers": None,
+        "requests": [asdict(r) for r in requests.recent(RECENT_REQUESTS, tenant=tenant)],
+        "series": {m: [asdict(p) for p in pts] for m, pts in series.points(tenant).items()},
+    }
+
+
+def _without_others_excerpts(record: JsonObject, tenant: str) -> JsonObject:
+    divergence = record.get("divergence")
+    if divergence is None or record.get("tenant", "") == tenant:
+        return record
+    return {**record, "divergence": {**divergence, "prompt": "", "cached": ""}}
 
 
 def pins_json(pins: dict[str, list[PinView]]) -> dict[str, list[JsonObject]]:

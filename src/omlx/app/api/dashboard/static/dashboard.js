@@ -92,10 +92,12 @@ function renderServer(state) {
   const limit = mem.limit_bytes ? ` of ${bytes(mem.limit_bytes)}` : "";
   document.getElementById("server").textContent =
     `v${s.version} · up ${Math.round(s.uptime_s)} s · ${s.ready ? "ready" : "loading models"} · ` +
-    `models hold ${bytes(mem.held_bytes)}${limit} · ${s.blas || "BLAS unknown"}`;
+    `models hold ${bytes(mem.held_bytes)}${limit} · ${s.blas || "BLAS unknown"}` +
+    (s.role === "tenant" ? ` · tenant ${s.tenant}: your requests, pins and usage` : "");
 }
 
-function modelRow(m) {
+// Unload and clear act on the whole server: an operator's key alone may (a tenant's is refused).
+function modelRow(m, operator) {
   const cache = m.cache || {};
   const hot = cache.hot;
   const ssd = m.ssd;
@@ -105,7 +107,7 @@ function modelRow(m) {
   const perToken = ssd && ssd.bytes_per_token ? `${int(Math.round(ssd.bytes_per_token))} B on disk` :
     (m.kv_bytes_per_token ? `${int(m.kv_bytes_per_token)} B in RAM` : "–");
   const actions = el("div", { class: "actions" });
-  if (m.state === "loaded") {
+  if (m.state === "loaded" && operator) {
     actions.append(el("button", {
       type: "button", class: "unload", disabled: m.pinned, "data-key": `unload:${m.id}`, title: m.pinned ? "pinned with --pin-model" : null,
       "aria-label": `Unload ${m.id}`,
@@ -113,7 +115,7 @@ function modelRow(m) {
         `/v1/dashboard/models/${encodeURIComponent(m.id)}/unload`, {}, () => `unloaded ${m.id}`),
     }, "Unload"));
   }
-  if (m.task === "chat") {
+  if (m.task === "chat" && operator) {
     actions.append(el("button", {
       type: "button", class: "danger clear", "data-key": `clear:${m.id}`, "aria-label": `Clear the cache of ${m.id}`,
       onclick: () => act(`Delete every cached block of ${m.id}, in RAM and on disk?`, "POST",
@@ -279,8 +281,11 @@ async function refresh() {
     // The tables are redrawn: keep the keyboard focus on the same button.
     const focused = document.activeElement && document.activeElement.dataset.key;
     renderServer(state);
-    document.querySelector("#models tbody").replaceChildren(...state.models.map(modelRow));
-    renderTiers(state);
+    const operator = state.server.role === "operator";
+    document.querySelector("#models tbody").replaceChildren(...state.models.map((m) => modelRow(m, operator)));
+    // The tiers' contents and the vacuum are the operator's: a tenant's page has no such section.
+    document.getElementById("tiers").hidden = !operator;
+    if (operator) renderTiers(state);
     renderCharts(state);
     renderRequests(state);
     renderPins(state);
