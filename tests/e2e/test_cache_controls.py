@@ -160,7 +160,7 @@ def first_token_seconds(server: ServerProcess, key: str, messages: list[dict]) -
 
 def test_another_tenants_prompt_is_a_cold_prefill(tiny_model_dir, tmp_path) -> None:
     keys = tmp_path / "keys"
-    keys.write_text("alice sk-alice\nbob sk-bob\n")
+    keys.write_text("alice sk-alice-0123456789\nbob sk-bob-0123456789\n")
     long_prompt = [
         {"role": "system", "content": " ".join(f"Rule {i}: answer with care." for i in range(70))},
         {"role": "user", "content": "Which rule comes first?"},
@@ -174,9 +174,9 @@ def test_another_tenants_prompt_is_a_cold_prefill(tiny_model_dir, tmp_path) -> N
         str(keys),
         cache_dir=tmp_path / "cache",
     ) as server:
-        cold, cached_cold = first_token_seconds(server, "sk-alice", long_prompt)
-        hit, cached_hit = first_token_seconds(server, "sk-alice", long_prompt)
-        other, cached_other = first_token_seconds(server, "sk-bob", long_prompt)
+        cold, cached_cold = first_token_seconds(server, "sk-alice-0123456789", long_prompt)
+        hit, cached_hit = first_token_seconds(server, "sk-alice-0123456789", long_prompt)
+        other, cached_other = first_token_seconds(server, "sk-bob-0123456789", long_prompt)
     print(
         f"\ntenant A cold {cold:.3f} s ({cached_cold} cached), A again {hit:.3f} s "
         f"({cached_hit} cached), tenant B {other:.3f} s ({cached_other} cached)"

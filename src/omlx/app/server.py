@@ -56,13 +56,18 @@ def run_server(settings: Settings) -> None:
     listener = bind_listener(settings.host, settings.port)
     try:
         from omlx.app.api.app import create_app
+        from omlx.app.cache_controls.tenants import load_keys
         from omlx.app.wiring.bootstrap import bootstrap
 
+        # The keys before the cache: a mistaken keys file stops the start, touching nothing.
+        keys = (
+            load_keys(settings.api_keys_file, settings.api_key) if settings.api_keys_file else None
+        )
         container = bootstrap(settings, load_in_background=True)
     except BaseException:
         listener.close()
         raise
-    app = create_app(container)
+    app = create_app(container, keys)
     config = uvicorn.Config(
         app,
         log_config=None,  # uvicorn's lines go through omlx's own format (omlx.app.ops.logs)

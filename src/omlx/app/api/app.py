@@ -28,16 +28,18 @@ from omlx.app.api.metrics import Metrics, MetricsController, RequestMetrics, cou
 from omlx.app.api.openai.controller import OpenAIController
 from omlx.app.api.responses.controller import ResponsesController
 from omlx.app.api.translators import Translators
-from omlx.app.cache_controls.tenants import load_keys
+from omlx.app.cache_controls.tenants import Caller, load_keys
 from omlx.app.ops.request_log import RequestLog
 from omlx.app.ops.status import ServerStatus
 from omlx.app.wiring.container import Container
 from omlx.domain.responses import ResponseStore, TenantResponses
 
 
-def create_app(container: Container) -> Litestar:
+def create_app(container: Container, keys: dict[str, Caller] | None = None) -> Litestar:
+    """The app over ``container``; ``keys``: the keys file read already (else read here)."""
     settings = container.settings
-    keys = load_keys(settings.api_keys_file, settings.api_key) if settings.api_keys_file else None
+    if keys is None and settings.api_keys_file:
+        keys = load_keys(settings.api_keys_file, settings.api_key)
     status = ServerStatus(container)
     metrics = Metrics(status)
     request_log = RequestLog()
