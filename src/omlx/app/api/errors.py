@@ -22,6 +22,7 @@ from omlx.app.errors import (
     ModelUnavailable,
     NotFound,
     StoreUnavailable,
+    TooLarge,
     Unauthorized,
 )
 
@@ -54,6 +55,7 @@ _ANTHROPIC_TYPES = {
 # Each app error's HTTP status (subclasses resolve through their bases).
 _STATUS: dict[type[AppError], int] = {
     InvalidRequest: 400,
+    TooLarge: 413,
     Unauthorized: 401,
     NotFound: 404,
     Busy: 429,
