@@ -171,3 +171,47 @@ def test_an_import_answers_once_its_blocks_are_rows(
         assert len(rows) == 63
         again = post_archive(server, exported.read_bytes()).json()
         assert (again["written"], again["present"]) == (0, 63)
+
+
+@pytest.mark.slow
+def test_a_2000_token_default_model_conversation_moves_to_a_fresh_server(tmp_path: Path) -> None:
+    """SmolLM2-135M: the archive is far over the old 16 MB body limit; the fresh server
+    restores the prefix from the imported blocks and answers with the same greedy text."""
+    facts = " ".join(
+        f"Note {i}: the {i}th prime is a number that only one and itself divide." for i in range(100)
+    )
+    conversation = [
+        {"role": "system", "content": facts},
+        {"role": "user", "content": "Summarize the notes in one sentence."},
+    ]
+    model = "smollm2-135m-instruct"
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"model": model, "messages": conversation}))
+    archive = tmp_path / "conversation.tar"
+
+    def answer(server: ServerProcess) -> dict:
+        body = {"model": model, "messages": conversation, "max_tokens": 24, "temperature": 0}
+        r = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    with ServerProcess(cache_dir=tmp_path / "a") as a:
+        first = answer(a)
+        settled_rows(tmp_path / "a", quiet=2.0)
+        done = admin(
+            "export", "--messages", str(request), "--out", str(archive), "--url", a.base_url
+        )
+        assert done.returncode == 0, done.stderr
+        print(done.stdout.strip())
+    prompt_tokens = first["usage"]["prompt_tokens"]
+    assert prompt_tokens >= 2000, prompt_tokens
+    assert archive.stat().st_size > 16_000_000  # more than the app-wide body limit
+    with ServerProcess(cache_dir=tmp_path / "b") as b:
+        done = admin("import", str(archive), "--model", model, "--url", b.base_url)
+        assert done.returncode == 0, done.stderr
+        print(done.stdout.strip())
+        again = answer(b)
+    cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+    print(f"fresh server: {cached} of {prompt_tokens} prompt tokens restored")
+    assert cached >= prompt_tokens - 64  # all whole blocks of the prompt
+    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
