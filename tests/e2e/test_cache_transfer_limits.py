@@ -178,7 +178,8 @@ def test_a_2000_token_default_model_conversation_moves_to_a_fresh_server(tmp_pat
     """SmolLM2-135M: the archive is far over the old 16 MB body limit; the fresh server
     restores the prefix from the imported blocks and answers with the same greedy text."""
     facts = " ".join(
-        f"Note {i}: the {i}th prime is a number that only one and itself divide." for i in range(100)
+        f"Note {i}: the {i}th prime is a number that only one and itself divide."
+        for i in range(100)
     )
     conversation = [
         {"role": "system", "content": facts},
