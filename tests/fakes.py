@@ -320,9 +320,22 @@ class FakeBlockSink:
         self.queue: dict[str, tuple[BlockMeta, NamespaceInfo, bytes]] = {}
         self.accept = True
 
-    def submit(self, meta: BlockMeta, namespace: NamespaceInfo, data: bytes) -> bool:
+    def submit(
+        self,
+        meta: BlockMeta,
+        namespace: NamespaceInfo,
+        data: bytes,
+        *,
+        wait: float = 0.0,
+        done: Callable[[str], None] | None = None,
+    ) -> bool:
+        """Queued for ``drain``; a caller that asks to be told the outcome (``done``, an
+        import) has its block written at once, the way the real writer ends its wait."""
         if not self.accept:
             return False
+        if done is not None:
+            done(self._write(meta, namespace, bytes(data)))
+            return True
         self.queue.setdefault(meta.key, (meta, namespace, bytes(data)))
         return True
 
@@ -332,30 +345,36 @@ class FakeBlockSink:
     def drain(self) -> int:
         written = 0
         for meta, namespace, data in list(self.queue.values()):
-            checksum = hashlib.sha256(data).hexdigest()
-            rel = self.store.relpath(namespace, meta.key, checksum)
-            self.store.write(rel, data)
-            now = self.clock.now()
-            row = StoredBlock(
-                meta.key,
-                meta.namespace,
-                meta.parent_key,
-                meta.token_count,
-                len(data),
-                checksum,
-                rel,
-                now,
-                now,
-                kind=meta.kind,
-            )
-            self.index.upsert_namespace(namespace)
-            # Tokens recorded as the real writer does (the index ranks siblings by them).
-            added = self.index.add_block(row, meta.tokens if meta.kind == "kv" else ())
-            if not added and self.index.blocks[meta.key].relpath != rel:
-                self.store.delete(rel)
+            self._write(meta, namespace, data)
             written += 1
         self.queue.clear()
         return written
+
+    def _write(self, meta: BlockMeta, namespace: NamespaceInfo, data: bytes) -> str:
+        if meta.key in self.index.blocks:
+            return "skipped_existing"
+        checksum = hashlib.sha256(data).hexdigest()
+        rel = self.store.relpath(namespace, meta.key, checksum)
+        self.store.write(rel, data)
+        now = self.clock.now()
+        row = StoredBlock(
+            meta.key,
+            meta.namespace,
+            meta.parent_key,
+            meta.token_count,
+            len(data),
+            checksum,
+            rel,
+            now,
+            now,
+            kind=meta.kind,
+        )
+        self.index.upsert_namespace(namespace)
+        # Tokens recorded as the real writer does (the index ranks siblings by them).
+        added = self.index.add_block(row, meta.tokens if meta.kind == "kv" else ())
+        if not added and self.index.blocks[meta.key].relpath != rel:
+            self.store.delete(rel)
+        return "written"
 
 
 # --- ColdSource --------------------------------------------------------------------

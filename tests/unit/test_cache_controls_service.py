@@ -7,6 +7,7 @@ so what reaches the index is counted as a server's shared PostgreSQL index would
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 
 import pytest
@@ -99,17 +100,31 @@ def test_export_then_import_moves_a_prefix_to_another_server() -> None:
     disk.sink.drain()
     made = controls_of(pc).export(prompt, None)
     assert made.tokens == 14
+    archive = b"".join(made.chunks)
     other, other_disk = cache_on_disk()
-    imported = controls_of(other).import_(made.archive, None)
-    assert (imported.blocks, imported.queued, imported.present, imported.tokens) == (4, 4, 0, 14)
-    other_disk.sink.drain()
-    again = controls_of(other).import_(made.archive, None)
-    assert (again.queued, again.present) == (0, 4)
+    imported = controls_of(other).import_(io.BytesIO(archive), None, 100)
+    assert (imported.blocks, imported.written, imported.present, imported.tokens) == (4, 4, 0, 14)
+    assert imported.refused == {} and len(other_disk.index.blocks) == 4  # written, not queued
+    again = controls_of(other).import_(io.BytesIO(archive), None, 100)
+    assert (again.written, again.present) == (0, 4)
     session = other.begin([*prompt, 500])  # served from the imported files
     assert session.cached_tokens == 14 and session.restore() == prompt
     session.close()
     with pytest.raises(ImportRefused, match="not the next block"):
-        controls_of(other).import_(made.archive, "tenant-b")  # another tenant's chain
+        controls_of(other).import_(io.BytesIO(archive), "tenant-b", 100)  # another tenant's chain
+
+
+def test_an_import_reports_blocks_the_writer_refused() -> None:
+    pc, disk = cache_on_disk()
+    prompt = seq(14)
+    serve(pc, prompt)
+    disk.sink.drain()
+    archive = b"".join(controls_of(pc).export(prompt, None).chunks)
+    other, other_disk = cache_on_disk()
+    other_disk.sink.accept = False  # a full queue that never drains
+    imported = controls_of(other).import_(io.BytesIO(archive), None, 100)
+    assert (imported.written, imported.present, imported.refused) == (0, 0, {"queue_full": 4})
+    assert other_disk.index.blocks == {}
 
 
 def test_clear_drops_ram_and_what_was_on_disk_is_written_again() -> None:

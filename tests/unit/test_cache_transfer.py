@@ -1,4 +1,5 @@
-"""Export archives refused by name: another model, another version, a bad chain, a flipped byte."""
+"""Export archives refused by name: another model, another version, a bad chain, a flipped byte,
+a malformed manifest, too many blocks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from dataclasses import replace
 import pytest
 
 from omlx.adapters.blockfiles.format import pack_block, unpack_block
-from omlx.app.cache_controls.transfer import ImportRefused, export_archive, read_archive
+from omlx.app.cache_controls import transfer
+from omlx.app.cache_controls.transfer import (
+    Archive,
+    ImportRefused,
+    ImportTooLarge,
+    export_archive,
+)
 from omlx.domain.cache.blocks import BlockMeta, DecodedBlock, StoredBlock
 from omlx.domain.cache.keys import block_key
 from tests.unit.test_prefix_cache import namespace
@@ -24,13 +31,17 @@ class Files:
     def __init__(self, blocks: list[tuple[StoredBlock, bytes]]) -> None:
         self.blocks = {row.key: (row, data) for row, data in blocks}
 
-    def files(self, keys):
+    def file_rows(self, keys):
         out = []
         for key in keys:
             if key not in self.blocks:
                 break
-            out.append(self.blocks[key])
+            out.append(self.blocks[key][0])
         return out
+
+    def read_files(self, rows):
+        for row in rows:
+            yield row, self.blocks[row.key][1]
 
     def verify(self, data, meta):
         """The cold tier's check of a block file (here: the real format, unpacked)."""
@@ -64,9 +75,15 @@ def block_files(tokens: list[int]) -> list[tuple[StoredBlock, bytes]]:
 
 
 def archive_of(tokens: list[int]) -> bytes:
-    archive, covered = export_archive(Cache(cold=Files(block_files(tokens))), tokens, None)
-    assert covered == len(tokens)
-    return archive
+    made = export_archive(Cache(cold=Files(block_files(tokens))), tokens, None)
+    assert made.tokens == len(tokens)
+    return b"".join(made.chunks)
+
+
+def read_archive(archive: bytes, cache: Cache, tenant: str | None, max_blocks: int = 1000):
+    """``transfer.read_archive`` of archive bytes (the server reads a spooled file)."""
+    with Archive(io.BytesIO(archive)) as opened:
+        return transfer.read_archive(opened, cache, tenant, max_blocks)
 
 
 def rewritten(archive: bytes, change) -> bytes:
@@ -79,7 +96,8 @@ def rewritten(archive: bytes, change) -> bytes:
         for member in source.getmembers():
             data = source.extractfile(member).read()
             if member.name == "manifest.json":
-                data = json.dumps(change(json.loads(data))).encode()
+                changed = change(json.loads(data))
+                data = changed if isinstance(changed, bytes) else json.dumps(changed).encode()
             info = tarfile.TarInfo(member.name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -114,3 +132,59 @@ def test_a_wrong_version_chain_or_checksum_is_refused(change, words) -> None:
 def test_an_archive_that_is_no_archive_is_refused() -> None:
     with pytest.raises(ImportRefused, match="not an omlx cache archive"):
         read_archive(b"hello", Cache(), None)
+
+
+def test_an_export_is_a_tar_that_tarfile_reads_with_its_manifest_last() -> None:
+    archive = archive_of(list(range(10)))
+    assert len(archive) % tarfile.RECORDSIZE == 0
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        names = tar.getnames()
+        manifest = json.loads(tar.extractfile("manifest.json").read())
+    assert names[-1] == "manifest.json" and len(names) == 4
+    assert [f"blocks/{b['key']}.safetensors" for b in manifest["blocks"]] == names[:-1]
+
+
+def with_deep(manifest: dict, field: str, levels: int) -> bytes:
+    """``manifest`` with ``field`` an array nested ``levels`` deep (no encoder recurses so far)."""
+    text = json.dumps({**manifest, field: "DEEP"})
+    return text.replace('"DEEP"', "[" * levels + "]" * levels).encode()
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (
+            lambda m: {k: v for k, v in m.items() if k != "namespace"},
+            "missing required field `namespace`",
+        ),
+        (
+            lambda m: {**m, "blocks": [{k: v for k, v in m["blocks"][0].items() if k != "sha256"}]},
+            "`sha256` - at `manifest.blocks\\[0\\]`",
+        ),
+        (
+            lambda m: {**m, "blocks": [{**m["blocks"][0], "key": 7}]},
+            "Expected `str`, got `int` - at `manifest.blocks\\[0\\].key`",
+        ),
+        (lambda m: {**m, "blocks": "all"}, "Expected `array`, got `str` - at `manifest.blocks`"),
+        (lambda m: {**m, "version": "1"}, "Expected `int`, got `str` - at `manifest.version`"),
+        (lambda m: with_deep(m, "blocks", 5000), "manifest.blocks"),
+        (lambda m: with_deep(m, "extra", 100_000), "not JSON the server reads"),
+        (lambda m: [m], "Expected `object`, got `array`"),
+    ],
+)
+def test_a_malformed_manifest_is_refused_naming_the_field(change, words) -> None:
+    with pytest.raises(ImportRefused, match=words):
+        read_archive(rewritten(archive_of(list(range(8))), change), Cache(), None)
+
+
+def test_a_manifest_that_is_not_json_is_refused() -> None:
+    archive = archive_of(list(range(8))).replace(b'"format"', b"'format'")
+    with pytest.raises(ImportRefused, match="not JSON"):
+        read_archive(archive, Cache(), None)
+
+
+def test_an_archive_with_more_blocks_than_allowed_is_refused_before_any_is_read() -> None:
+    archive = archive_of(list(range(12)))  # three blocks
+    with pytest.raises(ImportTooLarge, match=r"3 blocks.*at most 2 .*max_import_blocks"):
+        read_archive(archive, Cache(), None, max_blocks=2)
+    assert len(read_archive(archive, Cache(), None, max_blocks=3)) == 3

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omlx.adapters.blockfiles import BlockWriter, CacheDirLock, DiskBudget, FileBlockStore
+from omlx.adapters.private_files import make_private
 from omlx.adapters.sqlindex import SqlBlockIndex, backend, connect_index, index_path, sqlite_url
 from omlx.adapters.sqlindex.damaged import is_damaged, set_aside
 from omlx.domain.cache.cold_tier import RecencyBuffer
@@ -65,7 +66,7 @@ def open_cold_folder(cache_dir: Path, index_url: str | None, *, writer_id: str =
     error when it cannot be reached (the lock is released then). ``writer_id`` names this
     process's temporary files among the servers sharing the folder.
     """
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    make_private(cache_dir)
     url = index_url_of(cache_dir, index_url)
     shared = is_shared(url)
     lock = CacheDirLock(cache_dir, shared=shared)

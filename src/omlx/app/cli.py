@@ -146,6 +146,18 @@ def _serve_options(fn):
             help="Requests decoded together (default 8).",
         ),
         click.option(
+            "--max-import-bytes",
+            type=int,
+            default=None,
+            help="Largest cache archive accepted by /v1/cache/import, in bytes (default 8 GiB).",
+        ),
+        click.option(
+            "--max-import-blocks",
+            type=int,
+            default=None,
+            help="Most blocks in one imported cache archive (default 100000).",
+        ),
+        click.option(
             "--max-queued-requests",
             type=int,
             default=None,

@@ -18,6 +18,10 @@ class InvalidRequest(AppError):
     """The client's mistake: a bad field, a prompt too long, a parameter omlx cannot honour."""
 
 
+class TooLarge(InvalidRequest):
+    """A body over a configured limit (413); the message names the setting and its value."""
+
+
 class Unauthorized(AppError):
     """No API key, or the wrong one."""
 

@@ -57,6 +57,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     kv_memory_limit: str = "auto"
     default_max_tokens: int = 1024
     max_request_body_bytes: int = 16_000_000
+    max_import_bytes: int = 8 * 1024**3  # a cache archive (POST /v1/cache/import), streamed
+    max_import_blocks: int = 100_000  # blocks in one archive
     models: tuple[str, ...] = ()  # more models beside ``model`` (--model, repeated)
     model_dir: str = ""
     max_model_memory: str = "auto"
@@ -175,6 +177,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 parse_size(self.max_model_memory)
             except ValueError as exc:
                 raise ValueError(f"max_model_memory: {exc}") from None
+        if self.max_import_bytes < 1 or self.max_import_blocks < 1:
+            raise ValueError("max_import_bytes and max_import_blocks must be >= 1")
         if self.dashboard_sample_seconds <= 0:
             raise ValueError("dashboard_sample_seconds must be > 0")
         if self.eviction_lease_seconds < 0 or self.reconcile_grace_seconds < 0:

@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from omlx.adapters.private_files import PRIVATE_FILE, make_private
+
 LOCK_NAME = "omlx.lock"
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,8 @@ class CacheDirLock:
         """Take the lock at once or raise :class:`CacheDirLocked` naming the holder's pid."""
         if self._fd is not None:
             return
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.cache_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        make_private(self.cache_dir)
+        fd = os.open(self.cache_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:

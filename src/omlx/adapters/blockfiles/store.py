@@ -21,6 +21,7 @@ from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
 from omlx.adapters.blockfiles.reader import READ_THREADS, ReadAhead, verified_read
+from omlx.adapters.private_files import PRIVATE_FILE, make_private_dir
 from omlx.domain.cache.blocks import BlockRead, NamespaceInfo, StoredBlock
 
 BLOCK_SUFFIX = ".safetensors"
@@ -90,10 +91,10 @@ class FileBlockStore:
         tmp = folder / f".{stem}.{self.writer_tag}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
         self._make_dirs(folder)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
         except FileNotFoundError:  # an admin pruned the empty folder just now: make it again
             self._make_dirs(folder)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
         try:
             try:
                 view = memoryview(data)
@@ -215,10 +216,9 @@ class FileBlockStore:
     def _make_dirs(self, folder: Path) -> None:
         if folder.is_dir():
             return
-        missing = [folder, *(p for p in folder.parents if not p.exists())]
-        folder.mkdir(parents=True, exist_ok=True)
+        created_folders = make_private_dir(folder)
         # A new folder's entry lives in its parent: fsync those so the layout survives a crash.
-        for created in reversed(missing):
+        for created in created_folders:
             _fsync_dir(created.parent)
 
 

@@ -5,7 +5,9 @@ block (making room within the budget), this thread writes its file durably under
 that carries its checksum, and ``ColdWrites`` adds the row: the write policy is the
 domain's, the I/O and what a failure of the disk means are this thread's. A full
 queue, a full disk or an unreachable index drops the write, with a log line and a
-counter; it never blocks.
+counter; the engine's write-through never blocks. An import asks to wait for room
+instead and to be told each block's outcome (``submit(wait=, done=)``), so what it
+reports as written is what the index holds.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class WriteJob:
     meta: BlockMeta
     namespace: NamespaceInfo
     data: bytes
+    done: Callable[[str], None] | None = None  # told the outcome when the write ends
 
 
 class BlockWriter:
@@ -81,26 +84,44 @@ class BlockWriter:
 
     # --- BlockSink ---------------------------------------------------------------
 
-    def submit(self, meta: BlockMeta, namespace: NamespaceInfo, data: bytes) -> bool:
-        """Queue a block; never blocks. False when dropped (queue full, or closing)."""
+    def submit(
+        self,
+        meta: BlockMeta,
+        namespace: NamespaceInfo,
+        data: bytes,
+        *,
+        wait: float = 0.0,
+        done: Callable[[str], None] | None = None,
+    ) -> bool:
+        """Queue a block, waiting up to ``wait`` s for room. False when dropped (queue full,
+        or closing); ``done`` is told the outcome once the write ends (see ``BlockSink``)."""
+        job = WriteJob(meta, namespace, bytes(data), done)
         with self._lock:
             if meta.key in self._pending:
-                return True  # write-through queues each block once
-            if self._closing.is_set():
+                already = True  # write-through queues each block once
+            elif self._closing.is_set():
                 self._tally.add(dropped_closed=1)
                 return False
-            try:
-                self._queue.put_nowait(WriteJob(meta, namespace, bytes(data)))
-            except queue.Full:
+            else:
+                already = False
+                self._pending.add(meta.key)  # before the put: the thread may finish it at once
+        if already:
+            if done is not None:
+                done(WriteOutcome.EXISTING)  # another caller's write of the same block
+            return True
+        try:
+            # Not under the lock: the thread takes it to finish the jobs that make room.
+            self._queue.put(job, block=wait > 0, timeout=wait if wait > 0 else None)
+        except queue.Full:
+            with self._lock:
+                self._pending.discard(meta.key)
                 self._tally.add(dropped_queue_full=1)
                 dropped = self._tally.read()["dropped_queue_full"]
-            else:
-                self._pending.add(meta.key)
-                return True
-        log.warning(
-            "block writer queue is full; block %s not written (%d dropped)", meta.key, dropped
-        )
-        return False
+            log.warning(
+                "block writer queue is full; block %s not written (%d dropped)", meta.key, dropped
+            )
+            return False
+        return True
 
     def pending(self, key: str) -> bool:
         with self._lock:
@@ -171,7 +192,7 @@ class BlockWriter:
             except queue.Empty:
                 return
             self._abandoned += 1
-            self._finish(job.meta.key, "dropped_closed")
+            self._finish(job, "dropped_closed")
 
     def _process_safely(self, job: WriteJob) -> None:
         try:
@@ -197,14 +218,20 @@ class BlockWriter:
         else:
             if outcome == WriteOutcome.WRITTEN:
                 self._faults.succeeded()
-        self._finish(job.meta.key, outcome)
+        self._finish(job, outcome)
 
-    def _finish(self, key: str, outcome: str) -> None:
-        """The job is done: no longer pending, and counted unless written (counted with its bytes)."""
+    def _finish(self, job: WriteJob, outcome: str) -> None:
+        """The job is done: no longer pending, counted unless written (counted with its
+        bytes), and its submitter told."""
         with self._lock:
-            self._pending.discard(key)
+            self._pending.discard(job.meta.key)
             if outcome != WriteOutcome.WRITTEN:
                 self._tally.add(**{str(outcome): 1})
+        if job.done is not None:
+            try:
+                job.done(str(outcome))
+            except Exception:  # the submitter's bookkeeping must not stop the writer
+                log.exception("reporting block %s's write failed", job.meta.key)
 
     def _process(self, job: WriteJob) -> str:
         meta, namespace, data = job.meta, job.namespace, job.data

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.pool import NullPool
 
+from omlx.adapters.private_files import make_private_dir, touch_private
 from omlx.adapters.sqlindex.netfs import refuse_network_filesystem
 
 INDEX_NAME = "index.db"
@@ -43,7 +44,8 @@ def make_engine(
     """
     path = Path(db_path).expanduser()
     refuse_network_filesystem(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)
+    touch_private(path)
     kwargs: dict[str, Any] = {} if pooled else {"poolclass": NullPool}
     engine = create_engine(f"sqlite+pysqlite:///{path}", **kwargs)
     pragmas = PRAGMAS if foreign_keys else (*PRAGMAS[:2], "PRAGMA foreign_keys=OFF", PRAGMAS[3])

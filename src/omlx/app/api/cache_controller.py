@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 import anyio
 import msgspec
-from litestar import Controller, Request, Response, delete, get, post
+from litestar import Controller, Request, delete, get, post
 from litestar.params import Parameter
+from litestar.response import Stream
 
 from omlx.app.api.anthropic.schemas import MessagesRequest
 from omlx.app.api.auth import is_operator, tenant_of
@@ -25,18 +26,21 @@ from omlx.app.api.openapi import error_responses
 from omlx.app.api.responses.controller import history
 from omlx.app.api.responses.schemas import ResponsesRequest
 from omlx.app.api.translators import Translators
+from omlx.app.api.uploads import refuse_if_announced_over, spool_body
 from omlx.app.cache_controls.report import CacheReport
 from omlx.app.cache_controls.service import (
     CacheControls,
     ImportRefused,
+    ImportTooLarge,
     NoPrefixCache,
     PinRefused,
     PinView,
     TenantUsage,
 )
 from omlx.app.chat.pipeline import ChatRequest
-from omlx.app.errors import InvalidRequest, NotFound
+from omlx.app.errors import InvalidRequest, NotFound, TooLarge
 from omlx.app.models.pool import ModelPool, Served
+from omlx.app.settings import Settings
 from omlx.domain.json_values import JsonObject
 from omlx.domain.responses import ResponseStore
 
@@ -94,10 +98,15 @@ class Unpinned(msgspec.Struct):
 
 
 class ImportedJSON(msgspec.Struct):
+    """An import's honest count: every block of the archive was verified; ``written`` are on
+    disk and in the index now, ``present`` were already, ``refused`` were not written
+    (per reason: ``no_space``, ``queue_full``, ...)."""
+
     model: str
     blocks: int
-    queued: int
+    written: int
     present: int
+    refused: dict[str, int]
     tokens: int
 
 
@@ -278,7 +287,7 @@ class CacheController(Controller):
         pool: ModelPool,
         translate: Translators,
         responses: ResponseStore,
-    ) -> Response:
+    ) -> Stream:
         _, controls, tokens, _ = await prompt_of(data, request, pool, translate, responses)
         try:
             made = await anyio.to_thread.run_sync(controls.export, tokens, tenant_of(request))
@@ -288,29 +297,43 @@ class CacheController(Controller):
             "x-omlx-export-tokens": str(made.tokens),
             "x-omlx-prompt-tokens": str(len(tokens)),
         }
-        return Response(made.archive, media_type="application/x-tar", headers=headers)
+        # Read and sent file by file (each ``next`` runs in a worker thread).
+        return Stream(made.chunks, media_type="application/x-tar", headers=headers)
 
     @post(
         "/import",
         status_code=200,
         operation_id="importCache",
-        summary="Verify an exported archive whole, then queue its blocks for the disk tier",
-        responses=_ERRORS,
+        summary="Verify an exported archive whole, then write its blocks to the disk tier",
+        responses=error_responses(OpenAIErrorResponse, 400, 401, 404, 413),
+        request_max_body_size=None,  # bounded by max_import_bytes instead (api.uploads)
     )
     async def import_archive(
-        self, request: Request, pool: ModelPool, model: str = Parameter(query="model")
+        self,
+        request: Request,
+        pool: ModelPool,
+        settings: Settings,
+        model: str = Parameter(query="model"),
     ) -> ImportedJSON:
-        archive = await request.body()
+        limit = settings.max_import_bytes
+        refuse_if_announced_over(request, limit, "max_import_bytes")  # before a model loads
         served = await pool.acquire(model)
         if served.controls is None or not served.controls.enabled:
             raise InvalidRequest(f"{served.id} has no prefix cache", param="model")
+        archive = await spool_body(request, limit, "max_import_bytes")
         try:
             done = await anyio.to_thread.run_sync(
-                served.controls.import_, archive, tenant_of(request)
+                served.controls.import_, archive, tenant_of(request), settings.max_import_blocks
             )
+        except ImportTooLarge as exc:
+            raise TooLarge(str(exc), param="max_import_blocks") from exc
         except (ImportRefused, NoPrefixCache) as exc:
             raise InvalidRequest(f"import refused: {exc}", param="archive") from exc
-        return ImportedJSON(served.id, done.blocks, done.queued, done.present, done.tokens)
+        finally:
+            archive.close()
+        return ImportedJSON(
+            served.id, done.blocks, done.written, done.present, done.refused, done.tokens
+        )
 
     @get(
         "/recent",

@@ -23,6 +23,7 @@ from omlx.app.errors import (
     ModelUnavailable,
     NotFound,
     StoreUnavailable,
+    TooLarge,
     Unauthorized,
 )
 
@@ -55,6 +56,7 @@ _ANTHROPIC_TYPES = {
 # Each app error's HTTP status (subclasses resolve through their bases).
 _STATUS: dict[type[AppError], int] = {
     InvalidRequest: 400,
+    TooLarge: 413,
     Unauthorized: 401,
     Forbidden: 403,
     NotFound: 404,

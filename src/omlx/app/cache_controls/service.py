@@ -12,12 +12,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import IO
 
 from omlx.app.cache_controls.controls import TurnControls
 from omlx.app.cache_controls.hints import breakpoint_ends
 from omlx.app.cache_controls.report import CacheReport, PromptParts, report
 from omlx.app.cache_controls.transfer import (
+    Archive,
+    ExportStream,
     ImportRefused,
+    ImportTooLarge,
     export_archive,
     import_blocks,
     read_archive,
@@ -47,16 +51,11 @@ class PinView:
 
 
 @dataclass(frozen=True, slots=True)
-class Export:
-    archive: bytes
-    tokens: int  # of the prompt, covered by the archive's blocks
-
-
-@dataclass(frozen=True, slots=True)
 class Imported:
-    blocks: int
-    queued: int
-    present: int  # already on disk
+    blocks: int  # in the archive, all verified
+    written: int  # now on disk and in the index
+    present: int  # already there
+    refused: dict[str, int]  # not written, per reason (no_space, queue_full, ...)
     tokens: int
 
 
@@ -200,18 +199,20 @@ class CacheControls:
 
     # ---- moving blocks between servers ------------------------------------------------------
 
-    def export(self, tokens: Sequence[int], tenant: str | None) -> Export:
-        """The archive of what the disk tier holds of ``tokens``' prefix (``ImportRefused``)."""
-        archive, covered = export_archive(self._require(), tokens, tenant)
-        return Export(archive, covered)
+    def export(self, tokens: Sequence[int], tenant: str | None) -> ExportStream:
+        """The archive of what the disk tier holds of ``tokens``' prefix, as chunks read while
+        they are sent (``ImportRefused`` when it holds nothing of it)."""
+        return export_archive(self._require(), tokens, tenant)
 
-    def import_(self, archive: bytes, tenant: str | None) -> Imported:
-        """Verify ``archive`` whole for this model and tenant, then queue what disk lacks."""
+    def import_(self, archive: IO[bytes], tenant: str | None, max_blocks: int) -> Imported:
+        """Verify ``archive`` (a seekable file) whole for this model and tenant, then write
+        what disk lacks, waiting for each write; at most ``max_blocks`` blocks."""
         cache = self._require()
-        blocks = read_archive(archive, cache, tenant)
-        queued, present = import_blocks(cache, blocks)
+        with Archive(archive) as opened:
+            blocks = read_archive(opened, cache, tenant, max_blocks)
+            counts = import_blocks(cache, opened, blocks)
         tokens = sum(b.meta.token_count for b in blocks)
-        return Imported(len(blocks), queued, present, tokens)
+        return Imported(len(blocks), counts.written, counts.present, counts.refused, tokens)
 
     # ---- counts and clearing --------------------------------------------------------------
 
@@ -251,8 +252,9 @@ class CacheControls:
 
 __all__ = [
     "CacheControls",
-    "Export",
+    "ExportStream",
     "ImportRefused",
+    "ImportTooLarge",
     "Imported",
     "NoPrefixCache",
     "PinRefused",

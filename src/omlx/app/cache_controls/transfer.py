@@ -1,66 +1,117 @@
 """Export a conversation's cached prefix to one archive, and import it, verified, elsewhere.
 
-An archive is a tar of ``manifest.json`` (archive version, cache format version, the
-namespace digest and model, block size, and per block its key, parent key, token count,
-kind and SHA-256) and ``blocks/<key>.safetensors``, the block files as the cold tier
-holds them. Import checks all of it before anything is queued for the index: the
-namespace (a wrong model or quantization is refused by name), both versions, every
-file's checksum, that each file's tokens rehash to its key from its parent, and that the
-blocks chain from the importing tenant's root. Imported blocks take the ordinary write
-path (file first, row second).
+An archive is a tar of ``blocks/<key>.safetensors`` (the block files as the cold tier
+holds them) and ``manifest.json`` (archive version, cache format version, the namespace
+digest and model, block size, and per block its key, parent key, token count, kind and
+SHA-256). An export is streamed file by file, its manifest last, listing exactly the
+files sent; an import reads the archive from a file (the server spools the request body
+to one), so neither holds the archive in memory. Import checks all of it before
+anything is written: the manifest's shape and size, the namespace (a wrong model or
+quantization is refused by name), both versions, every file's checksum, that each
+file's tokens rehash to its key from its parent, and that the blocks chain from the
+importing tenant's root. Imported blocks take the ordinary write path (file first, row
+second), waiting for room in the writer's queue, and each write's outcome is counted.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import IO, Any
 
-from omlx.domain.cache.blocks import BlockMeta
+import msgspec
+
+from omlx.app.cache_controls.tar_stream import TarStream
+from omlx.domain.cache.blocks import BlockMeta, StoredBlock
+from omlx.domain.cache.cold_writes import WriteOutcome
 from omlx.domain.cache.keys import CACHE_FORMAT_VERSION, KV, stored_keys
 from omlx.domain.cache.prefix_cache import PrefixCache
 
 ARCHIVE_FORMAT = "omlx-cache-export"
 ARCHIVE_VERSION = 1
 MANIFEST = "manifest.json"
+MANIFEST_BYTES_PER_BLOCK = 1024  # a manifest entry is about 300 bytes of JSON
+MAX_BLOCK_FILE_BYTES = 1 << 30  # one block of a 70B model's KV is under 100 MB
 
 
 class ImportRefused(ValueError):
     """An archive that cannot be imported here; the message names what is wrong."""
 
 
+class ImportTooLarge(ImportRefused):
+    """An archive with more blocks than ``max_import_blocks`` allows."""
+
+
+class _ManifestBlock(msgspec.Struct, forbid_unknown_fields=False):
+    key: str
+    parent_key: str
+    token_count: int
+    sha256: str
+    kind: str = KV
+
+
+class _Manifest(msgspec.Struct, forbid_unknown_fields=False):
+    format: str
+    version: int
+    cache_format_version: int
+    namespace: str
+    blocks: list[_ManifestBlock]
+    model: str = ""
+    block_size: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class ImportedBlock:
     meta: BlockMeta
     tokens: tuple[int, ...]
-    data: bytes
+    nbytes: int  # of its file, read again from the archive when written
+
+
+@dataclass(frozen=True, slots=True)
+class ExportStream:
+    """An export's archive as chunks to send, and the prompt tokens its blocks cover."""
+
+    tokens: int
+    chunks: Iterator[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class ImportCounts:
+    """How an import's blocks ended: written now, already on disk, or refused (per reason)."""
+
+    written: int
+    present: int
+    refused: dict[str, int]
 
 
 def export_archive(
     prefix_cache: PrefixCache, tokens: Sequence[int], tenant: str | None
-) -> tuple[bytes, int]:
-    """The archive of what the cold tier holds of ``tokens``' prefix; and its token count."""
+) -> ExportStream:
+    """The archive of what the cold tier holds of ``tokens``' prefix, as chunks read file by
+    file while they are sent; and the token count of the blocks found."""
     cold = prefix_cache.cold
     if cold is None:
         raise ImportRefused("this model has no disk tier to export from")
-    namespace = prefix_cache.namespace
-    root = prefix_cache.root_of(tenant) or namespace.digest
-    files = cold.files(stored_keys(root, tokens, namespace.block_size))
-    if not files:
+    root = prefix_cache.root_of(tenant) or prefix_cache.namespace.digest
+    rows = cold.file_rows(stored_keys(root, tokens, prefix_cache.namespace.block_size))
+    if not rows:
         raise ImportRefused(
             "nothing of this prompt is on disk yet (a block is written once it completes)"
         )
-    manifest = {
-        "format": ARCHIVE_FORMAT,
-        "version": ARCHIVE_VERSION,
-        "cache_format_version": CACHE_FORMAT_VERSION,
-        "namespace": namespace.digest,
-        "model": namespace.model_name,
-        "block_size": namespace.block_size,
-        "blocks": [
+    return ExportStream(sum(row.token_count for row in rows), _archive_chunks(prefix_cache, rows))
+
+
+def _archive_chunks(prefix_cache: PrefixCache, rows: Sequence[StoredBlock]) -> Iterator[bytes]:
+    """Each block file as a tar member, then the manifest of the files actually sent (a file
+    gone since the rows were read ends the chain there)."""
+    assert prefix_cache.cold is not None
+    namespace = prefix_cache.namespace
+    tar, entries = TarStream(), []
+    for row, data in prefix_cache.cold.read_files(rows):
+        entries.append(
             {
                 "key": row.key,
                 "parent_key": row.parent_key,
@@ -68,31 +119,81 @@ def export_archive(
                 "kind": row.kind,
                 "sha256": hashlib.sha256(data).hexdigest(),
             }
-            for row, data in files
-        ],
+        )
+        yield tar.member(f"blocks/{row.key}.safetensors", data)
+    manifest = {
+        "format": ARCHIVE_FORMAT,
+        "version": ARCHIVE_VERSION,
+        "cache_format_version": CACHE_FORMAT_VERSION,
+        "namespace": namespace.digest,
+        "model": namespace.model_name,
+        "block_size": namespace.block_size,
+        "blocks": entries,
     }
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        _add(tar, MANIFEST, json.dumps(manifest, indent=1).encode())
-        for row, data in files:
-            _add(tar, f"blocks/{row.key}.safetensors", data)
-    return out.getvalue(), sum(row.token_count for row, _ in files)
+    yield tar.member(MANIFEST, json.dumps(manifest, indent=1).encode())
+    yield tar.end()
+
+
+class Archive:
+    """An archive's members, read one at a time from a seekable file (a context manager)."""
+
+    def __init__(self, fileobj: IO[bytes]) -> None:
+        try:
+            self._tar = tarfile.open(fileobj=fileobj, mode="r:")  # noqa: SIM115  (__exit__ closes it)
+            self._members = {m.name: m for m in self._tar.getmembers() if m.isfile()}
+        except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+            raise ImportRefused(f"not an omlx cache archive (a tar): {exc}") from exc
+
+    def __enter__(self) -> Archive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._tar.close()
+
+    def read(self, name: str, limit: int) -> bytes:
+        """Member ``name``'s bytes (``ImportRefused`` when missing or over ``limit``)."""
+        member = self._members.get(name)
+        if member is None:
+            raise ImportRefused(f"not an omlx cache archive: {name} is missing")
+        if member.size > limit:
+            raise ImportRefused(f"{name} is {member.size} bytes, more than {limit} allowed")
+        handle = self._tar.extractfile(member)
+        if handle is None:
+            raise ImportRefused(f"not an omlx cache archive: {name} is not a file")
+        try:
+            return handle.read()
+        except (tarfile.TarError, OSError) as exc:
+            raise ImportRefused(f"{name} cannot be read: {exc}") from exc
+
+    def block(self, key: str) -> bytes:
+        """Block ``key``'s file bytes."""
+        return self.read(f"blocks/{key}.safetensors", MAX_BLOCK_FILE_BYTES)
+
+    def manifest(self, max_blocks: int) -> dict[str, Any]:
+        """The manifest as JSON values, its shape checked first (a malformed one names the
+        field at fault) and its block count bounded (``ImportTooLarge``)."""
+        raw = self.read(MANIFEST, MANIFEST_BYTES_PER_BLOCK * max_blocks + 65536)
+        try:
+            manifest = msgspec.json.decode(raw, type=_Manifest, strict=True)
+        except msgspec.ValidationError as exc:
+            where = str(exc).replace("`$", "`manifest")
+            raise ImportRefused(f"{MANIFEST} is malformed: {where}") from exc
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise ImportRefused(f"{MANIFEST} is not JSON the server reads: {exc}") from exc
+        if len(manifest.blocks) > max_blocks:
+            raise ImportTooLarge(
+                f"the archive has {len(manifest.blocks)} blocks; this server imports at most "
+                f"{max_blocks} at once (max_import_blocks)"
+            )
+        return msgspec.to_builtins(manifest)
 
 
 def read_archive(
-    archive: bytes, prefix_cache: PrefixCache, tenant: str | None
+    archive: Archive, prefix_cache: PrefixCache, tenant: str | None, max_blocks: int
 ) -> list[ImportedBlock]:
     """Every block of ``archive``, verified for this model and tenant (``ImportRefused``)."""
-    try:
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
-            members = {m.name: m for m in tar.getmembers() if m.isfile()}
-            manifest = json.loads(_read(tar, members, MANIFEST))
-            blocks = manifest["blocks"]
-            files = {
-                b["key"]: _read(tar, members, f"blocks/{b['key']}.safetensors") for b in blocks
-            }
-    except (tarfile.TarError, KeyError, TypeError, ValueError) as exc:
-        raise ImportRefused(f"not an omlx cache archive: {exc}") from exc
+    manifest = archive.manifest(max_blocks)
+    blocks = manifest["blocks"]
     namespace = prefix_cache.namespace
     if manifest.get("format") != ARCHIVE_FORMAT or manifest.get("version") != ARCHIVE_VERSION:
         raise ImportRefused(
@@ -114,7 +215,7 @@ def read_archive(
     parent = prefix_cache.root_of(tenant) or namespace.digest
     verified: list[ImportedBlock] = []
     for entry in blocks:
-        key, data = entry["key"], files[entry["key"]]
+        key, data = entry["key"], archive.block(entry["key"])
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise ImportRefused(f"block {key}: its bytes do not match the manifest's checksum")
         if entry.get("kind", KV) != KV or entry["parent_key"] != parent:
@@ -128,37 +229,35 @@ def read_archive(
             raise ImportRefused(f"block {key}: {problem}")
         tokens = tuple(decoded.tokens)
         meta = BlockMeta(key, parent, namespace.digest, len(tokens))
-        verified.append(ImportedBlock(meta, tokens, data))
+        verified.append(ImportedBlock(meta, tokens, len(data)))
         if len(tokens) == namespace.block_size:
             parent = key  # a partial block ends the chain
     return verified
 
 
-def import_blocks(prefix_cache: PrefixCache, blocks: Sequence[ImportedBlock]) -> tuple[int, int]:
-    """Queue the verified blocks the disk tier lacks for writing; (queued, already there)."""
+def import_blocks(
+    prefix_cache: PrefixCache, archive: Archive, blocks: Sequence[ImportedBlock]
+) -> ImportCounts:
+    """Write the verified blocks the disk tier lacks, waiting for each write to end."""
     cold = prefix_cache.cold
     if cold is None:
         raise ImportRefused("this model has no disk tier to import into")
     present = cold.present([b.meta.key for b in blocks])
-    queued = 0
-    for block in blocks:
-        if block.meta.key not in present:
-            cold.put(block.meta, block.tokens, block.data)
-            queued += 1
-    return queued, len(blocks) - queued
+    missing = [b for b in blocks if b.meta.key not in present]
 
+    def files() -> Iterator[tuple[BlockMeta, tuple[int, ...], bytes]]:
+        for block in missing:  # read again, one at a time: the archive may be gigabytes
+            data = archive.block(block.meta.key)
+            yield block.meta, block.tokens, data
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    tar.addfile(info, io.BytesIO(data))
-
-
-def _read(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], name: str) -> bytes:
-    member = members.get(name)
-    if member is None:
-        raise KeyError(f"{name} is missing")
-    handle = tar.extractfile(member)
-    if handle is None:
-        raise KeyError(f"{name} is not a file")
-    return handle.read()
+    outcomes = cold.write_all(files())
+    outcomes.pop(WriteOutcome.WRITTEN.value, 0)
+    existing = outcomes.pop(WriteOutcome.EXISTING.value, 0)  # written by someone meanwhile
+    refused = {reason.removeprefix("dropped_"): n for reason, n in outcomes.items()}
+    # Counted from the index, not the writes: an archive larger than the disk budget has
+    # its first blocks evicted (LRU) to make room for its last ones.
+    kept = len(cold.present([b.meta.key for b in missing]))
+    evicted = len(missing) - existing - sum(refused.values()) - kept
+    if evicted > 0:
+        refused["evicted_for_room"] = evicted
+    return ImportCounts(kept - existing, len(present) + existing, dict(sorted(refused.items())))

@@ -1,4 +1,4 @@
-"""``omlx admin cache explain|pin|unpin|pins``: the cache controls of a running server.
+"""``omlx admin cache explain|pin|unpin|pins|export|import``: the cache controls of a running server.
 
 What a prompt would restore and the pins live in the server's memory, so these commands
 ask it over HTTP (``/v1/cache/...``) with the standard library only: no Litestar, no MLX.
@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from omlx.app.ops.archive_http import export_to_file, import_file
 from omlx.domain.json_values import JsonObject
 
 server_option = click.option(
@@ -34,24 +35,16 @@ key_option = click.option(
 model_option = click.option("--model", default=None, help="The model (else the request file's).")
 
 
-def call(
-    url: str, method: str, path: str, key: str | None, body: Any = None, *, raw: bool = False
-) -> Any:
-    """One request to the server (JSON, or ``raw`` bytes both ways); errors become click errors."""
-    if raw:
-        data, kind = body, "application/x-tar"
-    else:
-        data, kind = (None if body is None else json.dumps(body).encode()), "application/json"
+def call(url: str, method: str, path: str, key: str | None, body: Any = None) -> Any:
+    """One JSON request to the server; errors become click errors."""
+    data, kind = (None if body is None else json.dumps(body).encode()), "application/json"
     request = urllib.request.Request(url.rstrip("/") + path, data=data, method=method)
     request.add_header("content-type", kind)
     if key:
         request.add_header("authorization", f"Bearer {key}")
     try:
         with urllib.request.urlopen(request, timeout=600) as response:
-            payload = response.read()
-            if raw and method == "POST" and path.endswith("/export"):
-                return payload, dict(response.headers)
-            return json.loads(payload or b"null")
+            return json.loads(response.read() or b"null")
     except urllib.error.HTTPError as exc:
         try:
             message = json.loads(exc.read())["error"]["message"]
@@ -226,14 +219,10 @@ def export_command(
         if model is None:
             raise click.UsageError("--response-id needs --model")
         body = {"model": model, "response_id": response_id}
-    archive, headers = call(
-        url, "POST", "/v1/cache/export", api_key, json.dumps(body).encode(), raw=True
-    )
-    out.write_bytes(archive)
-    lower = {k.lower(): v for k, v in headers.items()}
+    size, headers = export_to_file(url, "/v1/cache/export", api_key, body, out)
     click.echo(
-        f"wrote {out}: {lower.get('x-omlx-export-tokens', '?')} of "
-        f"{lower.get('x-omlx-prompt-tokens', '?')} prompt tokens, {len(archive)} bytes"
+        f"wrote {out}: {headers.get('x-omlx-export-tokens', '?')} of "
+        f"{headers.get('x-omlx-prompt-tokens', '?')} prompt tokens, {size} bytes"
     )
 
 
@@ -245,12 +234,17 @@ def export_command(
 @server_option
 @key_option
 def import_command(archive: Path, model: str, url: str, api_key: str | None) -> None:
-    """Verify an archive whole (namespace, versions, checksums, keys), then import its blocks."""
+    """Verify an archive whole (namespace, versions, checksums, keys), then write its blocks.
+
+    The file is streamed; a server that refuses it (over its max_import_bytes, say) says why.
+    """
     path = "/v1/cache/import?" + urllib.parse.urlencode({"model": model})
-    done = call(url, "POST", path, api_key, archive.read_bytes(), raw=True)
+    done = import_file(url, path, api_key, archive)
+    refused = ", ".join(f"{n} {reason}" for reason, n in done["refused"].items())
     click.echo(
         f"imported {done['blocks']} blocks ({done['tokens']} tokens) into {done['model']}: "
-        f"{done['queued']} written, {done['present']} already there"
+        f"{done['written']} written, {done['present']} already there"
+        + (f", refused: {refused}" if refused else "")
     )
 
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, replace
 from typing import Any
 
+from omlx.domain.cache import bulk_writes
 from omlx.domain.cache.blocks import (
     BlockMeta,
     BlockRead,
@@ -219,11 +221,11 @@ class ColdTier:
         return {k: r for k, r in rows.items() if r.namespace == self.namespace.digest}
 
     def files(self, keys: Sequence[str]) -> list[tuple[StoredBlock, bytes]]:
-        """The index rows and file bytes of ``keys`` (in order, to the first one missing).
+        """The index rows and file bytes of ``keys`` (in order, to the first one missing)."""
+        return list(self.read_files(self.file_rows(keys)))
 
-        Bytes only where the store found the file matching its row's size and checksum
-        (an export's source); nothing is decoded, touched or dropped here.
-        """
+    def file_rows(self, keys: Sequence[str]) -> list[StoredBlock]:
+        """The index rows of ``keys`` in this namespace, in order, to the first one missing."""
         rows = self._lookup(list(keys))
         found: list[StoredBlock] = []
         for key in keys:
@@ -231,27 +233,26 @@ class ColdTier:
             if row is None or row.namespace != self.namespace.digest:
                 break
             found.append(row)
-        out: list[tuple[StoredBlock, bytes]] = []
-        with closing(self._store.read_many(found)) as reads:
+        return found
+
+    def read_files(self, rows: Sequence[StoredBlock]) -> Iterator[tuple[StoredBlock, bytes]]:
+        """Each row's file bytes, one at a time, to the first file that is missing or does
+        not match its row's size and checksum (an export's source: nothing is decoded,
+        touched or dropped here)."""
+        with closing(self._store.read_many(list(rows))) as reads:
             for read in reads:
                 if read.data is None:
-                    break
-                out.append((read.block, read.data))
-        return out
+                    return
+                yield read.block, read.data
 
     def close(self) -> None:
         """Stop the store's background reads (shutdown); a later batch read starts them again."""
         self._store.close()
 
     def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> None:
-        # An external block covers token_count positions but carries none of the tokens.
-        carried = 0 if meta.kind == EXTERNAL else meta.token_count
-        if meta.namespace != self.namespace.digest or len(tokens) != carried:
-            log.error("block %s does not match this namespace or its tokens; not stored", meta.key)
-            self._tally.add(dropped=1)
+        meta = self._storable(meta, tokens)
+        if meta is None:
             return
-        if meta.kind == KV and not meta.tokens:  # the index keeps them, to rank siblings
-            meta = replace(meta, tokens=tuple(tokens))
         try:
             accepted = self._writer.submit(meta, self.namespace, data)
         except Exception:
@@ -261,6 +262,37 @@ class ColdTier:
             self._tally.add(queued=1)
         else:
             self._tally.add(dropped=1)
+
+    def write_all(self, blocks: Iterable[tuple[BlockMeta, Sequence[int], bytes]]) -> Counter[str]:
+        """Write ``blocks``, waiting for room and for each write to end (an import: never a
+        silent drop); how many ended each way (``bulk_writes.write_all``)."""
+        refused = Counter[str]()
+
+        def storable() -> Iterator[tuple[BlockMeta, bytes]]:
+            for meta, tokens, data in blocks:
+                checked = self._storable(meta, tokens)
+                if checked is None:
+                    refused["dropped_mismatch"] += 1
+                    continue
+                self._tally.add(queued=1)
+                yield checked, data
+
+        def submit(meta: BlockMeta, data: bytes, **how: Any) -> bool:
+            return self._writer.submit(meta, self.namespace, data, **how)
+
+        return bulk_writes.write_all(submit, storable()) + refused
+
+    def _storable(self, meta: BlockMeta, tokens: Sequence[int]) -> BlockMeta | None:
+        """``meta`` with its tokens, if it is a block of this namespace carrying them; else None."""
+        # An external block covers token_count positions but carries none of the tokens.
+        carried = 0 if meta.kind == EXTERNAL else meta.token_count
+        if meta.namespace != self.namespace.digest or len(tokens) != carried:
+            log.error("block %s does not match this namespace or its tokens; not stored", meta.key)
+            self._tally.add(dropped=1)
+            return None
+        if meta.kind == KV and not meta.tokens:  # the index keeps them, to rank siblings
+            meta = replace(meta, tokens=tuple(tokens))
+        return meta
 
     def contains(self, key: str) -> bool:
         if self._writer.pending(key):

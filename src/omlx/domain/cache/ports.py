@@ -330,8 +330,22 @@ class ColdSource(Protocol):
 class BlockSink(Protocol):
     """The cold tier's write queue (the block writer): bytes in, a file and an index row later."""
 
-    def submit(self, meta: BlockMeta, namespace: NamespaceInfo, data: bytes) -> bool:
-        """Queue one block file's bytes; False when the write was dropped (queue full, closed)."""
+    def submit(
+        self,
+        meta: BlockMeta,
+        namespace: NamespaceInfo,
+        data: bytes,
+        *,
+        wait: float = 0.0,
+        done: Callable[[str], None] | None = None,
+    ) -> bool:
+        """Queue one block file's bytes; False when the write was dropped (queue full, closed).
+
+        ``wait``: seconds to wait for room in a full queue (an import's back-pressure; the
+        engine's write-through never waits). ``done``: called once with the write's outcome
+        (a ``WriteOutcome`` value or a ``WriterStats`` drop counter's name) when it ends, and
+        not at all when ``submit`` returns False.
+        """
         ...
 
     def pending(self, key: str) -> bool:

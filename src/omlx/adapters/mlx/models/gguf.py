@@ -22,7 +22,9 @@ from mlx_lm.models import llama
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from omlx.adapters.mlx.models.default_model import default_model_path  # noqa: F401  (re-exported: callers find it here)
+from omlx.adapters.mlx.models.default_model import (
+    default_model_path,  # noqa: F401  (re-exported: callers find it here)
+)
 from omlx.adapters.mlx.models.errors import UnsupportedModelError
 from omlx.adapters.mlx.models.gguf_tokenizer import eos_token_ids, write_tokenizer_files
 from omlx.domain.model_ids import DEFAULT_MODEL_ID  # noqa: F401  (re-exported)
