@@ -38,8 +38,10 @@ from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
 from omlx.domain.cache.cold_tier import ColdTier, RecencyBuffer
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.keys import CACHE_FORMAT_VERSION, block_key
+from omlx.domain.cache.kv_quant import KVQuant
 from omlx.domain.cache.prefix_cache import PrefixCache
 from tests.engine_helpers import generate, greedy, submit
+from tests.hybrid_models import build_hybrid_model
 from tests.storage_checks import record_block
 
 BS = 16
@@ -411,3 +413,35 @@ def test_decode_checks_a_file_it_was_given_in_another_tensor_order(tiny: Model) 
     tensors, metadata = decode_block(data)
     reordered = encode_block(dict(reversed(list(tensors.items()))), metadata)
     assert tiny.codec.check(bytes(reordered), meta) is None
+
+
+@pytest.mark.parametrize(
+    ("family", "quant"),
+    [
+        ("gemma3_text", None),  # sliding-window objects
+        ("qwen3_next", None),  # state snapshots
+        ("gemma3_text", KVQuant(8, 32)),  # quantized blocks (store mode)
+        ("gemma3_text", KVQuant(8, 32, mode="exact")),  # head_dim 16: runs in full precision
+    ],
+)
+def test_every_object_a_layout_computes_passes_its_check(
+    tmp_path: Path, family: str, quant: KVQuant | None
+) -> None:
+    """No false refusals: each kind the engine writes, for each layout, fits its spec."""
+    model = load_model(str(build_hybrid_model(family, tmp_path / family)))
+    codec = MLXKVCodec(model.layout, quant)
+    codec.expected = expected_blocks(model.model, codec, BS)
+    tokens = list(range(10, 10 + BS))
+    cache = make_prompt_cache(model.model)
+    model.model(mx.array([tokens]), cache=cache)
+    cut = {"kv": codec.split(cache, 0, BS), "window": None, "state": None}
+    if model.layout.of("window"):
+        cut["window"] = codec.split_window(cache, 0, BS)
+    if model.layout.of("state"):
+        cut["state"] = codec.snapshot(cache)
+    assert set(codec.expected.kinds) == {k for k, p in cut.items() if p is not None}
+    for kind, payload in cut.items():
+        if payload is None:
+            continue
+        meta = BlockMeta(block_key("00" * 32, tokens), "00" * 32, "11" * 32, BS, kind)
+        assert codec.check(bytes(codec.encode(payload, tokens, meta)), meta) is None, kind

@@ -16,7 +16,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from omlx.adapters.blockfiles.expected import BlockSpec
 from omlx.adapters.mlx.cache.codec import MLXKVCodec
-from omlx.adapters.mlx.cache.exact import exact_prompt_cache
+from omlx.adapters.mlx.cache.exact import exact_fits, exact_prompt_cache
 from omlx.domain.cache.blocks import BlockMeta
 from omlx.domain.cache.keys import KV, STATE, WINDOW, block_key
 
@@ -26,7 +26,8 @@ _PROBE_TOKEN = 0
 def expected_blocks(model: Any, codec: MLXKVCodec, block_size: int) -> BlockSpec:
     """The spec of ``model``'s object files as ``codec`` writes them (loading thread)."""
     quant = codec.kv_quant
-    if quant is not None and quant.exact:
+    # As the engine: exact mode runs codes only where every head_dim fits the group size.
+    if quant is not None and quant.exact and exact_fits(model, quant.group_size):
         cache = exact_prompt_cache(model, quant.group_size, quant.bits)
     else:
         cache = make_prompt_cache(model)
