@@ -50,6 +50,7 @@ class FakeCodec:
     def __init__(self) -> None:
         self.splits = 0
         self.encodes = 0
+        self.refused: dict[str, str] = {}  # key -> why ``check`` refuses its file
 
     def split(self, cache: list[int], start: int, stop: int) -> tuple[int, ...]:
         if not 0 <= start < stop <= len(cache):
@@ -88,6 +89,18 @@ class FakeCodec:
             return DecodedBlock(tuple(doc["tokens"]), tuple(doc["payload"]), meta)
         except (KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise ValueError(f"malformed fake block: {exc}") from exc
+
+    def check(self, data: bytes, meta: BlockMeta) -> str | None:
+        """A KV file whose payload is not as long as its tokens, or a key in ``refused``."""
+        if meta.key in self.refused:
+            return self.refused[meta.key]
+        try:
+            block = self.decode(data)
+        except ValueError as exc:
+            return str(exc)
+        if meta.kind == "kv" and len(block.payload) != len(block.tokens):
+            return f"its KV covers {len(block.payload)} positions for {len(block.tokens)} tokens"
+        return None
 
 
 # --- BlockStore --------------------------------------------------------------------
@@ -383,8 +396,18 @@ class FakeBlockSink:
 class FakeColdSource:
     """The cold tier as a dict of encoded blocks; ``get`` verifies like the real one."""
 
-    def __init__(self, decode: Callable[[bytes], DecodedBlock] | None = None) -> None:
+    def __init__(
+        self,
+        decode: Callable[[bytes], DecodedBlock] | None = None,
+        check: Callable[[bytes, BlockMeta], str | None] | None = None,
+    ) -> None:
         self._decode = decode if decode is not None else FakeCodec().decode
+        # The fake codec's check goes with its decode; a real codec's decode comes with
+        # the check its test gives (none by default).
+        if check is None:
+            check = FakeCodec().check if decode is None else (lambda data, meta: None)
+        self._check = check
+        self.forgotten: list[str] = []  # keys a restore found unusable
         self.blocks: dict[str, tuple[BlockMeta, tuple[int, ...], bytes]] = {}
         self.puts: list[str] = []
         self.gets: list[str] = []
@@ -411,6 +434,9 @@ class FakeColdSource:
             del self.blocks[key]  # corrupt: dropped, never served
             return None
         if object_key(entry[0].kind, block_key(parent_key, decoded.tokens)) != key:
+            del self.blocks[key]
+            return None
+        if self._check(entry[2], entry[0]) is not None:
             del self.blocks[key]
             return None
         return decoded.tokens, decoded.payload
@@ -441,6 +467,11 @@ class FakeColdSource:
     def contains(self, key: str) -> bool:
         return key in self.blocks
 
+    def forget(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            if self.blocks.pop(key, None) is not None:
+                self.forgotten.append(key)
+
     def files(self, keys: Sequence[str]) -> list[tuple[StoredBlock, bytes]]:
         """Rows (made up from the metadata) and bytes of ``keys``, to the first one missing."""
         out = []
@@ -459,6 +490,9 @@ class FakeColdSource:
             return None, "its tokens do not rehash to its key"
         if decoded.metadata.get("namespace", meta.namespace) != meta.namespace:
             return None, "its metadata names another namespace"
+        problem = self._check(data, meta)
+        if problem is not None:
+            return None, problem
         return decoded, ""
 
     def rows(self, keys: Sequence[str]) -> dict[str, StoredBlock] | None:

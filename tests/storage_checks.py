@@ -85,6 +85,12 @@ def fake_decode(data: bytes) -> DecodedBlock:
     return DecodedBlock(tokens, len(kv_layers(tensors, metadata)), metadata)
 
 
+def no_model_check(data: bytes, meta: BlockMeta) -> str | None:
+    """A codec ``check`` for tests of storage alone: no model whose blocks to compare with
+    (tests/integration/test_block_checks.py checks files against a real model's spec)."""
+    return None
+
+
 def block_files_bytes(cache_dir: Path) -> int:
     store = FileBlockStore(cache_dir)
     return sum((store.root / rel).stat().st_size for rel in store.iter_relpaths())

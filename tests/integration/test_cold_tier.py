@@ -23,7 +23,13 @@ from omlx.domain.cache.keys import block_key
 from omlx.domain.cache.partial_match import best_child
 from omlx.domain.cache.ports import ColdSource
 from tests.fakes import FakeClock
-from tests.storage_checks import assert_cache_invariants, fake_decode, make_chain, make_namespace
+from tests.storage_checks import (
+    assert_cache_invariants,
+    fake_decode,
+    make_chain,
+    make_namespace,
+    no_model_check,
+)
 
 BIG = 10**12
 
@@ -71,7 +77,14 @@ def cold_tier(
         tick_interval=0.01,
     )
     tier = ColdTier(
-        ns, store or FileBlockStore(tmp_path), index, writer, fake_decode, clock, recency
+        ns,
+        store or FileBlockStore(tmp_path),
+        index,
+        writer,
+        fake_decode,
+        clock,
+        recency,
+        check=no_model_check,
     )
     try:
         yield tier, writer, index, clock
@@ -356,7 +369,9 @@ def test_partial_blocks_are_listed_as_children_and_served_verified(tmp_path: Pat
         other = make_namespace("other")
         index.upsert_namespace(other)
         assert (
-            ColdTier(other, FileBlockStore(tmp_path), index, writer, fake_decode).children(root)
+            ColdTier(
+                other, FileBlockStore(tmp_path), index, writer, fake_decode, check=no_model_check
+            ).children(root)
             == []
         )
         # Forged tokens under a partial key are caught by the rehash, then dropped.

@@ -36,7 +36,16 @@ def cache_on_disk(clock: FakeClock | None = None) -> tuple[CacheWithHot, Disk]:
     store, index = FakeBlockStore(), FakeBlockIndex()
     sink = FakeBlockSink(store, index, clock)
     ns = namespace(BS)
-    cold = ColdTier(ns, store, index, sink, FakeCodec().decode, clock, RecencyBuffer(index, clock))
+    cold = ColdTier(
+        ns,
+        store,
+        index,
+        sink,
+        FakeCodec().decode,
+        clock,
+        RecencyBuffer(index, clock),
+        check=FakeCodec().check,
+    )
     pc = make(BS, cold=cold)  # type: ignore[arg-type]
     return pc, Disk(index, store, sink)
 

@@ -181,7 +181,9 @@ def test_one_index_query_per_prefill_chunk(layout: CacheLayout) -> None:
     clock = FakeClock()
     store, index = FakeBlockStore(), FakeBlockIndex()
     writer = FakeBlockSink(store, index, clock)
-    cold = ColdTier(namespace(), store, index, writer, FakeCodec().decode, clock=clock)
+    cold = ColdTier(
+        namespace(), store, index, writer, FakeCodec().decode, clock=clock, check=FakeCodec().check
+    )
     pc = make(layout, cold=cold)
     prompt = tokens(300, seed=15)
     session = pc.begin(prompt)

@@ -61,14 +61,16 @@ def _rig(n: int = 6, *, drop_missing_rows: bool = True) -> Rig:
     ns, clock = _namespace(), FakeClock()
     store, index = FakeBlockStore(), FakeBlockIndex()
     sink = FakeBlockSink(store, index, clock)
+    codec = FakeCodec()
     tier = ColdTier(
         ns,
         store,
         index,
         sink,
-        FakeCodec().decode,
+        codec.decode,
         clock,
         RecencyBuffer(index, clock),
+        check=codec.check,
         drop_missing_rows=drop_missing_rows,
     )
     chain = _chain(ns, n)

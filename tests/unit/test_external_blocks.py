@@ -172,7 +172,9 @@ def _tier() -> tuple[ColdTier, FakeBlockIndex, FakeBlockSink]:
     clock, store, index = FakeClock(), FakeBlockStore(), FakeBlockIndex()
     sink = FakeBlockSink(store, index, clock)
     codec = FakeCodec()
-    tier = ColdTier(ns, store, index, sink, codec.decode, clock, RecencyBuffer(index, clock))
+    tier = ColdTier(
+        ns, store, index, sink, codec.decode, clock, RecencyBuffer(index, clock), check=codec.check
+    )
     return tier, index, sink
 
 

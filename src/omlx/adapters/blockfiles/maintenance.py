@@ -13,13 +13,17 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from omlx.adapters.blockfiles.expected import BlockSpec, file_problem, spec_of
 from omlx.adapters.blockfiles.format import unpack_block
 from omlx.adapters.blockfiles.store import FileBlockStore, key_of
 from omlx.domain.cache.blocks import StoredBlock
 from omlx.domain.cache.keys import EXTERNAL, rederives
 from omlx.domain.cache.ports import BlockIndex
+
+if TYPE_CHECKING:
+    from omlx.adapters.sqlindex.repository import NamespaceRecord
 
 T = TypeVar("T")
 # Wraps an iterable to show progress: (items, length or None, label) -> items.
@@ -41,6 +45,8 @@ class ScannableIndex(BlockIndex, Protocol):
     def old_format_namespaces(self) -> list[str]: ...
 
     def remove_namespaces(self, digests: Sequence[str]) -> list[StoredBlock]: ...
+
+    def namespace_records(self) -> list[NamespaceRecord]: ...
 
 
 @dataclass(slots=True)
@@ -66,8 +72,14 @@ class ReconcileReport:
         return "removed " + ", ".join(parts) + f" ({self.orphan_bytes / 1e6:.1f} MB)"
 
 
-def check_block(store: FileBlockStore, block: StoredBlock) -> str | None:
-    """Why ``block`` must not be served, or None when its file is sound."""
+def check_block(
+    store: FileBlockStore, block: StoredBlock, spec: BlockSpec | None = None
+) -> str | None:
+    """Why ``block`` must not be served, or None when its file is sound.
+
+    ``spec``: its namespace's recorded block spec, when a server recorded one; then the
+    file's tensors, token count and ids and values are checked against it as a read is.
+    """
     try:
         data = store.read(block.relpath)
     except FileNotFoundError:
@@ -80,6 +92,11 @@ def check_block(store: FileBlockStore, block: StoredBlock) -> str | None:
         tokens, _, metadata = unpack_block(data)
     except ValueError as exc:
         return f"malformed: {exc}"
+    # What the model computes first (as a read checks it): a token id outside the
+    # vocabulary is named, not reported as a key that does not rehash.
+    problem = None if spec is None else file_problem(spec, data)
+    if problem is not None:
+        return problem
     # An external block (the library API's) has no tokens: its key must follow from its
     # caller's hash, and the checksum above was the check of its bytes.
     if not rederives(block.kind, block.key, block.parent_key, tokens, block.namespace):
@@ -98,10 +115,12 @@ def check_block(store: FileBlockStore, block: StoredBlock) -> str | None:
 def verify(
     index: ScannableIndex, store: FileBlockStore, progress: Progress = no_progress
 ) -> list[tuple[StoredBlock, str]]:
-    """Every indexed block that fails :func:`check_block`, with the reason."""
+    """Every indexed block that fails :func:`check_block`, with the reason (against its
+    namespace's recorded block spec where a server recorded one)."""
+    specs = {r.info.digest: spec_of(r.info.block_spec) for r in index.namespace_records()}
     bad: list[tuple[StoredBlock, str]] = []
     for block in progress(index.iter_blocks(), index.block_count(), "verifying blocks"):
-        problem = check_block(store, block)
+        problem = check_block(store, block, specs.get(block.namespace))
         # A live server may have evicted it (row, then file) since the scan read the row.
         if problem == "file missing" and block.key not in index.get_blocks([block.key]):
             continue

@@ -38,6 +38,8 @@ class NamespaceRow(Base):
     last_used_at: Mapped[float] = mapped_column(Float, nullable=False)
     # The block format its files were written in: older ones are collected, never read.
     format_version: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
+    # What its object files hold (``adapters.blockfiles.expected``, JSON); "" when unknown.
+    block_spec: Mapped[str] = mapped_column(Text, nullable=False, server_default="")
 
 
 class NamespaceHostRow(Base):

@@ -102,7 +102,15 @@ class SqlBlockIndex:
         )
         ns = ns.on_conflict_do_update(
             index_elements=["digest"],
-            set_={"model_name": ns.excluded.model_name, "last_used_at": ns.excluded.last_used_at},
+            set_={
+                "model_name": ns.excluded.model_name,
+                "last_used_at": ns.excluded.last_used_at,
+                # A namespace recorded before specs were (or by the library API) gets one;
+                # a caller without one leaves the recorded spec be.
+                "block_spec": func.coalesce(
+                    func.nullif(ns.excluded.block_spec, ""), NamespaceRow.block_spec
+                ),
+            },
         )
         where = insert(NamespaceHostRow).values(
             namespace=namespace.digest,
@@ -317,7 +325,13 @@ class SqlBlockIndex:
             return [
                 NamespaceRecord(
                     NamespaceInfo(
-                        r.digest, r.model_name, path or "", r.block_size, r.kv_dtype, r.layer_count
+                        r.digest,
+                        r.model_name,
+                        path or "",
+                        r.block_size,
+                        r.kv_dtype,
+                        r.layer_count,
+                        r.block_spec,
                     ),
                     r.created_at,
                     r.last_used_at,

@@ -188,7 +188,9 @@ def _prepared_weights(cache_dir: Path) -> JsonObject:
 @click.option("--fix", is_flag=True, help="Remove bad blocks (rows first, then files).")
 @friendly_errors
 def verify_command(cache_dir: Path, index_url: str | None, fix: bool) -> None:
-    """Read every indexed block, check its checksum and that its tokens rehash to its key.
+    """Read every indexed block, check its checksum, that its tokens rehash to its key, and
+    that it holds what its model computes (layers, shapes, dtypes, token count and ids,
+    finite values) as a server recorded it.
 
     Exits 1 when any block is bad (also with --fix, which removes them).
     """
@@ -200,6 +202,7 @@ def verify_command(cache_dir: Path, index_url: str | None, fix: bool) -> None:
     store = FileBlockStore(cache_dir)
     try:
         checked = index.block_count()
+        unknown = [r.info.model_name for r in index.namespace_records() if not r.info.block_spec]
         bad = verify(index, store, _progress)
         for block, problem in bad:
             click.echo(f"BAD {block.key} {block.relpath}: {problem}")
@@ -208,6 +211,11 @@ def verify_command(cache_dir: Path, index_url: str | None, fix: bool) -> None:
             click.echo(f"removed {len(bad)} bad blocks ({format_bytes(freed)})")
     finally:
         index.close()
+    if unknown:
+        click.echo(
+            f"no block spec recorded for {', '.join(sorted(set(unknown)))}: its blocks were "
+            "checked for checksum and key only (a server using the model records one)"
+        )
     click.echo(f"checked {checked} blocks: {len(bad)} bad")
     if bad:
         sys.exit(1)

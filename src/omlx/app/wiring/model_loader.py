@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -243,6 +243,7 @@ class ModelLoader:
         self, model: LoadedModel, closers: list[Callable[[], None]], kv_quant: KVQuant | None
     ) -> tuple[PrefixCache, ColdTier | None]:
         from omlx.adapters.mlx.cache.codec import MLXKVCodec
+        from omlx.adapters.mlx.cache.expected_blocks import expected_blocks
         from omlx.adapters.mlx.cache.finished_caches import FinishedCaches
         from omlx.domain.cache.cold_tier import ColdTier
         from omlx.domain.cache.hot_tier import HotTier
@@ -250,8 +251,13 @@ class ModelLoader:
         from omlx.domain.cache.reuse_eviction import ReuseLevelPolicy
 
         settings = self.settings
-        namespace = model.namespace(settings.block_size, kv_quant)
         codec = MLXKVCodec(model.layout, kv_quant)
+        # What the engine writes, so a block read or imported is checked against it and
+        # the index keeps it for ``omlx admin cache verify`` (one token's forward pass).
+        codec.expected = expected_blocks(model.model, codec, settings.block_size)
+        namespace = replace(
+            model.namespace(settings.block_size, kv_quant), block_spec=codec.expected.to_json()
+        )
         # One-off blocks (side calls) leave RAM before a reused conversation's (issue 20).
         hot_bytes, hot_note = self._hot_budget(model)
         hot = HotTier(hot_bytes, ReuseLevelPolicy())
@@ -266,6 +272,7 @@ class ModelLoader:
                 self.cold.writer,
                 codec.decode,
                 recency=self.cold.recency,
+                check=codec.check,
                 drop_missing_rows=not ssd.shared,
             )
             closers.append(cold_tier.flush)

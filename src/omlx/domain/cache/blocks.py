@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -17,6 +17,10 @@ class NamespaceInfo:
     block_size: int
     kv_dtype: str
     layer_count: int
+    # What its object files hold (tensors, dtypes, shapes, block and vocabulary size), as
+    # JSON the codec's adapter writes and reads: kept in the index so a block file can be
+    # checked without the model (``omlx admin cache verify``). "" where none is known.
+    block_spec: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)

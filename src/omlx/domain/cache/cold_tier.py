@@ -152,6 +152,7 @@ class ColdTier:
         clock: Clock | None = None,
         recency: RecencyBuffer | None = None,
         *,
+        check: Callable[[bytes, BlockMeta], str | None],
         drop_missing_rows: bool = True,
     ) -> None:
         self.namespace = namespace
@@ -159,6 +160,7 @@ class ColdTier:
         self._index = index
         self._writer = writer
         self._decode = decode
+        self._check = check  # the codec's: does the file hold what this model computes
         self._clock: Clock = clock if clock is not None else SystemClock()
         self.recency = recency if recency is not None else RecencyBuffer(index, self._clock)
         self.drop_missing_rows = drop_missing_rows
@@ -294,6 +296,21 @@ class ColdTier:
             meta = replace(meta, tokens=tuple(tokens))
         return meta
 
+    def forget(self, keys: Sequence[str]) -> None:
+        """Remove ``keys``' rows, then their files: a restore found them unusable."""
+        rows = self._lookup(list(keys))
+        found = [r for r in (rows or {}).values() if r.namespace == self.namespace.digest]
+        if not found:
+            return
+        log.warning("removing %d cold blocks a restore could not use", len(found))
+        self._tally.add(corrupt_blocks=len(found))
+        try:
+            self._index.remove_blocks([r.key for r in found])  # rows first, files second
+            for row in found:
+                self._store.delete(row.relpath)
+        except Exception as exc:
+            log.warning("removing unusable blocks failed (%s); reconcile will", exc)
+
     def contains(self, key: str) -> bool:
         if self._writer.pending(key):
             return True
@@ -421,12 +438,21 @@ class ColdTier:
 
     def verify(self, data: bytes, meta: BlockMeta) -> tuple[DecodedBlock | None, str]:
         """``data`` decoded if it is the object ``meta`` names (``meta.parent_key``: what its
-        key derives from), else None and what is wrong; never raises. Every read is checked
-        this way, and so is an imported block before it is queued."""
+        key derives from) and holds what this model computes (the codec's ``check``),
+        else None and what is wrong; never raises. Every read is checked this way, and so
+        is an imported block before it is queued."""
         try:
             decoded = self._decode(data)
         except Exception as exc:  # a codec bug on a bad file must not fail the request
             return None, f"it cannot be decoded ({exc})"
+        # First what the model computes (token ids in its vocabulary, its shapes), so a
+        # refusal names the fault rather than a key that cannot be derived from it.
+        try:
+            problem = self._check(data, meta)
+        except Exception as exc:  # a checker bug on a bad file must not fail the request
+            problem = f"it cannot be checked ({exc})"
+        if problem is not None:
+            return None, problem
         # A restore point's object is named by its kind and the key of the tokens up to it;
         # an external block by its namespace and its caller's hash.
         if not rederives(meta.kind, meta.key, meta.parent_key, decoded.tokens, meta.namespace):

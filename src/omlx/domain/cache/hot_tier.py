@@ -176,6 +176,15 @@ class HotTier:
                 self._evict_locked(victim)
             return before - self._bytes
 
+    def discard(self, keys: Iterable[str]) -> int:
+        """Drop ``keys`` (pinned or not: their payloads proved unusable); how many were held."""
+        with self._lock:
+            held = [k for k in keys if k in self._blocks]
+            for key in held:
+                self._evict_locked(key)
+                self._evictions -= 1  # not an eviction for room
+            return len(held)
+
     def clear(self) -> None:
         """Drop every block (pinned ones too: their requests hold the payloads); keep pins and counters."""
         with self._lock:

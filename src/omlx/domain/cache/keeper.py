@@ -9,7 +9,7 @@ that is one network round trip per chunk on the request path, not one per block.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,12 @@ class KnownKeys:
         keys.move_to_end(key)
         while len(keys) > self._limit:
             keys.popitem(last=False)
+
+    def discard(self, keys: Iterable[str]) -> None:
+        """Forget ``keys`` (removed from disk): a block computed again is queued again."""
+        known = self._keys
+        for key in keys:
+            known.pop(key, None)
 
     def forget(self) -> None:
         """Forget every key (an admin removed blocks from disk): swapped, not cleared in place."""

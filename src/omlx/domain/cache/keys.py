@@ -102,7 +102,10 @@ def rederives(kind: str, key: str, parent_key: str, tokens: Sequence[int], names
             return not tokens and external_key(namespace, bytes.fromhex(parent_key)) == key
         except ValueError:  # a parent_key that is no caller's hash
             return False
-    return object_key(kind, block_key(parent_key, tokens)) == key
+    try:
+        return object_key(kind, block_key(parent_key, tokens)) == key
+    except struct.error:  # a token id no uint32 holds (negative, huge): no key is its
+        return False
 
 
 def chain_keys(namespace: str, tokens: Sequence[int], block_size: int) -> list[str]:

@@ -166,6 +166,19 @@ class PrefixMatcher:
         if keys:
             self._hot.unpin(keys)
 
+    def drop(self, hit: PrefixHit) -> None:
+        """Unpin the hit's blocks and remove them from RAM and disk: a restore could not
+        use them, so they are recomputed (and stored again) rather than served again."""
+        with self._lock:
+            leased = self._leases.pop(hit.lease, None)
+        if leased:
+            self._hot.unpin(leased)
+        keys = tuple(dict.fromkeys((*hit.keys, *(leased or ()))))
+        self._hot.discard(keys)
+        self._known.discard(keys)
+        if self._cold is not None:
+            self._cold.forget(list(keys))
+
     def _best_child(
         self,
         tokens: Sequence[int],

@@ -75,6 +75,12 @@ class KVCodec(Protocol):
         """Parse a block file's bytes; raises ``ValueError`` on a malformed file."""
         ...
 
+    def check(self, data: bytes, meta: BlockMeta) -> str | None:
+        """Why the object file ``data`` (``decode`` parses it) is not one this model computes,
+        as a sentence, or None: its layers, shapes and dtypes, its token count (1 to the
+        block size) and ids (in the vocabulary), finite values. Never raises."""
+        ...
+
 
 class KeptCaches(Protocol):
     """Finished requests' engine caches, kept whole for the next turn of their conversation.
@@ -295,6 +301,10 @@ class ColdSource(Protocol):
 
     def contains(self, key: str) -> bool:
         """Whether the key is on disk or already queued for it."""
+        ...
+
+    def forget(self, keys: Sequence[str]) -> None:
+        """Remove ``keys``' rows, then their files (blocks a restore found unusable); never raises."""
         ...
 
     def files(self, keys: Sequence[str]) -> list[tuple[StoredBlock, bytes]]:

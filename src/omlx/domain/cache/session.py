@@ -110,17 +110,39 @@ class CacheSession:
                 self.continued = True
                 self._tally.add(continued_requests=1)
             else:
-                cache = self._assemble()
+                cache = self._assemble_or_drop()
         except Exception:
             log.exception("restoring a %d-token prefix failed; recomputed", self._hit.cached_tokens)
             self._matcher.release(self._hit)
-            self._hit = MISS
-            capture = self._new_capture(self._prompt, MISS)
-            self._plan = capture.plan
-            self._capture = capture if self.store else None
             cache = None
+        if cache is None:
+            self._miss()
         self.seconds["restore"] += time.perf_counter() - started
         return cache
+
+    def _assemble_or_drop(self) -> Any:
+        """The matched blocks joined, or None when they do not fit the model or each other
+        (``ValueError``): joined into the batch they would fail every request in its step,
+        so they are dropped from RAM and disk and the prefix is recomputed."""
+        try:
+            return self._assemble()
+        except ValueError as exc:
+            log.warning(
+                "the %d objects of a %d-token prefix cannot be restored (%s); dropped, recomputed",
+                len(self._hit.keys),
+                self._hit.cached_tokens,
+                exc,
+            )
+            self._tally.add(dropped_restores=1)
+            self._matcher.drop(self._hit)
+            return None
+
+    def _miss(self) -> None:
+        """Serve the request as a miss after a failed restore: a capture from position 0."""
+        self._hit = MISS
+        capture = self._new_capture(self._prompt, MISS)
+        self._plan = capture.plan
+        self._capture = capture if self.store else None
 
     def prefilled(self, view: CacheView, position: int) -> None:
         """A prefill chunk ended: the cache holds ``[0, position)``; keep what it completed."""

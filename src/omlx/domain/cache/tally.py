@@ -104,5 +104,7 @@ class PrefixCacheStats:
     object_bytes: int = 0
     # Requests that continued a kept finished cache in place, and the bytes kept now.
     continued_requests: int = 0
+    # Restores whose blocks did not fit the model: dropped from RAM and disk, recomputed.
+    dropped_restores: int = 0
     kept_bytes: int = 0
     hot: HotTierStats | None = None  # the RAM tier now

@@ -124,6 +124,30 @@ def _encode_quantized(
     )
 
 
+def tensor_shapes(payload: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each tensor ``encode`` would write for ``payload``: name -> (dtype, shape), nothing
+    copied (the restore checks what it is about to join against the model's spec)."""
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    if isinstance(payload, StateSnapshot):
+        for leaf, arrays in zip(payload.leaves, payload.arrays, strict=True):
+            for j, array in enumerate(arrays):
+                if array is not None:
+                    host = array[0] if isinstance(array, tuple) else array
+                    out[f"s.{leaf}.{j}"] = (_st_dtype(array), tuple(host.shape))
+        return out
+    for g in groups_of(payload):
+        if isinstance(g, QuantizedKVBlock):
+            sides = {"k": g.keys[0], "k_scales": g.keys[1], "k_biases": g.keys[2]}
+            sides |= {"v": g.values[0], "v_scales": g.values[1], "v_biases": g.values[2]}
+            named = {n: (_st_name(dtype_of(a)), tuple(a.shape[1:])) for n, a in sides.items()}
+        else:
+            name = _st_name(g.dtype)
+            named = {"k": (name, tuple(g.keys.shape[1:])), "v": (name, tuple(g.values.shape[1:]))}
+        for leaf in g.leaves or range(g.layer_count):
+            out.update((f"{n}.{leaf}", spec) for n, spec in named.items())
+    return out
+
+
 def decode(data: bytes) -> DecodedBlock:
     """Parse an object file; its arrays stay in ``data`` (zero-copy views) until ``assemble``."""
     try:

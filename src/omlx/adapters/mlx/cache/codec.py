@@ -28,6 +28,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 
+from omlx.adapters.blockfiles.expected import BlockSpec, file_problem, layout_problem
 from omlx.adapters.mlx.cache import block_bytes
 from omlx.adapters.mlx.cache.blocks import (
     Blocks,
@@ -56,9 +57,17 @@ from omlx.domain.cache.kv_quant import KVQuant
 class MLXKVCodec:
     """Implements the domain's ``KVCodec`` port for one model's layout."""
 
-    def __init__(self, layout: ModelLayout | None = None, kv_quant: KVQuant | None = None) -> None:
+    def __init__(
+        self,
+        layout: ModelLayout | None = None,
+        kv_quant: KVQuant | None = None,
+        expected: BlockSpec | None = None,
+    ) -> None:
         self._layout = layout  # None: learned from the first cache (plain KV)
         self.kv_quant = kv_quant  # None: blocks in the model's KV dtype
+        # What this model's object files hold (``expected_blocks``), set by the wiring
+        # once the model is probed; None only for a codec that cuts and joins alone.
+        self.expected = expected
 
     # ---- cutting (engine thread) --------------------------------------------------
 
@@ -149,6 +158,7 @@ class MLXKVCodec:
         room: int = 0,
     ) -> list[Any]:
         layout = self.layout()
+        self._check_fit(payloads, windows, state)
         position = sum(p.positions for p in payloads)
         built: dict[int, Any] = {}
         # Plain KV leaves get ``room`` positions past the restored ones and a growth step
@@ -209,6 +219,29 @@ class MLXKVCodec:
 
     def nbytes(self, payload: Any) -> int:
         return payload.nbytes
+
+    def _check_fit(self, payloads: Sequence[Any], windows: Sequence[Any], state: Any) -> None:
+        """Raise ``ValueError`` naming the first object whose tensors this model does not
+        compute: joined into a batch, it would fail the step of every request in it."""
+        if self.expected is None:
+            return
+        objects = [(KV, p) for p in payloads] + [(WINDOW, w) for w in windows]
+        objects += [(STATE, state)] if state is not None else []
+        for i, (kind, payload) in enumerate(objects):
+            positions = 0 if kind == STATE else payload.positions  # state: no token axis
+            shapes = block_bytes.tensor_shapes(payload)
+            problem = layout_problem(self.expected, kind, shapes, positions)
+            if problem is not None:
+                raise ValueError(
+                    f"the restored {kind} object {i} does not fit the model: {problem}"
+                )
+
+    def check(self, data: bytes, meta: BlockMeta) -> str | None:
+        """Why the object file ``data`` is not one this model computes, or None (``BlockSpec``:
+        layers, shapes, dtypes, token count and ids, finite values)."""
+        if self.expected is None:
+            return None  # a codec that only cuts and joins: the wiring gives the server's one
+        return file_problem(self.expected, data)
 
     # ---- bytes (engine thread encodes, the request path decodes) --------------------
 
