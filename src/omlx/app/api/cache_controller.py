@@ -19,6 +19,7 @@ from litestar.params import Parameter
 
 from omlx.app.api.anthropic.schemas import MessagesRequest
 from omlx.app.api.auth import tenant_of
+from omlx.app.api.browser_guard import BODY_TYPES
 from omlx.app.api.cache_edge import recent_reports
 from omlx.app.api.openai.schemas import ChatCompletionRequest, OpenAIErrorResponse
 from omlx.app.api.openapi import error_responses
@@ -295,6 +296,8 @@ class CacheController(Controller):
         operation_id="importCache",
         summary="Verify an exported archive whole, then queue its blocks for the disk tier",
         responses=_ERRORS,
+        # An archive, not JSON: still a type no cross-site form or no-cors fetch can send.
+        opt={BODY_TYPES: ("application/x-tar", "application/octet-stream")},
     )
     async def import_archive(
         self, request: Request, pool: ModelPool, model: str = Parameter(query="model")
