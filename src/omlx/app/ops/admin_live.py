@@ -37,8 +37,12 @@ model_option = click.option("--model", default=None, help="The model (else the r
 def call(
     url: str, method: str, path: str, key: str | None, body: Any = None, *, raw: bool = False
 ) -> Any:
-    """One request to the server (JSON, or ``raw`` bytes both ways); errors become click errors."""
-    if raw:
+    """One request to the server; errors become click errors.
+
+    A ``bytes`` body is an archive (sent as ``application/x-tar``), anything else JSON; with
+    ``raw`` the answer's bytes come back as they are (an export's archive).
+    """
+    if isinstance(body, bytes):
         data, kind = body, "application/x-tar"
     else:
         data, kind = (None if body is None else json.dumps(body).encode()), "application/json"
@@ -49,7 +53,7 @@ def call(
     try:
         with urllib.request.urlopen(request, timeout=600) as response:
             payload = response.read()
-            if raw and method == "POST" and path.endswith("/export"):
+            if raw:
                 return payload, dict(response.headers)
             return json.loads(payload or b"null")
     except urllib.error.HTTPError as exc:
@@ -226,9 +230,7 @@ def export_command(
         if model is None:
             raise click.UsageError("--response-id needs --model")
         body = {"model": model, "response_id": response_id}
-    archive, headers = call(
-        url, "POST", "/v1/cache/export", api_key, json.dumps(body).encode(), raw=True
-    )
+    archive, headers = call(url, "POST", "/v1/cache/export", api_key, body, raw=True)
     out.write_bytes(archive)
     lower = {k.lower(): v for k, v in headers.items()}
     click.echo(
@@ -247,7 +249,7 @@ def export_command(
 def import_command(archive: Path, model: str, url: str, api_key: str | None) -> None:
     """Verify an archive whole (namespace, versions, checksums, keys), then import its blocks."""
     path = "/v1/cache/import?" + urllib.parse.urlencode({"model": model})
-    done = call(url, "POST", path, api_key, archive.read_bytes(), raw=True)
+    done = call(url, "POST", path, api_key, archive.read_bytes())
     click.echo(
         f"imported {done['blocks']} blocks ({done['tokens']} tokens) into {done['model']}: "
         f"{done['queued']} written, {done['present']} already there"
