@@ -28,6 +28,8 @@ from omlx.domain.generation import (
 from tests.fakes import FakeGrammarCompiler
 
 MODEL = "fake"
+# The Host Litestar's TestClient sends: a name the browser guard answers only when listed.
+TEST_CLIENT_HOST = "testserver.local"
 
 
 class FakeTokenizer:
@@ -143,6 +145,7 @@ class FakeEngine:
 def fake_container(engine: FakeEngine | None = None, **settings: Any) -> Container:
     settings.setdefault("max_queued_requests", 4)
     settings.setdefault("default_max_tokens", 16)
+    settings.setdefault("allowed_hosts", (TEST_CLIENT_HOST,))
     return bootstrap(
         Settings(**settings),
         model=FakeModel(),

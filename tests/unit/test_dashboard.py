@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 
 import pytest
 from litestar.testing import TestClient
@@ -103,7 +104,14 @@ def test_the_page_asks_a_browser_for_the_key_and_takes_it_as_basic_credentials()
             headers={"Authorization": "Basic " + base64.b64encode(b"k1").decode()},
         )
         action_refused = c.post(f"/v1/dashboard/models/{MODEL}/clear-cache", json={})
-        action = c.post(f"/v1/dashboard/models/{MODEL}/clear-cache", json={}, headers=basic("k1"))
+        # Basic credentials act only from the page itself: its token (or its origin).
+        token = re.search(r'name="omlx-csrf" content="([0-9a-f]+)"', page.text).group(1)
+        no_token = c.post(f"/v1/dashboard/models/{MODEL}/clear-cache", json={}, headers=basic("k1"))
+        action = c.post(
+            f"/v1/dashboard/models/{MODEL}/clear-cache",
+            json={},
+            headers={**basic("k1"), "x-omlx-csrf": token},
+        )
         assert c.get("/health").status_code == 200
     assert refused.status_code == wrong.status_code == 401
     assert refused.headers["www-authenticate"].startswith('Basic realm="omlx"')
@@ -118,6 +126,7 @@ def test_the_page_asks_a_browser_for_the_key_and_takes_it_as_basic_credentials()
     assert state.status_code == 200
     assert unknown_file.status_code == 404
     assert garbled.status_code == no_password.status_code == action_refused.status_code == 401
+    assert no_token.status_code == 403 and no_token.json()["error"]["code"] == "csrf_check_failed"
     assert action.status_code == 200
 
 
@@ -172,7 +181,7 @@ def test_actions_take_json_only_and_refuse_by_name():
         )
         unloaded = c.post(f"/v1/dashboard/models/{MODEL}/unload", json={})
         again = c.post(f"/v1/dashboard/models/{MODEL}/unload", json={})
-    assert form.status_code == 400 and form.json()["error"]["param"] == "content-type"
+    assert form.status_code == 415 and form.json()["error"]["param"] == "content-type"
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
     assert bad_size.status_code == 400 and bad_size.json()["error"]["param"] == "max_size"
     assert no_ssd.status_code == 400 and no_ssd.json()["error"]["code"] == "no_ssd_tier"
@@ -289,7 +298,11 @@ def test_the_state_lists_pins_with_their_ttl_and_the_page_unpins_them():
             content=b"{}",
             headers={**BEARER, "content-type": "text/plain"},
         )
-        unpinned = c.post(f"/v1/dashboard/pins/{pin['id']}/unpin", json={}, headers=basic("k1"))
+        unpinned = c.post(  # as the page sends it: Basic credentials, from its own origin
+            f"/v1/dashboard/pins/{pin['id']}/unpin",
+            json={},
+            headers={**basic("k1"), "origin": "http://testserver.local"},
+        )
         gone = c.post(f"/v1/dashboard/pins/{pin['id']}/unpin", json={}, headers=BEARER)
         after = c.get("/v1/dashboard/state", headers=BEARER).json()["pins"][MODEL]
         listed = c.get("/v1/cache/pins", headers=BEARER).json()["data"]
@@ -298,7 +311,7 @@ def test_the_state_lists_pins_with_their_ttl_and_the_page_unpins_them():
     assert shown["source"] == "api" and shown["expires_at"] == pin["expires_at"]
     assert 590 < shown["ttl_left_s"] <= 600
     assert refused.status_code == 401
-    assert form.status_code == 400 and form.json()["error"]["param"] == "content-type"
+    assert form.status_code == 415 and form.json()["error"]["param"] == "content-type"
     assert unpinned.status_code == 200 and unpinned.json() == {
         "id": pin["id"],
         "model": MODEL,

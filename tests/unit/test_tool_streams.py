@@ -16,7 +16,14 @@ from omlx.app.settings import Settings
 from omlx.app.wiring.bootstrap import bootstrap
 from tests.fakes import FakeGrammarCompiler
 from tests.openai_schema_check import problems
-from tests.unit.api_fakes import MODEL, FakeEngine, FakeModel, FakeTokenizer, reply
+from tests.unit.api_fakes import (
+    MODEL,
+    TEST_CLIENT_HOST,
+    FakeEngine,
+    FakeModel,
+    FakeTokenizer,
+    reply,
+)
 from tests.unit.test_api_streams import sse
 
 HI = [{"role": "user", "content": "weather?"}]
@@ -52,7 +59,7 @@ def serve(engine: FakeEngine, tokenizer: FakeTokenizer | None = None) -> tuple[T
     grammars = FakeGrammarCompiler()
     model = FakeModel(tokenizer=tokenizer or HermesTokenizer())
     container = bootstrap(
-        Settings(max_queued_requests=4, default_max_tokens=16),
+        Settings(max_queued_requests=4, default_max_tokens=16, allowed_hosts=(TEST_CLIENT_HOST,)),
         model=model,
         engine=engine,
         grammars=grammars,

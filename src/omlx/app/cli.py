@@ -204,6 +204,18 @@ def _serve_options(fn):
             help="Keep prompt excerpts out of cache reports (for a key shared by several people).",
         ),
         click.option(
+            "--allowed-host",
+            "allowed_hosts",
+            multiple=True,
+            help="A Host name this server answers besides localhost, its addresses and the machine's name (DNS rebinding is refused); '*' for any; repeatable.",
+        ),
+        click.option(
+            "--allowed-origin",
+            "allowed_origins",
+            multiple=True,
+            help="A web origin (scheme://host[:port]) whose pages may send requests, besides the server's own; '*' for any; repeatable.",
+        ),
+        click.option(
             "--model-alias",
             "model_aliases",
             multiple=True,
@@ -244,6 +256,8 @@ def _serve(**flags) -> None:
         flags["prompt_normalizations"] = []
     added_aliases = list(flags.pop("model_aliases"))  # added to the settings' own (claude-*)
     flags["pin_models"] = list(flags["pin_models"]) or None
+    flags["allowed_hosts"] = list(flags["allowed_hosts"]) or None
+    flags["allowed_origins"] = list(flags["allowed_origins"]) or None
     models = list(flags.pop("model_args"))
     if models:
         flags["model"], flags["models"] = models[0], models[1:]

@@ -21,6 +21,7 @@ from omlx.domain.sizes import parse_size
 from omlx.domain.tier_defaults import AUTO, COLD_TIER_DEFAULT, HOT_TIER_DEFAULT
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/\s]+/?$")
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -33,6 +34,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     api_key: str = ""
     api_keys_file: str = ""
     report_excerpts: bool = True  # quote the prompt and the cache where they part, in reports
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered beside this machine's own; "*": any
+    allowed_origins: tuple[str, ...] = ()  # web origins whose requests are accepted; "*": any
     cache_enabled: bool = True
     block_size: int = 64
     kv_bits: str = "off"  # "off", "8" or "4": blocks stored quantized (domain/cache/kv_quant.py)
@@ -187,6 +190,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError(
                 f"index_url {self.index_url!r} is not a URL: sqlite:///PATH or postgresql+psycopg://…"
             )
+        for origin in self.allowed_origins:
+            if origin != "*" and not _ORIGIN.match(origin.strip()):
+                raise ValueError(
+                    f"allowed_origins: {origin!r} is not an origin: scheme://host[:port], "
+                    'e.g. "https://llm.example.com", or "*"'
+                )
+        for host in self.allowed_hosts:
+            if not host.strip() or "/" in host:
+                raise ValueError(
+                    f'allowed_hosts: {host!r} is not a host name: e.g. "llm.example.com", or "*"'
+                )
         self.responses_retention  # noqa: B018 - raises for an impossible retention
         return self
 
@@ -199,6 +213,8 @@ def default_config_text() -> str:
 _FLAG_NAMES = {
     "models": "--model",
     "pin_models": "--pin-model",
+    "allowed_hosts": "--allowed-host",
+    "allowed_origins": "--allowed-origin",
     "model_aliases": "--model-alias",
     "answer_any_model": "--any-model",
     "cache_enabled": "--no-cache",

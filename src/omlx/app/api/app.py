@@ -12,6 +12,7 @@ from omlx import __version__
 from omlx.app.api.anthropic.controller import AnthropicController
 from omlx.app.api.auth import key_guard, tenant_of
 from omlx.app.api.body import CheckedRequest, release_large_bodies
+from omlx.app.api.browser_guard import BrowserGuard, BrowserTrust, frame_guard
 from omlx.app.api.cache_controller import CacheController
 from omlx.app.api.cache_edge import add_cache_header
 from omlx.app.api.dashboard import (
@@ -50,6 +51,7 @@ def create_app(container: Container, keys: dict[str, Caller] | None = None) -> L
     container.observers.generations.append(metrics)
     container.observers.misses.append(metrics)
     container.observers.recorders.append(request_log.record)
+    browser = BrowserTrust(settings.host, settings.allowed_hosts, settings.allowed_origins)
     tasks: list[asyncio.Task] = []
 
     async def start_tasks() -> None:
@@ -87,11 +89,18 @@ def create_app(container: Container, keys: dict[str, Caller] | None = None) -> L
             status=status,
             metrics=metrics,
             dashboard=dashboard,
+            browser=browser,
         )
         | {"responses": _tenant_responses(container.responses)},
         guards=[key_guard(settings.api_key, keys)],
-        middleware=[release_large_bodies, RequestMetrics(metrics), ApiFamily()],
-        before_send=[count_unmatched(metrics), add_cache_header],
+        # BrowserGuard after the metrics, so its refusals are counted; before the key's guard.
+        middleware=[
+            release_large_bodies,
+            RequestMetrics(metrics),
+            BrowserGuard(browser),
+            ApiFamily(),
+        ],
+        before_send=[count_unmatched(metrics), add_cache_header, frame_guard],
         exception_handlers=EXCEPTION_HANDLERS,
         request_class=CheckedRequest,  # nesting bounded, types strict (api.body)
         request_max_body_size=settings.max_request_body_bytes,

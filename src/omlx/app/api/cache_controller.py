@@ -20,6 +20,7 @@ from litestar.response import Stream
 
 from omlx.app.api.anthropic.schemas import MessagesRequest
 from omlx.app.api.auth import is_operator, tenant_of
+from omlx.app.api.browser_guard import BODY_TYPES
 from omlx.app.api.cache_edge import recent_reports
 from omlx.app.api.openai.schemas import ChatCompletionRequest, OpenAIErrorResponse
 from omlx.app.api.openapi import error_responses
@@ -307,6 +308,8 @@ class CacheController(Controller):
         summary="Verify an exported archive whole, then write its blocks to the disk tier",
         responses=error_responses(OpenAIErrorResponse, 400, 401, 404, 413),
         request_max_body_size=None,  # bounded by max_import_bytes instead (api.uploads)
+        # An archive, not JSON: still a type no cross-site form or no-cors fetch can send.
+        opt={BODY_TYPES: ("application/x-tar", "application/octet-stream")},
     )
     async def import_archive(
         self,

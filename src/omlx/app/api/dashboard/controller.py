@@ -3,8 +3,9 @@
 Every route here needs the API key like the rest of the API. A browser cannot add a
 header to a page it opens, so the page's 401 asks for Basic credentials (any user name,
 the key as password), which the browser then sends with the page's own requests too.
-Actions answer only ``Content-Type: application/json`` POSTs: a cross-site form cannot
-send one, and a browser that holds Basic credentials would otherwise let it.
+Another site's page could make it send them as well: ``api.browser_guard`` accepts them on
+the actions only from this page (its origin, or the CSRF token the page is served with),
+with a JSON body.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from litestar import Controller, Request, Response, get, post
 from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from omlx.app.api.auth import OPERATOR, caller_of, tenant_of
+from omlx.app.api.auth import OPERATOR, caller_of, presented_key, tenant_of
+from omlx.app.api.browser_guard import BrowserTrust
 from omlx.app.api.cache_controller import Unpinned, pins_of, unpin, usage_of
 from omlx.app.api.dashboard.actions import clear_model_cache, unload_model, vacuum_cache
 from omlx.app.api.dashboard.series import RequestSeries
@@ -26,7 +28,7 @@ from omlx.app.api.dashboard.state import dashboard_state, ssd_usage, tenant_view
 from omlx.app.api.errors import handle_app_error
 from omlx.app.cache_controls.maintenance import CacheMaintenance
 from omlx.app.cache_controls.tenants import LOCAL_USER
-from omlx.app.errors import InvalidRequest, Unauthorized
+from omlx.app.errors import Unauthorized
 from omlx.app.models.pool import ModelPool
 from omlx.app.ops.request_log import RequestLog, current_api, current_report
 from omlx.app.ops.status import ServerStatus
@@ -43,6 +45,7 @@ _PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
     "Cache-Control": "no-store",
 }
+_TOKEN_SLOT = b'<meta name="omlx-csrf" content="">'
 
 
 @dataclass(slots=True)
@@ -75,8 +78,11 @@ class DashboardPageController(Controller):
     exception_handlers = {Unauthorized: _ask_for_the_key}  # noqa: RUF012 - Litestar's own class attribute
 
     @get(operation_id="dashboard", media_type="text/html")
-    async def page(self) -> Response[bytes]:
-        return Response(_asset("dashboard.html"), media_type="text/html", headers=_PAGE_HEADERS)
+    async def page(self, request: Request, browser: BrowserTrust) -> Response[bytes]:
+        # The page sends this token back on its actions (browser_guard's CSRF check).
+        token = browser.csrf_token(presented_key(request)).encode()
+        html = _asset("dashboard.html").replace(_TOKEN_SLOT, _TOKEN_SLOT[:-2] + token + b'">')
+        return Response(html, media_type="text/html", headers=_PAGE_HEADERS)
 
     @get("/static/{name:str}", operation_id="dashboardAsset")
     async def asset(self, name: str) -> Response[bytes]:
@@ -122,8 +128,7 @@ class DashboardController(Controller):
         opt={OPERATOR: True},
         status_code=200,
     )
-    async def unload(self, request: Request, pool: ModelPool, model_id: str) -> JsonObject:
-        _require_json(request)
+    async def unload(self, pool: ModelPool, model_id: str) -> JsonObject:
         return unload_model(pool, model_id)
 
     @post(
@@ -135,12 +140,10 @@ class DashboardController(Controller):
     )
     async def clear_cache(
         self,
-        request: Request,
         pool: ModelPool,
         maintenance: CacheMaintenance | None,
         model_id: str,
     ) -> JsonObject:
-        _require_json(request)
         return await anyio.to_thread.run_sync(clear_model_cache, pool, maintenance, model_id)
 
     @post(
@@ -150,7 +153,6 @@ class DashboardController(Controller):
         status_code=200,
     )
     async def unpin(self, request: Request, pool: ModelPool, pin_id: str) -> Unpinned:
-        _require_json(request)
         # DELETE /v1/cache/pins/{id}'s own code: a tenant unpins only its own pins.
         return unpin(pool, pin_id, tenant_of(request))
 
@@ -161,21 +163,8 @@ class DashboardController(Controller):
         opt={OPERATOR: True},
         status_code=200,
     )
-    async def vacuum(
-        self, request: Request, maintenance: CacheMaintenance | None, data: VacuumRequest
-    ) -> JsonObject:
-        _require_json(request)
+    async def vacuum(self, maintenance: CacheMaintenance | None, data: VacuumRequest) -> JsonObject:
         return await anyio.to_thread.run_sync(vacuum_cache, maintenance, data.max_size)
-
-
-def _require_json(request: Request) -> None:
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media_type != "application/json":
-        raise InvalidRequest(
-            "dashboard actions take Content-Type: application/json",
-            param="content-type",
-            code="json_required",
-        )
 
 
 class ApiFamily(ASGIMiddleware):

@@ -47,8 +47,12 @@ function status(text, error) {
   node.className = error ? "error" : "";
 }
 
+// Sent back on every call: the server accepts the browser's stored login on an action only
+// from this page (its origin, or this token, which another site's page cannot read).
+const CSRF = document.querySelector('meta[name="omlx-csrf"]').content;
+
 async function call(method, path, body) {
-  const init = { method, headers: { Accept: "application/json" } };
+  const init = { method, headers: { Accept: "application/json", "x-omlx-csrf": CSRF } };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
