@@ -204,15 +204,17 @@ def test_basic_credentials_act_only_from_the_servers_own_page():
 
 def test_a_token_is_bound_to_the_key_the_page_was_opened_with(tmp_path):
     keys = tmp_path / "keys"
-    keys.write_text("team-b sk-team-b-key\n")
+    keys.write_text("team-b sk-team-b-key-0123 operator\n")  # clearing is an operator's
     action = f"/v1/dashboard/models/{MODEL}/clear-cache"
     with client(api_key="k1", api_keys_file=str(keys)) as c:
         token_a = _token(c.get("/dashboard", headers=basic()).text)
-        token_b = _token(c.get("/dashboard", headers=basic("sk-team-b-key")).text)
+        token_b = _token(c.get("/dashboard", headers=basic("sk-team-b-key-0123")).text)
         crossed = c.post(
-            action, json={}, headers={**basic("sk-team-b-key"), "x-omlx-csrf": token_a}
+            action, json={}, headers={**basic("sk-team-b-key-0123"), "x-omlx-csrf": token_a}
         )
-        own = c.post(action, json={}, headers={**basic("sk-team-b-key"), "x-omlx-csrf": token_b})
+        own = c.post(
+            action, json={}, headers={**basic("sk-team-b-key-0123"), "x-omlx-csrf": token_b}
+        )
     assert token_a != token_b
     assert crossed.status_code == 403 and own.status_code == 200
 
