@@ -78,7 +78,7 @@ def test_no_key_needed_when_none_is_set(tiny_server):
 
 
 def _engine(server) -> dict:
-    return httpx.get(server.base_url + "/health", timeout=5).json()["engine"]
+    return httpx.get(server.base_url + "/health", headers=KEY, timeout=5).json()["engine"]
 
 
 def _wait_idle(server, seconds: float = 5.0) -> float:
