@@ -90,7 +90,7 @@ class FakeCodec:
         except (KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise ValueError(f"malformed fake block: {exc}") from exc
 
-    def check(self, data: bytes, meta: BlockMeta) -> str | None:
+    def check(self, data: bytes, meta: BlockMeta, *, values: bool = True) -> str | None:
         """A KV file whose payload is not as long as its tokens, or a key in ``refused``."""
         if meta.key in self.refused:
             return self.refused[meta.key]
@@ -481,7 +481,9 @@ class FakeColdSource:
             out.append((self._row(key), self.blocks[key][2]))
         return out
 
-    def verify(self, data: bytes, meta: BlockMeta) -> tuple[DecodedBlock | None, str]:
+    def verify(
+        self, data: bytes, meta: BlockMeta, *, values: bool = True
+    ) -> tuple[DecodedBlock | None, str]:
         try:
             decoded = self._decode(data)
         except ValueError as exc:

@@ -85,7 +85,7 @@ def fake_decode(data: bytes) -> DecodedBlock:
     return DecodedBlock(tokens, len(kv_layers(tensors, metadata)), metadata)
 
 
-def no_model_check(data: bytes, meta: BlockMeta) -> str | None:
+def no_model_check(data: bytes, meta: BlockMeta, *, values: bool = True) -> str | None:
     """A codec ``check`` for tests of storage alone: no model whose blocks to compare with
     (tests/integration/test_block_checks.py checks files against a real model's spec)."""
     return None

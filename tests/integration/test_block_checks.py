@@ -32,7 +32,8 @@ from omlx.adapters.mlx.cache.codec import MLXKVCodec
 from omlx.adapters.mlx.cache.expected_blocks import expected_blocks
 from omlx.adapters.mlx.models.loader import load_model
 from omlx.adapters.sqlindex import SqlBlockIndex, open_index
-from omlx.app.cache_controls.transfer import ImportRefused, read_archive
+from omlx.app.cache_controls import transfer
+from omlx.app.cache_controls.transfer import Archive, ImportRefused
 from omlx.app.ops.admin import admin_group
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
 from omlx.domain.cache.cold_tier import ColdTier, RecencyBuffer
@@ -200,6 +201,12 @@ def stack(tiny: Model, folder: Path, hot_bytes: int = 1 << 30) -> Iterator[Stack
         index.close()
 
 
+def read_archive(archive: bytes, cache: PrefixCache, tenant: str | None) -> list:
+    """``transfer.read_archive`` of archive bytes (the server reads a spooled upload)."""
+    with Archive(io.BytesIO(archive)) as opened:
+        return transfer.read_archive(opened, cache, tenant, max_blocks=1000)
+
+
 def archive_of(tiny: Model, blocks: list[tuple[BlockMeta, bytes]]) -> bytes:
     """An export archive holding ``blocks`` as ``export_archive`` lays one out."""
     manifest = {
@@ -267,6 +274,17 @@ def test_import_refuses_each_fault_naming_the_block_and_indexes_nothing(
         assert str(refused.value).startswith(f"block {bad_meta.key}: ")
         assert reason in str(refused.value)
         assert s.index.block_count() == 0  # read_archive queues nothing; import never ran
+
+
+def test_values_are_scanned_for_imports_and_verify_not_for_each_read(tiny: Model) -> None:
+    meta, data = _with_nan(tiny)
+    with_parent = replace(meta, parent_key=tiny.namespace.digest)
+    assert "non-finite" in (tiny.codec.check(data, with_parent) or "")
+    # A read's file was written here or checked at import: its header is checked again,
+    # its bytes are not rescanned (DESIGN's restore-time target).
+    assert tiny.codec.check(data, with_parent, values=False) is None
+    shaped_meta, shaped = _reshaped(3, 16)(tiny)
+    assert "shaped" in (tiny.codec.check(shaped, shaped_meta, values=False) or "")
 
 
 # --- reads and verify on disk ---------------------------------------------------------------

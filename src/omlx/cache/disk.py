@@ -93,7 +93,7 @@ class DiskTier:
             recency=self._writer.recency,
             # The library's blocks are its caller's layers, not a model's computed KV: no
             # model here to compare them with; their key and checksum are their check.
-            check=lambda data, meta: None,
+            check=lambda data, meta, **_: None,
             drop_missing_rows=not self.shared,
         )
         self.closed = False

@@ -97,8 +97,9 @@ def _open_token_axis(shape: tuple[int, ...]) -> Shape:
     return tuple(None if i == TOKEN_AXIS else d for i, d in enumerate(shape))
 
 
-def file_problem(spec: BlockSpec, data: bytes) -> str | None:
-    """Why the object file ``data`` is not one this namespace's engine writes, or None."""
+def file_problem(spec: BlockSpec, data: bytes, *, values: bool = True) -> str | None:
+    """Why the object file ``data`` is not one this namespace's engine writes, or None;
+    ``values``: scan its floats too (every byte: imports and ``verify``, not each read)."""
     try:
         tokens, tensors, metadata = unpack_block(data)
     except ValueError as exc:
@@ -112,7 +113,7 @@ def file_problem(spec: BlockSpec, data: bytes) -> str | None:
         or layout_problem(
             spec, kind, {n: (t.dtype, t.shape) for n, t in tensors.items()}, len(tokens)
         )
-        or values_problem(tensors)
+        or (values_problem(tensors) if values else None)
     )
 
 

@@ -152,7 +152,7 @@ class ColdTier:
         clock: Clock | None = None,
         recency: RecencyBuffer | None = None,
         *,
-        check: Callable[[bytes, BlockMeta], str | None],
+        check: Callable[..., str | None],
         drop_missing_rows: bool = True,
     ) -> None:
         self.namespace = namespace
@@ -434,13 +434,19 @@ class ColdTier:
             failure = read.failure or ReadFailure.MISMATCH
             return None, failure.value + (f" ({read.detail})" if read.detail else "")
         meta = BlockMeta(row.key, parent_key, row.namespace, row.token_count, row.kind)
-        return self.verify(read.data, meta)
+        # A read's file was written by this server or checked whole at import: its shapes
+        # and ids are checked again (its header), its values are not rescanned (a scan of
+        # every byte would add a fifth to a restore's read time).
+        return self.verify(read.data, meta, values=False)
 
-    def verify(self, data: bytes, meta: BlockMeta) -> tuple[DecodedBlock | None, str]:
+    def verify(
+        self, data: bytes, meta: BlockMeta, *, values: bool = True
+    ) -> tuple[DecodedBlock | None, str]:
         """``data`` decoded if it is the object ``meta`` names (``meta.parent_key``: what its
-        key derives from) and holds what this model computes (the codec's ``check``),
-        else None and what is wrong; never raises. Every read is checked this way, and so
-        is an imported block before it is queued."""
+        key derives from) and holds what this model computes (the codec's ``check``; with
+        ``values``, finite floats too), else None and what is wrong; never raises. Every
+        read is checked this way, and an imported block, values and all, before it is
+        written."""
         try:
             decoded = self._decode(data)
         except Exception as exc:  # a codec bug on a bad file must not fail the request
@@ -448,7 +454,7 @@ class ColdTier:
         # First what the model computes (token ids in its vocabulary, its shapes), so a
         # refusal names the fault rather than a key that cannot be derived from it.
         try:
-            problem = self._check(data, meta)
+            problem = self._check(data, meta, values=values)
         except Exception as exc:  # a checker bug on a bad file must not fail the request
             problem = f"it cannot be checked ({exc})"
         if problem is not None:

@@ -75,10 +75,11 @@ class KVCodec(Protocol):
         """Parse a block file's bytes; raises ``ValueError`` on a malformed file."""
         ...
 
-    def check(self, data: bytes, meta: BlockMeta) -> str | None:
+    def check(self, data: bytes, meta: BlockMeta, *, values: bool = True) -> str | None:
         """Why the object file ``data`` (``decode`` parses it) is not one this model computes,
         as a sentence, or None: its layers, shapes and dtypes, its token count (1 to the
-        block size) and ids (in the vocabulary), finite values. Never raises."""
+        block size) and ids (in the vocabulary), and with ``values`` its floats finite (a
+        scan of every byte). Never raises."""
         ...
 
 
@@ -285,9 +286,12 @@ class ColdSource(Protocol):
         """
         ...
 
-    def verify(self, data: bytes, meta: BlockMeta) -> tuple[DecodedBlock | None, str]:
+    def verify(
+        self, data: bytes, meta: BlockMeta, *, values: bool = True
+    ) -> tuple[DecodedBlock | None, str]:
         """``data`` decoded if it is the object ``meta`` names, else None and what is wrong
-        (the checks every read gets; an import's blocks get them before they are queued)."""
+        (the checks every read gets; an import's blocks get them, ``values`` included,
+        before they are written)."""
         ...
 
     def rows(self, keys: Sequence[str]) -> dict[str, StoredBlock] | None:

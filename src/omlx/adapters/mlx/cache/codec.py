@@ -236,12 +236,12 @@ class MLXKVCodec:
                     f"the restored {kind} object {i} does not fit the model: {problem}"
                 )
 
-    def check(self, data: bytes, meta: BlockMeta) -> str | None:
+    def check(self, data: bytes, meta: BlockMeta, *, values: bool = True) -> str | None:
         """Why the object file ``data`` is not one this model computes, or None (``BlockSpec``:
         layers, shapes, dtypes, token count and ids, finite values)."""
         if self.expected is None:
             return None  # a codec that only cuts and joins: the wiring gives the server's one
-        return file_problem(self.expected, data)
+        return file_problem(self.expected, data, values=values)
 
     # ---- bytes (engine thread encodes, the request path decodes) --------------------
 
