@@ -8,8 +8,11 @@ import answers only once its blocks are in the index, so its counts match the ro
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import math
+import struct
 import tarfile
 from pathlib import Path
 
@@ -216,3 +219,52 @@ def test_a_2000_token_default_model_conversation_moves_to_a_fresh_server(tmp_pat
     print(f"fresh server: {cached} of {prompt_tokens} prompt tokens restored")
     assert cached >= prompt_tokens - 64  # all whole blocks of the prompt
     assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+
+
+def with_nan_in_block(archive: bytes, index: int) -> tuple[bytes, str]:
+    """The archive with one NaN written into block ``index``'s last tensor, its checksum
+    updated so only the block check can tell; and that block's key."""
+    with tarfile.open(fileobj=io.BytesIO(archive)) as source:
+        files = {m.name: source.extractfile(m).read() for m in source.getmembers()}
+    manifest = json.loads(files["manifest.json"])
+    entry = manifest["blocks"][index]
+    name = f"blocks/{entry['key']}.safetensors"
+    data = bytearray(files[name])
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    tensor = next(v for k, v in header.items() if k.startswith("v."))
+    start = 8 + length + tensor["data_offsets"][0]
+    nan = {"F32": struct.pack("<f", math.nan), "F16": b"\x00\x7e", "BF16": b"\xc0\x7f"}
+    data[start : start + len(nan[tensor["dtype"]])] = nan[tensor["dtype"]]
+    files[name] = bytes(data)
+    entry["sha256"] = hashlib.sha256(data).hexdigest()
+    files["manifest.json"] = json.dumps(manifest).encode()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for member, body in files.items():
+            info = tarfile.TarInfo(member)
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    return out.getvalue(), entry["key"]
+
+
+def test_a_block_with_a_nan_is_refused_over_http_and_nothing_is_written(
+    tiny_model_dir: Path, tmp_path: Path, exported: Path
+) -> None:
+    crafted, key = with_nan_in_block(exported.read_bytes(), 10)
+    cache = tmp_path / "cache"
+    with ServerProcess(
+        "--model", str(tiny_model_dir), "--block-size", "16", cache_dir=cache
+    ) as server:
+        refused = post_archive(server, crafted)
+        assert refused.status_code == 400, refused.text
+        message = refused.json()["error"]["message"]
+        assert f"block {key}: " in message and "non-finite" in message
+        assert index_rows(cache) == []  # not one block of the archive, before it or after
+        answer = ask(server, CONVERSATION).json()
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        done = post_archive(server, exported.read_bytes()).json()  # the sound one goes in
+        assert done["blocks"] == 63 and done["refused"] == {}
+        assert len(settled_rows(cache, quiet=2.0)) >= 63  # the ask wrote the same ones, and its tail
+    checked = admin("verify", "--cache-dir", str(cache))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
