@@ -10,7 +10,13 @@ from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.blockfiles.writer import BlockWriter
 from omlx.adapters.sqlindex import open_index
 from omlx.domain.cache.cold_tier import ColdTier
-from tests.storage_checks import assert_cache_invariants, fake_decode, make_chain, make_namespace
+from tests.storage_checks import (
+    assert_cache_invariants,
+    fake_decode,
+    make_chain,
+    make_namespace,
+    no_model_check,
+)
 
 BIG = 10**12
 
@@ -23,7 +29,9 @@ def tier_over(tmp_path: Path, *, queue_size: int, max_bytes: int = BIG):
         DiskBudget(tmp_path, max_bytes=max_bytes, reserve_bytes=0),
         queue_size=queue_size,
     )
-    tier = ColdTier(make_namespace(), FileBlockStore(tmp_path), index, writer, fake_decode)
+    tier = ColdTier(
+        make_namespace(), FileBlockStore(tmp_path), index, writer, fake_decode, check=no_model_check
+    )
     return tier, writer, index
 
 
