@@ -284,7 +284,15 @@ def long_prompt_lookups(folder: Path, rows: int, reps: int) -> dict[str, Any]:
     for i, k in enumerate(keys):
         meta = BlockMeta(key=k, parent_key=keys[i - 1] if i else NS, namespace=NS, token_count=64)
         hot.put(meta, tuple(tokens[i * 64 : (i + 1) * 64]), object(), 64 * 4096)
-    cold = ColdTier(ns, FileBlockStore(folder), index, writer=_NoWriter(), decode=codec.decode)
+    # The index's lookups are timed here, not block files: no model spec to check them with.
+    cold = ColdTier(
+        ns,
+        FileBlockStore(folder),
+        index,
+        writer=_NoWriter(),
+        decode=codec.decode,
+        check=lambda data, meta, **_: None,
+    )
     cache = PrefixCache(namespace=ns, codec=codec, hot=hot, cold=cold)
     times: dict[str, list[float]] = {
         "64k prompt, all in RAM": [],

@@ -54,6 +54,7 @@ from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 from omlx.adapters.blockfiles import DiskBudget, FileBlockStore  # noqa: E402
 from omlx.adapters.blockfiles.writer import BlockWriter  # noqa: E402
 from omlx.adapters.mlx.cache.codec import MLXKVCodec  # noqa: E402
+from omlx.adapters.mlx.cache.expected_blocks import expected_blocks  # noqa: E402
 from omlx.adapters.mlx.models.loader import load_model  # noqa: E402
 from omlx.adapters.sqlindex import open_index  # noqa: E402
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo  # noqa: E402
@@ -310,7 +311,12 @@ def main() -> None:
             f"= {nbytes / MB / write_s:.0f} MB/s",
             flush=True,
         )
-        tier = ColdTier(ns, store, index, writer=_NoWriter(), decode=codec_of_model().decode)
+        # The server's read path: each file's header checked against the model's block spec.
+        checker = codec_of_model()
+        checker.expected = expected_blocks(model.model, checker, args.block_size)
+        tier = ColdTier(
+            ns, store, index, writer=_NoWriter(), decode=checker.decode, check=checker.check
+        )
 
         # One restore first (files still in the page cache from the write): one-time costs of
         # the first SQLite query and MLX/numpy paths stay out of the timed rounds; checks the result.
