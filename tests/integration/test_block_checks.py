@@ -287,6 +287,16 @@ def test_values_are_scanned_for_imports_and_verify_not_for_each_read(tiny: Model
     assert "shaped" in (tiny.codec.check(shaped, shaped_meta, values=False) or "")
 
 
+def test_a_check_reuses_a_read_s_parse_for_that_file_alone(tiny: Model) -> None:
+    good_meta, good = block_file(tiny, TOKENS, kv_tensors(tiny, TOKENS))
+    bad_meta, bad = _reshaped(3, 16)(tiny)
+    tiny.codec.decode(good)  # a read parses the file, then checks it with that parse
+    assert "shaped" in (tiny.codec.check(bad, bad_meta, values=False) or "")  # another file
+    tiny.codec.decode(bad)
+    assert "shaped" in (tiny.codec.check(bad, bad_meta, values=False) or "")  # reused
+    assert tiny.codec.check(good, good_meta, values=False) is None
+
+
 # --- reads and verify on disk ---------------------------------------------------------------
 
 

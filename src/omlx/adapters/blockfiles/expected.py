@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from omlx.adapters.blockfiles.format import RawTensor, unpack_block
+from omlx.adapters.blockfiles.format import RawTensor, Unpacked, unpack_block
 from omlx.domain.cache.keys import EXTERNAL, KV, STATE
 
 # Metadata a file of a kind must carry exactly as the engine writes it (when it does).
@@ -97,11 +97,14 @@ def _open_token_axis(shape: tuple[int, ...]) -> Shape:
     return tuple(None if i == TOKEN_AXIS else d for i, d in enumerate(shape))
 
 
-def file_problem(spec: BlockSpec, data: bytes, *, values: bool = True) -> str | None:
+def file_problem(
+    spec: BlockSpec, data: bytes, *, values: bool = True, parsed: Unpacked | None = None
+) -> str | None:
     """Why the object file ``data`` is not one this namespace's engine writes, or None;
-    ``values``: scan its floats too (every byte: imports and ``verify``, not each read)."""
+    ``values``: scan its floats too (every byte: imports and ``verify``, not each read);
+    ``parsed``: ``unpack_block(data)`` where the caller has it already."""
     try:
-        tokens, tensors, metadata = unpack_block(data)
+        tokens, tensors, metadata = parsed if parsed is not None else unpack_block(data)
     except ValueError as exc:
         return f"it cannot be parsed ({exc})"
     kind = metadata.get("kind", KV)

@@ -262,7 +262,11 @@ def pack_block(
     return encode_block(tensors, metadata)
 
 
-def unpack_block(data: bytes) -> tuple[tuple[int, ...], dict[str, RawTensor], dict[str, str]]:
+# An object file parsed: its tokens, its other tensors by name, its metadata.
+Unpacked = tuple[tuple[int, ...], dict[str, RawTensor], dict[str, str]]
+
+
+def unpack_block(data: bytes) -> Unpacked:
     """An object file's tokens, its other tensors by name and its metadata, checked together.
 
     Refuses another format version (older blocks are collected, never misread), and a

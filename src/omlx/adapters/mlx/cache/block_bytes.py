@@ -16,6 +16,7 @@ import numpy as np
 
 from omlx.adapters.blockfiles.format import (
     RawTensor,
+    Unpacked,
     block_metadata,
     encode_block,
     joined,
@@ -151,7 +152,16 @@ def tensor_shapes(payload: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
 def decode(data: bytes) -> DecodedBlock:
     """Parse an object file; its arrays stay in ``data`` (zero-copy views) until ``assemble``."""
     try:
-        tokens, tensors, metadata = unpack_block(data)
+        parts = unpack_block(data)
+    except ValueError as exc:
+        raise ValueError(f"malformed block file: {exc}") from exc
+    return decode_parts(data, parts)
+
+
+def decode_parts(data: bytes, parts: Unpacked) -> DecodedBlock:
+    """``decode`` of a file ``unpack_block`` has parsed already."""
+    tokens, tensors, metadata = parts
+    try:
         if metadata.get("kind") == STATE:
             payload = _state_of(tensors, json.loads(metadata["state_slots"]))
         else:
