@@ -18,6 +18,7 @@ import pytest
 
 from tests.agent_model import MODEL_ID, REPLY
 from tests.server_process import ServerProcess
+from tests.tenant_keys import ALICE, BOB, keys_file
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".agents" / "node_modules" / ".bin"
@@ -222,28 +223,25 @@ def test_the_clis_work_as_tenants_and_do_not_share_a_tenant_s_cache(
 ):
     """Claude Code and Codex on a server with a keys file: each with its tenant's key, every
     request answered; a second tenant's first session restores nothing of the first's."""
-    alice, bob = "sk-alice-0123456789", "sk-bob-0123456789"
-    keys = tmp_path / "keys"
-    keys.write_text(f"alice {alice}\nbob {bob}\n")
-    keys.chmod(0o600)
+    keys = keys_file(tmp_path, operator=False)
     with ServerProcess(
         "--model", str(agent_model_dir), "--log-level", "debug", "--api-keys-file", str(keys),
         cache_dir=tmp_path / "cache", log_path=tmp_path / "server.log",
     ) as server:  # fmt: skip
         claude = ClaudeCode(agent_clis, server, tmp_path / "alice")
-        claude.env["ANTHROPIC_API_KEY"] = alice
+        claude.env["ANTHROPIC_API_KEY"] = ALICE
         assert claude.ask("What does this project do?")["result"] == REPLY
         again = claude.ask("Where are the tests?")
         prompt, cached = prompt_and_cached(again)
         assert cached >= 0.5 * prompt, (prompt, cached)  # alice's own system prompt and tools
         other = ClaudeCode(agent_clis, server, tmp_path / "bob")
-        other.env["ANTHROPIC_API_KEY"] = bob
+        other.env["ANTHROPIC_API_KEY"] = BOB
         prompt_b, cached_b = prompt_and_cached(other.ask("What does this project do?"))
         assert prompt_b > 10_000 and cached_b < 64, (prompt_b, cached_b)  # none of alice's
         codex = Codex(agent_clis, server, tmp_path / "bob-codex")
         config = codex.home / "config.toml"
         config.write_text(config.read_text() + 'env_key = "OMLX_KEY"\n')
-        codex.env["OMLX_KEY"] = bob
+        codex.env["OMLX_KEY"] = BOB
         assert _answer(codex.run("What does this project do?")) == REPLY
         log = server.read_log()
         assert "POST /v1/messages?beta=true" in log and "POST /v1/responses" in log

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,24 +26,15 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from tests import chromium
+from tests.chromium import wait_for
 from tests.server_process import ServerProcess
 
 KEY = "trust-key-42"
 BEARER = {"Authorization": f"Bearer {KEY}"}
 MODEL = "tiny-llama"
 SYSTEM = "You are a careful agent working in a repository of Python code. " * 6
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-webdriver = pytest.importorskip(
-    "selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')"
-)
-if CHROMIUM is None or CHROMEDRIVER is None:
-    pytest.skip(
-        "chromium and chromedriver are not installed (apt-get install chromium chromium-driver; "
-        "scripts/setup.sh does it where it may)",
-        allow_module_level=True,
-    )
+chromium.require()
 
 from selenium.webdriver.common.by import By  # noqa: E402
 
@@ -237,38 +226,9 @@ def attacker() -> Iterator[AttackerSite]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        # DNS rebinding without a DNS server: the attacker's name resolves to this machine.
-        "--host-resolver-rules=MAP rebind.test 127.0.0.1",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(
-        options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER)
-    )
-    try:
+    # DNS rebinding without a DNS server: the attacker's name resolves to this machine.
+    with chromium.headless("--host-resolver-rules=MAP rebind.test 127.0.0.1") as driver:
         yield driver
-    finally:
-        driver.quit()
-
-
-def wait_for(what: str, check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if value := check():
-                return value
-        except Exception:  # the page may still be loading
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def answers(server: ServerProcess, headers: dict[str, str]) -> Counter:

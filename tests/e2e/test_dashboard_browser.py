@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,24 +21,15 @@ import httpx
 import openai
 import pytest
 
+from tests import chromium
+from tests.chromium import wait_for
 from tests.server_process import ServerProcess
 
 KEY = "dash-key-42"
 BEARER = {"Authorization": f"Bearer {KEY}"}
 SYSTEM = "You are a careful agent working in a repository of Python code. " * 12
 NONE = "\N{EN DASH}"  # what the page shows for a value it does not have
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-webdriver = pytest.importorskip(
-    "selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')"
-)
-if CHROMIUM is None or CHROMEDRIVER is None:
-    pytest.skip(
-        "chromium and chromedriver are not installed (apt-get install chromium chromium-driver; "
-        "scripts/setup.sh does it where it may)",
-        allow_module_level=True,
-    )
+chromium.require()
 
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -65,38 +55,8 @@ def server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--window-size=1280,1400",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-    driver = webdriver.Chrome(
-        options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER)
-    )
-    try:
+    with chromium.headless("--window-size=1280,1400", performance_log=True) as driver:
         yield driver
-    finally:
-        driver.quit()
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if value := check():
-                return value
-        except Exception:  # the page redraws its tables every poll: an element may go stale
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def messages(question: str = "List the files.") -> list[dict[str, str]]:

@@ -7,24 +7,27 @@ tenant's prompt. Skips, saying why, where the browser is missing (as the dashboa
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.e2e.test_dashboard_browser import browser, cell_texts, wait_for  # noqa: F401
+from tests import chromium
+from tests.chromium import wait_for
+from tests.e2e.test_dashboard_browser import cell_texts
 from tests.server_process import ServerProcess
+from tests.tenant_keys import ALICE, BOB, OPS, keys_file
 
-ALICE, BOB, OPS = "sk-alice-0123456789", "sk-bob-0123456789", "sk-ops-0123456789"
+chromium.require()
+
 SECRET = "The launch code is 0000-7777. " * 20
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
     work = tmp_path_factory.mktemp("dashboard-roles")
-    keys = work / "keys"
-    keys.write_text(f"alice {ALICE}\nbob {BOB}\nops {OPS} operator\n")
-    keys.chmod(0o600)
+    keys = keys_file(work)
     with ServerProcess(
         "--model",
         str(tiny_model_dir),
@@ -36,6 +39,12 @@ def server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
         log_path=work / "server.log",
     ) as process:
         yield process
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium.headless() as driver:
+        yield driver
 
 
 def chat(server: ServerProcess, key: str, system: str, question: str) -> None:
@@ -53,7 +62,7 @@ def open_as(driver, origin: str, key: str) -> None:
     wait_for("the models table", lambda: cell_texts(driver, "#models tbody th"))
 
 
-def test_a_tenant_s_page_and_an_operator_s(server, browser) -> None:  # noqa: F811
+def test_a_tenant_s_page_and_an_operator_s(server, browser) -> None:
     chat(server, BOB, SECRET, "What is the code?")
     chat(server, BOB, SECRET.replace("7777", "9999"), "What is the code?")  # a miss, quoted
     chat(server, ALICE, "You answer briefly.", "Hello?")

@@ -16,13 +16,8 @@ import openai
 import pytest
 
 from tests.server_process import ServerProcess, free_port
+from tests.tenant_keys import ALICE, BOB, OPS, ROOT, keys_file
 
-ALICE, BOB, OPS, ROOT = (
-    "sk-alice-0123456789",
-    "sk-bob-0123456789",
-    "sk-ops-0123456789",
-    "sk-root-0123456789",
-)
 SECRET = " ".join(f"Rule {i}: the vault code is 4711-{i}." for i in range(40))
 CHAT = [
     {"role": "system", "content": SECRET},
@@ -33,9 +28,7 @@ CHAT = [
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
     work = tmp_path_factory.mktemp("trust-roles")
-    keys = work / "keys"
-    keys.write_text(f"alice {ALICE}\nbob {BOB}\nops {OPS} operator\n")
-    keys.chmod(0o600)
+    keys = keys_file(work)
     with ServerProcess(
         "--model",
         str(tiny_model_dir),

@@ -10,6 +10,7 @@ from litestar.testing import TestClient
 from omlx.app.api.app import create_app
 from omlx.app.cache_controls.tenants import MIN_KEY_CHARS, Caller, KeysFileError, load_keys
 from tests.fakes import FakeColdSource
+from tests.tenant_keys import ALICE, BOB, OPS
 from tests.unit.api_fakes import MODEL, fake_container
 from tests.unit.test_cache_header import CachingEngine
 from tests.unit.test_prefix_cache import make, seq
@@ -18,9 +19,6 @@ PROMPT = [
     {"role": "system", "content": "You review pull requests for a payments service."},
     {"role": "user", "content": "Is this migration safe to run during business hours?"},
 ]
-
-
-ALICE, BOB, OPS = "sk-alice-0123456789", "sk-bob-0123456789", "sk-ops-0123456789"
 
 
 def test_the_keys_file_is_read_by_whole_lines_and_refused_by_line(tmp_path: Path) -> None:

@@ -10,15 +10,10 @@ import pytest
 from litestar.testing import TestClient
 
 from omlx.app.api.app import create_app
+from tests.tenant_keys import ALICE, BOB, OPS, ROOT, keys_file
 from tests.unit.api_fakes import MODEL, fake_container
 from tests.unit.test_cache_header import CachingEngine
 
-ALICE, BOB, OPS, ROOT = (
-    "sk-alice-0123456789",
-    "sk-bob-0123456789abc",
-    "sk-ops-0123456789",
-    "sk-root-0123456789",
-)
 SECRET = "My password is hunter2 and the vault opens at dawn. " * 6
 PROMPT = [
     {"role": "system", "content": SECRET},
@@ -32,9 +27,7 @@ def key(k: str) -> dict[str, str]:
 
 @pytest.fixture
 def server(tmp_path: Path) -> TestClient:
-    keys = tmp_path / "keys"
-    keys.write_text(f"alice {ALICE}\nbob {BOB}\nops {OPS} operator\n")
-    keys.chmod(0o600)
+    keys = keys_file(tmp_path)
     container = fake_container(CachingEngine(), api_keys_file=str(keys), api_key=ROOT)
     with TestClient(create_app(container)) as client:
         yield client
