@@ -24,7 +24,7 @@ from omlx.app.api.browser_guard import BrowserTrust
 from omlx.app.api.cache_controller import Unpinned, pins_of, unpin, usage_of
 from omlx.app.api.dashboard.actions import clear_model_cache, unload_model, vacuum_cache
 from omlx.app.api.dashboard.series import RequestSeries
-from omlx.app.api.dashboard.state import dashboard_state, ssd_usage, tenant_view
+from omlx.app.api.dashboard.state import dashboard_state, ssd_usage
 from omlx.app.api.errors import handle_app_error
 from omlx.app.cache_controls.maintenance import CacheMaintenance
 from omlx.app.cache_controls.tenants import LOCAL_USER
@@ -115,9 +115,9 @@ class DashboardController(Controller):
         caller = caller_of(request) or LOCAL_USER
         ssd = await anyio.to_thread.run_sync(ssd_usage, maintenance if caller.operator else None)
         pins = pins_of(pool, caller.tenant)
+        usage = usage_of(pool, caller.tenant)
         log, series = dashboard.log, dashboard.series
-        whole = dashboard_state(status.read(), settings, log, series, ssd, pins)
-        return tenant_view(whole, caller, log, series, usage_of(pool, caller.tenant))
+        return dashboard_state(status.read(), settings, log, series, ssd, pins, caller, usage)
 
     # The actions change the server's state: kept out of the OpenAPI schema, so schema-driven
     # fuzzers (tests/e2e/test_schemathesis.py) do not unload or clear what other tests use.

@@ -35,23 +35,33 @@ def dashboard_state(
     series: RequestSeries,
     ssd: JsonObject,
     pins: dict[str, list[PinView]],
+    caller: Caller,
+    usage: dict[str, TenantUsage],
 ) -> JsonObject:
-    """The whole page's data, as an operator sees it; ``ssd`` is ``ssd_usage``'s answer (read
-    off the event loop). ``tenant_view`` cuts it to what one tenant may see."""
+    """The whole page's data as ``caller`` may see it; ``ssd`` is ``ssd_usage``'s answer (read
+    off the event loop), ``pins`` and ``usage`` the caller's tenant's.
+
+    An operator sees every request, but the excerpts of where a prompt left the cache only
+    for its own tenant's: reports reveal the caller's own prompts alone. A tenant sees its
+    own requests, series, pins and usage per model, and nothing of the tiers' contents,
+    the other tenants' counts or the operator's actions.
+    """
+    tenant = caller.tenant or ""
+    scope = None if caller.operator else tenant  # whose requests: every tenant's, or its own
     models = [_model(m) for m in state.models]
     for model in models:
         known = ssd.get("enabled") and "unavailable" not in ssd
         model["ssd"] = _ssd_of(model, ssd["namespaces"]) if known else None
     hot = [m["cache"]["hot"] for m in models if m.get("cache", {}).get("hot")]
-    return {
+    out: JsonObject = {
         "server": {
             "version": state.version,
             "uptime_s": state.uptime_s,
             "ready": state.ready,
             "blas": state.blas,
             "auth": bool(settings.api_key or settings.api_keys_file),
-            "role": "operator",
-            "tenant": None,
+            "role": caller.role,
+            "tenant": caller.tenant,
             "sample_seconds": series.interval,
         },
         "memory": {"limit_bytes": state.memory_limit, "held_bytes": state.memory_held},
@@ -72,50 +82,31 @@ def dashboard_state(
             "max_concurrent": settings.max_concurrent_requests,
             "max_queued": settings.max_queued_requests,
         },
-        "requests": [asdict(r) for r in requests.recent(RECENT_REQUESTS)],
-        "series": {m: [asdict(p) for p in pts] for m, pts in series.points().items()},
+        "requests": [
+            _without_others_excerpts(asdict(r), tenant)
+            for r in requests.recent(RECENT_REQUESTS, tenant=scope)
+        ],
+        "series": {m: [asdict(p) for p in pts] for m, pts in series.points(scope).items()},
         "pins": pins_json(pins),
     }
+    if not caller.operator:
+        out["models"] = [_tenant_model(m, usage) for m in models]
+        out["tiers"] = None
+    return out
 
 
-def tenant_view(
-    whole: JsonObject,
-    caller: Caller,
-    requests: RequestLog,
-    series: RequestSeries,
-    usage: dict[str, TenantUsage],
-) -> JsonObject:
-    """``whole`` (``dashboard_state``'s) as ``caller`` may see it.
-
-    An operator sees every request, but the excerpts of where a prompt left the cache only
-    for its own tenant's: reports reveal the caller's own prompts alone. A tenant sees its
-    own requests, series, pins and usage per model, and nothing of the tiers' contents,
-    the other tenants' counts or the operator's actions.
-    """
-    tenant = caller.tenant or ""
-    if caller.operator:
-        shown = [_without_others_excerpts(r, tenant) for r in whole["requests"]]
-        return {**whole, "server": {**whole["server"], "tenant": caller.tenant}, "requests": shown}
-    models = []
-    for model in whole["models"]:
-        own = {k: v for k, v in model.items() if k not in ("cache", "ssd")}
-        if model["id"] in usage:
-            use = usage[model["id"]]
-            own["cache"] = {
-                "enabled": True,
-                "lookups": use.lookups,
-                "lookup_tokens": use.prompt_tokens,
-                "hit_tokens": use.cached_tokens,
-            }
-        models.append(own)
-    return {
-        **whole,
-        "server": {**whole["server"], "role": "tenant", "tenant": caller.tenant},
-        "models": models,
-        "tiers": None,
-        "requests": [asdict(r) for r in requests.recent(RECENT_REQUESTS, tenant=tenant)],
-        "series": {m: [asdict(p) for p in pts] for m, pts in series.points(tenant).items()},
-    }
+def _tenant_model(model: JsonObject, usage: dict[str, TenantUsage]) -> JsonObject:
+    """A model's row without the cache's contents, with the tenant's own counts instead."""
+    own = {k: v for k, v in model.items() if k not in ("cache", "ssd")}
+    use = usage.get(model["id"])
+    if use is not None:
+        own["cache"] = {
+            "enabled": True,
+            "lookups": use.lookups,
+            "lookup_tokens": use.prompt_tokens,
+            "hit_tokens": use.cached_tokens,
+        }
+    return own
 
 
 def _without_others_excerpts(record: JsonObject, tenant: str) -> JsonObject:
