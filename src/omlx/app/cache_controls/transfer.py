@@ -20,7 +20,7 @@ import json
 import tarfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
 import msgspec
 
@@ -169,8 +169,8 @@ class Archive:
         """Block ``key``'s file bytes."""
         return self.read(f"blocks/{key}.safetensors", MAX_BLOCK_FILE_BYTES)
 
-    def manifest(self, max_blocks: int) -> dict[str, Any]:
-        """The manifest as JSON values, its shape checked first (a malformed one names the
+    def manifest(self, max_blocks: int) -> _Manifest:
+        """The manifest, its shape checked first (a malformed one names the
         field at fault) and its block count bounded (``ImportTooLarge``)."""
         raw = self.read(MANIFEST, MANIFEST_BYTES_PER_BLOCK * max_blocks + 65536)
         try:
@@ -185,7 +185,7 @@ class Archive:
                 f"the archive has {len(manifest.blocks)} blocks; this server imports at most "
                 f"{max_blocks} at once (max_import_blocks)"
             )
-        return msgspec.to_builtins(manifest)
+        return manifest
 
 
 def read_archive(
@@ -193,19 +193,18 @@ def read_archive(
 ) -> list[ImportedBlock]:
     """Every block of ``archive``, verified for this model and tenant (``ImportRefused``)."""
     manifest = archive.manifest(max_blocks)
-    blocks = manifest["blocks"]
     namespace = prefix_cache.namespace
-    if manifest.get("format") != ARCHIVE_FORMAT or manifest.get("version") != ARCHIVE_VERSION:
+    if manifest.format != ARCHIVE_FORMAT or manifest.version != ARCHIVE_VERSION:
         raise ImportRefused(
-            f"archive format {manifest.get('format')!r} v{manifest.get('version')}: this server reads {ARCHIVE_FORMAT} v{ARCHIVE_VERSION}"
+            f"archive format {manifest.format!r} v{manifest.version}: this server reads {ARCHIVE_FORMAT} v{ARCHIVE_VERSION}"
         )
-    if manifest.get("cache_format_version") != CACHE_FORMAT_VERSION:
+    if manifest.cache_format_version != CACHE_FORMAT_VERSION:
         raise ImportRefused(
-            f"cache format version {manifest.get('cache_format_version')}: this server's is {CACHE_FORMAT_VERSION}"
+            f"cache format version {manifest.cache_format_version}: this server's is {CACHE_FORMAT_VERSION}"
         )
-    if manifest.get("namespace") != namespace.digest:
+    if manifest.namespace != namespace.digest:
         raise ImportRefused(
-            f"the archive is for model {manifest.get('model')!r} (namespace {str(manifest.get('namespace'))[:12]}); "
+            f"the archive is for model {manifest.model!r} (namespace {manifest.namespace[:12]}); "
             f"this server's {namespace.model_name!r} is namespace {namespace.digest[:12]}: another model, "
             "quantization or block size"
         )
@@ -214,11 +213,11 @@ def read_archive(
         raise ImportRefused("this model has no disk tier to import into")
     parent = prefix_cache.root_of(tenant) or namespace.digest
     verified: list[ImportedBlock] = []
-    for entry in blocks:
-        key, data = entry["key"], archive.block(entry["key"])
-        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+    for entry in manifest.blocks:
+        key, data = entry.key, archive.block(entry.key)
+        if hashlib.sha256(data).hexdigest() != entry.sha256:
             raise ImportRefused(f"block {key}: its bytes do not match the manifest's checksum")
-        if entry.get("kind", KV) != KV or entry["parent_key"] != parent:
+        if entry.kind != KV or entry.parent_key != parent:
             raise ImportRefused(
                 f"block {key}: not the next block of this tenant's chain (exported by another "
                 "tenant, or out of order)"
