@@ -472,14 +472,20 @@ class FakeColdSource:
             if self.blocks.pop(key, None) is not None:
                 self.forgotten.append(key)
 
-    def files(self, keys: Sequence[str]) -> list[tuple[StoredBlock, bytes]]:
-        """Rows (made up from the metadata) and bytes of ``keys``, to the first one missing."""
+    def file_rows(self, keys: Sequence[str]) -> list[StoredBlock]:
+        """Rows (made up from the metadata) of ``keys``, to the first one missing."""
         out = []
         for key in keys:
             if key not in self.blocks:
                 break
-            out.append((self._row(key), self.blocks[key][2]))
+            out.append(self._row(key))
         return out
+
+    def read_files(self, rows: Sequence[StoredBlock]) -> Iterator[tuple[StoredBlock, bytes]]:
+        for row in rows:
+            if row.key not in self.blocks:
+                return
+            yield row, self.blocks[row.key][2]
 
     def verify(
         self, data: bytes, meta: BlockMeta, *, values: bool = True

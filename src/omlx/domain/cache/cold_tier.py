@@ -222,10 +222,6 @@ class ColdTier:
             return None
         return {k: r for k, r in rows.items() if r.namespace == self.namespace.digest}
 
-    def files(self, keys: Sequence[str]) -> list[tuple[StoredBlock, bytes]]:
-        """The index rows and file bytes of ``keys`` (in order, to the first one missing)."""
-        return list(self.read_files(self.file_rows(keys)))
-
     def file_rows(self, keys: Sequence[str]) -> list[StoredBlock]:
         """The index rows of ``keys`` in this namespace, in order, to the first one missing."""
         rows = self._lookup(list(keys))
@@ -300,16 +296,9 @@ class ColdTier:
         """Remove ``keys``' rows, then their files: a restore found them unusable."""
         rows = self._lookup(list(keys))
         found = [r for r in (rows or {}).values() if r.namespace == self.namespace.digest]
-        if not found:
-            return
-        log.warning("removing %d cold blocks a restore could not use", len(found))
-        self._tally.add(corrupt_blocks=len(found))
-        try:
-            self._index.remove_blocks([r.key for r in found])  # rows first, files second
-            for row in found:
-                self._store.delete(row.relpath)
-        except Exception as exc:
-            log.warning("removing unusable blocks failed (%s); reconcile will", exc)
+        if found:
+            log.warning("removing %d cold blocks a restore could not use", len(found))
+            self._remove(found, corrupt_blocks=len(found))
 
     def contains(self, key: str) -> bool:
         if self._writer.pending(key):
@@ -482,9 +471,14 @@ class ColdTier:
         log.warning(
             "cold block %s (%s) is not served: %s; removing it", row.key, row.relpath, problem
         )
-        self._tally.add(**{counter: 1}, misses=1)
+        self._remove([row], **{counter: 1}, misses=1)
+
+    def _remove(self, rows: Sequence[StoredBlock], **counts: int) -> None:
+        """Rows first, files second; counted. A failure is left to reconcile, never raised."""
+        self._tally.add(**counts)
         try:
-            self._index.remove_blocks([row.key])  # row first, file second
-            self._store.delete(row.relpath)
+            self._index.remove_blocks([r.key for r in rows])
+            for row in rows:
+                self._store.delete(row.relpath)
         except Exception as exc:
-            log.warning("removing bad block %s failed (%s); reconcile will", row.key, exc)
+            log.warning("removing %d bad blocks failed (%s); reconcile will", len(rows), exc)

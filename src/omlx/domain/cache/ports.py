@@ -311,8 +311,12 @@ class ColdSource(Protocol):
         """Remove ``keys``' rows, then their files (blocks a restore found unusable); never raises."""
         ...
 
-    def files(self, keys: Sequence[str]) -> list[tuple[StoredBlock, bytes]]:
-        """The rows and file bytes of ``keys``, in order, to the first one missing (an
+    def file_rows(self, keys: Sequence[str]) -> list[StoredBlock]:
+        """The rows of ``keys`` in this namespace, in order, to the first one missing."""
+        ...
+
+    def read_files(self, rows: Sequence[StoredBlock]) -> Iterator[tuple[StoredBlock, bytes]]:
+        """Each row's file bytes, one at a time, to the first missing or mismatched file (an
         export's source: nothing is decoded, touched or dropped)."""
         ...
 
