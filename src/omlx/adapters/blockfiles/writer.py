@@ -95,7 +95,6 @@ class BlockWriter:
     ) -> bool:
         """Queue a block, waiting up to ``wait`` s for room. False when dropped (queue full,
         or closing); ``done`` is told the outcome once the write ends (see ``BlockSink``)."""
-        job = WriteJob(meta, namespace, bytes(data), done)
         with self._lock:
             if meta.key in self._pending:
                 already = True  # write-through queues each block once
@@ -109,6 +108,7 @@ class BlockWriter:
             if done is not None:
                 done(WriteOutcome.EXISTING)  # another caller's write of the same block
             return True
+        job = WriteJob(meta, namespace, bytes(data), done)  # copied only for a block it queues
         try:
             # Not under the lock: the thread takes it to finish the jobs that make room.
             self._queue.put(job, block=wait > 0, timeout=wait if wait > 0 else None)
