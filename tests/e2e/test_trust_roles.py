@@ -173,7 +173,9 @@ def test_b_cannot_act_on_the_whole_server(server, alice_was_here, method, path, 
 
 def test_health_without_a_key_says_ready_and_nothing_more(server) -> None:
     assert http(server, "GET", "/health", None).json() == {"status": "ok", "ready": True}
-    assert "restored" in http(server, "GET", "/health", BOB).json()["cache"]
+    tenant = http(server, "GET", "/health", BOB).json()
+    assert tenant["models"]["tiny-llama"]["state"] == "loaded" and "cache" not in tenant
+    assert "restored" in http(server, "GET", "/health", OPS).json()["cache"]
 
 
 def test_the_operator_sees_the_server_but_not_a_s_prompt(server, alice_was_here) -> None:

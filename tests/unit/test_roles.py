@@ -67,13 +67,15 @@ def test_operator_keys_act_on_the_whole_server(server) -> None:
     assert "tenants" not in server.get("/v1/cache/stats", headers=key(BOB)).json()
 
 
-def test_health_without_a_key_tells_readiness_only(server) -> None:
+def test_health_tells_readiness_without_a_key_and_the_counters_to_operators(server) -> None:
     assert server.get("/health").json() == {"status": "ok", "ready": True}
     assert server.get("/health", headers=key("sk-wrong-0123456789")).json().keys() == {
         "status",
         "ready",
     }
-    whole = server.get("/health", headers=key(BOB)).json()
+    tenant = server.get("/health", headers=key(BOB)).json()  # the models, not the traffic
+    assert tenant["models"][MODEL] == {"state": "loaded", "task": "chat"} and "cache" not in tenant
+    whole = server.get("/health", headers=key(OPS)).json()
     assert "restored" in whole["cache"] and whole["models"]
 
 

@@ -1,7 +1,8 @@
 """Liveness and state: answers without touching the engine thread.
 
-Anyone may ask whether the server is up and ready; the engine's and the cache's counters
-(what was restored, from where) are for a key's holder, as the rest of the API is.
+Anyone may ask whether the server is up and ready; a tenant's key adds each model's state;
+the engine's and the cache's counters (every tenant's requests together: what was
+restored, from where) are an operator's, as ``/metrics`` is.
 """
 
 from __future__ import annotations
@@ -84,11 +85,16 @@ class HealthController(Controller):
 
     @get(
         operation_id="health",
-        summary="Readiness without an API key; with one, the server's engine and cache state",
+        summary="Readiness without an API key; the models' states with a tenant's; "
+        "the engine's and cache's state with an operator's",
         opt={PUBLIC: True},
     )
     async def health(self, request: Request, status: ServerStatus) -> JsonObject:
         state = status.read()
-        if caller_of(request) is None:  # no key: what a load balancer needs, nothing of the cache
+        caller = caller_of(request)
+        if caller is None:  # no key: what a load balancer needs, nothing of the cache
             return {"status": "ok", "ready": state.ready}
+        if not caller.operator:  # a tenant: nothing of the other tenants' traffic
+            models = {m.id: {"state": m.state, "task": m.task} for m in state.models}
+            return {"status": "ok", "ready": state.ready, "models": models}
         return health_json(state)
