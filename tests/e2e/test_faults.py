@@ -133,10 +133,21 @@ def test_a_full_disk_while_serving(chat_model, tmp_path):
 
 
 def immutable(folder: Path, on: bool) -> None:
-    """``chattr -R +i``: nothing in the folder can be created or changed, even by root (a
-    read-only remount is refused while the server has files open for writing)."""
+    """``chattr +i`` on the folder and everything in it but the index's ``-shm`` file:
+    nothing can be created or changed, even by root (a read-only remount is refused while
+    the server has files open for writing).
+
+    The ``-shm`` file stays writable because SQLite maps it into memory and every reader
+    writes to it; the kernel answers a write into a mapped page of an immutable file with
+    SIGBUS, which no program can survive (docs/guide.md, "A cache folder that became
+    read-only"). The WAL and the database file are frozen, so the index's writes fail."""
+    # A block's temporary file may be renamed away meanwhile: left out, as it cannot be
+    # renamed into a frozen folder anyway.
+    paths = [p for p in (folder, *folder.rglob("*")) if not p.name.endswith(("-shm", ".tmp"))]
     subprocess.run(
-        ["chattr", "-R", "+i" if on else "-i", str(folder)], check=True, capture_output=True
+        ["chattr", "+i" if on else "-i", *(str(p) for p in paths)],
+        check=True,
+        capture_output=True,
     )
 
 

@@ -67,6 +67,22 @@ def test_one_warning_per_episode_one_recovery_line_and_no_flapping(caplog):
     ]
 
 
+def test_two_faults_in_turns_are_each_said_once(caplog):
+    """A frozen folder: new block files fail with EPERM, the open index with an I/O error,
+    in whatever order the threads meet them; each is said once, not at every change."""
+    log = logging.getLogger("omlx.test.faults")
+    episodes = FaultEpisodes("cache folder /x", log, quiet_s=3600)
+    with caplog.at_level(logging.WARNING, logger="omlx.test.faults"):
+        for _ in range(5):
+            episodes.failed(READ_ONLY, OSError(errno.EPERM, "Operation not permitted"))
+            episodes.failed(IO_ERROR, "disk I/O error")
+        episodes.succeeded()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines
+    assert "read-only or not writable" in lines[0] and "writes fail" in lines[1]
+    assert lines[2] == "cache folder /x: written again (10 writes dropped while writes failed)"
+
+
 def test_a_damaged_index_is_one_episode_whatever_sqlite_reports_next(caplog):
     """SQLite reads some pages of a damaged file as I/O errors: still the damage, said once."""
     log = logging.getLogger("omlx.test.faults")

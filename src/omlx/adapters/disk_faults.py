@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import threading
 import time
 
@@ -73,8 +74,9 @@ def fault_of(exc: BaseException | None) -> str | None:
 class FaultEpisodes:
     """Logs the start and the end of each run of failures of one kind, for one folder.
 
-    The same fault back within ``quiet_s`` of its last warning (a budget that flaps
-    between full and not) is counted silently instead of starting a new episode.
+    A fault back within ``quiet_s`` of its own last warning (a budget that flaps between
+    full and not; a frozen folder whose block files fail with EPERM and whose index fails
+    with an I/O error, in turns) is counted silently instead of starting a new episode.
     """
 
     def __init__(
@@ -92,8 +94,7 @@ class FaultEpisodes:
         self._lock = threading.Lock()
         self._fault: str | None = None
         self._announced = False
-        self._last_warning = -float("inf")
-        self._last_kind: str | None = None
+        self._last_warning: dict[str, float] = {}
         self._dropped = 0
 
     @property
@@ -109,13 +110,11 @@ class FaultEpisodes:
                 # its reads of the garbage as I/O errors: the same episode.
                 fault = DAMAGED
             starts = self._fault != fault
-            announce = starts and (
-                now - self._last_warning >= self.quiet_s or fault != self._last_kind
-            )
+            announce = starts and now - self._last_warning.get(fault, -math.inf) >= self.quiet_s
             self._fault = fault
             self._dropped += 1
             if announce:
-                self._announced, self._last_warning, self._last_kind = True, now, fault
+                self._announced, self._last_warning[fault] = True, now
         if announce:
             self._log.warning(
                 "%s: %s (%s); %s %s",
