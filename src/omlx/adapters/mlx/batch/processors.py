@@ -15,6 +15,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.sample_utils import make_logits_processors
 
+from omlx.domain.cache.image_keys import IMAGE_ID_BASE
 from omlx.domain.generation import GenerationRequest, ReasoningBudget, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ def request_processors(
     out: list[LogitsProcessor] = []
     penalties = request.sampling.penalties
     if penalties.active:
-        out += make_logits_processors(
+        made = make_logits_processors(
             logit_bias=dict(penalties.logit_bias) or None,
             repetition_penalty=penalties.repetition if penalties.repetition != 1.0 else None,
             repetition_context_size=penalties.context,
@@ -164,11 +165,23 @@ def request_processors(
             frequency_penalty=penalties.frequency or None,
             frequency_context_size=penalties.context,
         )
+        out += [_text_history(p) for p in made] if request.images else made
     if request.reasoning_budget is not None and request.reasoning_budget.end:
         out.append(BudgetEnforcer(request.reasoning_budget))
     if request.constraint is not None:
         out.append(GrammarMask(request.constraint, eos_token_ids))
     return out
+
+
+def _text_history(processor: LogitsProcessor) -> LogitsProcessor:
+    """``processor`` shown only the text of the history: an image's key ids
+    (``domain/cache/image_keys``) are no vocabulary entries a penalty could index."""
+
+    def text_only(tokens: mx.array, logits: mx.array) -> mx.array:
+        history = np.asarray(tokens)
+        return processor(mx.array(history[history < IMAGE_ID_BASE]), logits)
+
+    return text_only
 
 
 def token_logprob(token: int, row: mx.array, top: int) -> TokenLogprob:

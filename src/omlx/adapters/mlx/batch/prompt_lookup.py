@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from omlx.domain.cache.image_keys import IMAGE_ID_BASE
 from omlx.domain.speculation import LOOKUP
 
 
@@ -63,7 +64,10 @@ def continuation(context: np.ndarray, ngram_max: int, ngram_min: int, limit: int
         found = np.flatnonzero(hits)
         if found.size:
             start = int(found[-1]) + n
-            return context[start : start + limit]
+            drafts = context[start : start + limit]
+            # An image's key ids are no tokens the model could sample: drafts stop there.
+            images = np.flatnonzero(drafts >= IMAGE_ID_BASE)
+            return drafts[: images[0]] if images.size else drafts
     return context[:0]
 
 

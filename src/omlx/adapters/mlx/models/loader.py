@@ -32,6 +32,7 @@ from omlx.adapters.mlx.models.gguf import (
     load_gguf,
 )
 from omlx.adapters.mlx.models.prepared import PreparedWeights
+from omlx.adapters.mlx.vision.loader import PROCESSOR_FILES, is_vision_folder, load_vision
 from omlx.domain.cache.blocks import NamespaceInfo
 from omlx.domain.cache.keys import namespace_digest
 from omlx.domain.cache.kv_quant import KVQuant
@@ -47,6 +48,7 @@ _TOKENIZER_FILES = (
     "tokenizer.model",
     "chat_template.jinja",
     "chat_template.json",
+    *PROCESSOR_FILES,
 )
 
 # A callable that returns a remembered digest for (path, size, mtime) or computes and stores it.
@@ -208,7 +210,12 @@ def load_model(
     else:
         if not (path / "config.json").exists():
             raise UnsupportedModelError(f"{path} has no config.json: not an mlx-lm model folder")
-        model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+        if is_vision_folder(path):
+            vision = load_vision(path)
+            model, tokenizer, config = vision.model, vision.tokenizer, vision.config
+            extra["vision"] = vision.prompter
+        else:
+            model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
         weight_files = sorted(path.glob("*.safetensors"))
         tokenizer_files = [path / n for n in _TOKENIZER_FILES if (path / n).exists()]
         digest = weights_digest(

@@ -1,0 +1,51 @@
+"""How an image's placeholder tokens enter block keys (DESIGN §4, Images).
+
+A vision-language model's prompt holds, for each image, a run of one placeholder token id
+(Gemma's ``<image_soft_token>``, LLaVA's ``<image>``...) whose embeddings the engine
+replaces by the image's rows. Keyed as they are, two different images at the same place
+would share KV. So the prompt the cache sees (the *key tokens*) has each image's run
+replaced by ids of its own: ``image_token_ids(digest, n)``, consecutive ids above every
+vocabulary, starting at a point drawn from the image's SHA-256.
+
+Everything else follows without a line of cache code knowing about images:
+
+- a block's key covers exactly the images whose tokens fall inside it, in order (their ids
+  are in its token bytes), and every later block through the chain;
+- a turn that adds an image later keeps every block before it: those tokens are unchanged;
+- token-granular follow-ups compare ids, so a stored block of another image never matches;
+- the engine finds an image's rows from the ids alone (``ImageRows``), whatever the batch,
+  the chunking or the position a restore stopped at.
+
+The limit, said plainly: the start point has 30 bits, so two *different* images at the same
+position after the same prefix, in the same model and tenant, get the same ids with
+probability 2^-30 (a block's key then names both). The full digest is kept beside the
+ids where it matters (the engine's rows are looked up by digest, then checked).
+"""
+
+from __future__ import annotations
+
+IMAGE_ID_BASE = 1 << 30  # above every vocabulary; below 2^31, so ids stay int32 in block files
+IMAGE_ID_SPAN = 1 << 30
+MAX_IMAGE_TOKENS = 1 << 16  # placeholder tokens one image may take (tiled 4K images: ~10k)
+
+
+def image_start(digest: str) -> int:
+    """The first key id of the image whose SHA-256 (hex) is ``digest``."""
+    return IMAGE_ID_BASE + int(digest[:16], 16) % (IMAGE_ID_SPAN - MAX_IMAGE_TOKENS)
+
+
+def image_token_ids(digest: str, count: int) -> range:
+    """The key ids of an image's ``count`` placeholder tokens, in order."""
+    if not 0 < count <= MAX_IMAGE_TOKENS:
+        raise ValueError(f"an image takes 1 to {MAX_IMAGE_TOKENS} tokens, not {count}")
+    start = image_start(digest)
+    return range(start, start + count)
+
+
+def is_image_id(token: int) -> bool:
+    return token >= IMAGE_ID_BASE
+
+
+def text_token_count(tokens: list[int] | tuple[int, ...]) -> int:
+    """How many of ``tokens`` are text (not an image's key ids)."""
+    return sum(1 for t in tokens if t < IMAGE_ID_BASE)
