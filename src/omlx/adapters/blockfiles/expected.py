@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from omlx.adapters.blockfiles.format import RawTensor, Unpacked, unpack_block
+from omlx.domain.cache.image_keys import IMAGE_ID_BASE, IMAGE_ID_SPAN
 from omlx.domain.cache.keys import EXTERNAL, KV, STATE
 
 # Metadata a file of a kind must carry exactly as the engine writes it (when it does).
@@ -47,9 +48,13 @@ class BlockSpec:
     block_size: int
     vocab_size: int
     kinds: Mapping[str, ObjectSpec]
+    # A vision-language model's blocks also hold images' key ids (domain/cache/image_keys).
+    image_ids: bool = False
 
     @classmethod
-    def from_files(cls, block_size: int, vocab_size: int, files: Mapping[str, bytes]) -> BlockSpec:
+    def from_files(
+        cls, block_size: int, vocab_size: int, files: Mapping[str, bytes], image_ids: bool = False
+    ) -> BlockSpec:
         """The spec read off one engine-written file per kind (any token count)."""
         kinds = {}
         for kind, data in files.items():
@@ -60,7 +65,7 @@ class BlockSpec:
             }
             matched = {k: metadata[k] for k in MATCHED_METADATA if k in metadata}
             kinds[kind] = ObjectSpec(shapes, matched)
-        return cls(block_size, vocab_size, kinds)
+        return cls(block_size, vocab_size, kinds, image_ids)
 
     def to_json(self) -> str:
         doc = {
@@ -74,6 +79,8 @@ class BlockSpec:
                 for kind, spec in self.kinds.items()
             },
         }
+        if self.image_ids:  # absent for text models: their stored specs read as before
+            doc["image_ids"] = True
         return json.dumps(doc, separators=(",", ":"), sort_keys=True)
 
     @classmethod
@@ -88,7 +95,12 @@ class BlockSpec:
                 )
                 for kind, spec in doc["kinds"].items()
             }
-            return cls(int(doc["block_size"]), int(doc["vocab_size"]), kinds)
+            return cls(
+                int(doc["block_size"]),
+                int(doc["vocab_size"]),
+                kinds,
+                bool(doc.get("image_ids", False)),
+            )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a block spec: {exc}") from None
 
@@ -121,10 +133,16 @@ def file_problem(
 
 
 def tokens_problem(spec: BlockSpec, tokens: tuple[int, ...]) -> str | None:
-    """A block holds 1 to ``block_size`` tokens, each an id of the vocabulary."""
+    """A block holds 1 to ``block_size`` tokens, each an id of the vocabulary (or, for a
+    vision-language model, an image's key id)."""
     if not 1 <= len(tokens) <= spec.block_size:
         return f"it holds {len(tokens)} tokens; a block holds 1 to {spec.block_size}"
-    outside = [t for t in tokens if not 0 <= t < spec.vocab_size]
+    outside = [
+        t
+        for t in tokens
+        if not 0 <= t < spec.vocab_size
+        and not (spec.image_ids and IMAGE_ID_BASE <= t < IMAGE_ID_BASE + IMAGE_ID_SPAN)
+    ]
     if outside:
         return f"its token id {outside[0]} is outside the vocabulary (0 to {spec.vocab_size - 1})"
     return None

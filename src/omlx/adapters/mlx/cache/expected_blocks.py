@@ -46,4 +46,5 @@ def expected_blocks(model: Any, codec: MLXKVCodec, block_size: int) -> BlockSpec
         files[WINDOW] = file(WINDOW, codec.split_window(cache, 0, 1))
     if layout.of(STATE):
         files[STATE] = file(STATE, codec.snapshot(cache))
-    return BlockSpec.from_files(block_size, int(logits.shape[-1]), files)
+    takes_images = getattr(model, "rows", None) is not None  # vision.text_model's
+    return BlockSpec.from_files(block_size, int(logits.shape[-1]), files, takes_images)
