@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from omlx.domain.images import PromptImage
 from omlx.domain.speculation import SpeculationSummary
 
 if TYPE_CHECKING:
@@ -94,6 +95,8 @@ class GenerationRequest:
     # chain keys and the index's answer): the engine's lookup starts from it instead of
     # hashing the prompt and asking the index again.
     cache_probe: CachedPrefix | None = field(default=None, compare=False)
+    # The prompt's images, in the order of their places in the rendered prompt (a VLM's).
+    images: tuple[PromptImage, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True, slots=True)
