@@ -171,7 +171,11 @@ REFUSED = [
     ({"input": []}, "input"),
     (
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-        "input[0]",
+        "input[0].content[0]",  # not a data URL nor http(s)
+    ),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+        "input[0].content[0].file_id",
     ),
     ({"input": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "input[0]"),
     (

@@ -158,6 +158,38 @@ def _serve_options(fn):
             help="Most blocks in one imported cache archive (default 100000).",
         ),
         click.option(
+            "--max-image-pixels",
+            type=int,
+            default=None,
+            help="Most pixels (width x height) of one image in a prompt (default 25000000).",
+        ),
+        click.option(
+            "--max-image-bytes",
+            type=int,
+            default=None,
+            help="Largest image in a prompt, encoded, in bytes (default 20 MiB).",
+        ),
+        click.option(
+            "--max-images-per-request",
+            type=int,
+            default=None,
+            help="Most images in one request (default 16).",
+        ),
+        click.option(
+            "--allow-image-urls",
+            "allow_image_urls",
+            is_flag=True,
+            default=None,
+            help="Fetch http(s) image URLs clients send (off: data URLs only).",
+        ),
+        click.option(
+            "--image-url-timeout",
+            "image_url_timeout_s",
+            type=float,
+            default=None,
+            help="Seconds one image URL's fetch may take, all of it (default 10).",
+        ),
+        click.option(
             "--max-queued-requests",
             type=int,
             default=None,

@@ -62,6 +62,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_request_body_bytes: int = 16_000_000
     max_import_bytes: int = 8 * 1024**3  # a cache archive (POST /v1/cache/import), streamed
     max_import_blocks: int = 100_000  # blocks in one archive
+    max_image_pixels: int = 25_000_000  # width x height of one image, read from its header
+    max_image_bytes: int = 20 * 1024**2  # one image, encoded (as sent, or fetched)
+    max_images_per_request: int = 16
+    allow_image_urls: bool = False  # fetch http(s) image URLs (else data URLs only)
+    image_url_timeout_s: float = 10.0  # the whole fetch of one image URL
     models: tuple[str, ...] = ()  # more models beside ``model`` (--model, repeated)
     model_dir: str = ""
     max_model_memory: str = "auto"
@@ -182,6 +187,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 raise ValueError(f"max_model_memory: {exc}") from None
         if self.max_import_bytes < 1 or self.max_import_blocks < 1:
             raise ValueError("max_import_bytes and max_import_blocks must be >= 1")
+        if min(self.max_image_pixels, self.max_image_bytes, self.max_images_per_request) < 1:
+            raise ValueError(
+                "max_image_pixels, max_image_bytes and max_images_per_request must be >= 1"
+            )
+        if self.image_url_timeout_s <= 0:
+            raise ValueError("image_url_timeout_s must be > 0")
         if self.dashboard_sample_seconds <= 0:
             raise ValueError("dashboard_sample_seconds must be > 0")
         if self.eviction_lease_seconds < 0 or self.reconcile_grace_seconds < 0:
@@ -221,6 +232,7 @@ _FLAG_NAMES = {
     "speculation": "--no-speculation",
     "ssd_cache_enabled": "--no-ssd-cache",
     "prompt_normalizations": "--no-prompt-normalization",
+    "image_url_timeout_s": "--image-url-timeout",
 }
 
 

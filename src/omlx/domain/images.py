@@ -29,7 +29,9 @@ class PromptImage:
     width: int
     height: int
     rgb: bytes = field(repr=False, compare=False)
-    part: str = field(default="", compare=False)  # where the client sent it: "messages[2].content[1]"
+    part: str = field(
+        default="", compare=False
+    )  # where the client sent it: "messages[2].content[1]"
 
     @classmethod
     def of(cls, width: int, height: int, rgb: bytes, part: str = "") -> PromptImage:

@@ -30,8 +30,11 @@ from omlx.app.api.openai.controller import OpenAIController
 from omlx.app.api.responses.controller import ResponsesController
 from omlx.app.api.translators import Translators
 from omlx.app.cache_controls.tenants import Caller, load_keys
+from omlx.app.chat.image_reader import ImageReader
+from omlx.app.chat.images import ImageLimits
 from omlx.app.ops.request_log import RequestLog
 from omlx.app.ops.status import ServerStatus
+from omlx.app.settings import Settings
 from omlx.app.wiring.container import Container
 from omlx.domain.responses import ResponseStore, TenantResponses
 
@@ -82,7 +85,7 @@ def create_app(container: Container, keys: dict[str, Caller] | None = None) -> L
         ],
         dependencies=_providers(
             pool=container.pool,
-            translate=Translators(container.normalizer, container.seal),
+            translate=Translators(container.normalizer, container.seal, _image_reader(settings)),
             maintenance=container.maintenance,
             settings=settings,
             started_at=container.started_at,
@@ -116,6 +119,18 @@ def create_app(container: Container, keys: dict[str, Caller] | None = None) -> L
         # The CLI configures logging (format, --log-level); Litestar's default config would
         # replace it with its own at INFO and drop the engine's debug lines.
         logging_config=None,
+    )
+
+
+def _image_reader(settings: Settings) -> ImageReader:
+    return ImageReader(
+        ImageLimits(
+            max_pixels=settings.max_image_pixels,
+            max_bytes=settings.max_image_bytes,
+            max_images=settings.max_images_per_request,
+            allow_urls=settings.allow_image_urls,
+            url_timeout_s=settings.image_url_timeout_s,
+        )
     )
 
 

@@ -129,7 +129,14 @@ def pin_json(model: str, view: PinView) -> PinJSON:
 async def chat_of(
     body: CachePrompt, raw: bytes, served: Served, translate: Translators, responses: ResponseStore
 ) -> ChatRequest:
-    """The body's chat request, in the family its shape names; 400 on a malformed one."""
+    """The body's chat request, in the family its shape names, its images read; 400 on a
+    malformed one."""
+    return await translate.read_images(await _translated(body, raw, served, translate, responses))
+
+
+async def _translated(
+    body: CachePrompt, raw: bytes, served: Served, translate: Translators, responses: ResponseStore
+) -> ChatRequest:
     assert served.chat is not None  # the pool hands these routes chat models
     if body.response_id is not None:  # a stored response's conversation: input, then output
         past = await history(responses, body.response_id)

@@ -15,10 +15,11 @@ import json
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from omlx.domain.images import PromptImage
 from omlx.domain.json_values import JsonObject
 
 # Anthropic's cache_miss_reason types, by the kind of part that changed.
@@ -63,15 +64,34 @@ def fingerprint(
     labels: Sequence[str],
     tools: Sequence[JsonObject] | None,
     tokens: Sequence[int],
+    images: Sequence[PromptImage] = (),
 ) -> Fingerprint:
-    """``labels[i]`` names the request part ``messages[i]`` came from ("system", "messages[k]")."""
+    """``labels[i]`` names the request part ``messages[i]`` came from ("system", "messages[k]").
+
+    An image's digest counts in its message's (its tokens may not change with its pixels).
+    """
     grouped: OrderedDict[str, list[JsonObject]] = OrderedDict()
+    digests = iter([image.digest for image in images])
     for label, message in zip(labels, messages, strict=True):
-        grouped.setdefault(label, []).append(message)
+        grouped.setdefault(label, []).append(_with_digests(message, digests) if images else message)
     parts = [("system", _digest(grouped.pop("system", [])))]
     parts.append(("tools", _digest(list(tools or []))))
     parts.extend((label, _digest(group)) for label, group in grouped.items())
     return Fingerprint(model, tuple(parts), array("I", tokens).tobytes())
+
+
+def _with_digests(message: JsonObject, digests: Iterator[str]) -> JsonObject:
+    """``message`` with each image part naming its image's digest (the next of ``digests``)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    parts = [
+        {**p, "digest": next(digests, "")}
+        if isinstance(p, dict) and p.get("type") == "image"
+        else p
+        for p in content
+    ]
+    return {**message, "content": parts}
 
 
 def shared_tokens(a: bytes, b: bytes) -> int:

@@ -93,7 +93,19 @@ class ChatPipeline:
         self.fingerprints = fingerprints or FingerprintStore()
         self.observer = observer  # told of cache misses (metrics)
 
+    def check_images(self, chat: ChatRequest) -> None:
+        """A model that reads no images is told none: 400 before anything is tokenized."""
+        if (chat.images or chat.image_sources) and not self.service.accepts_images:
+            first = chat.images[0].part if chat.images else chat.image_sources[0].part
+            raise InvalidRequest(
+                f"model {chat.model!r} does not take images; serve a vision-language model "
+                "for this request",
+                param=first,
+            )
+
     async def count_tokens(self, chat: ChatRequest) -> int:
+        self.check_images(chat)
+
         def count() -> int:
             text = self.renderer.render(chat.messages, chat.tools, chat.template_kwargs)
             return len(self.service.encode_text(text))
@@ -140,6 +152,7 @@ class ChatPipeline:
         (``start`` does that).
         """
         controls = controls if controls is not None else TurnControls()
+        self.check_images(chat)
         started = time.monotonic()
         prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
         request = self.service.build_request(prompt.tokens, chat.sampling)
@@ -171,6 +184,7 @@ class ChatPipeline:
             request,
             render_seconds=time.monotonic() - started - grammar_seconds,
             grammar_seconds=grammar_seconds,
+            images=chat.images,
         )
         splitter = OutputSplitter(
             fmt,
@@ -201,6 +215,7 @@ class ChatPipeline:
     ) -> tuple[list[int], CacheReport | None]:
         """``chat``'s prompt, and what ``tenant``'s cache holds of it and where it leaves it;
         nothing is run or remembered (``POST /v1/cache/explain``)."""
+        self.check_images(chat)
         prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
         previous = self.fingerprints.closest(tenant, fp)
         divergence = compare(previous, fp) if previous is not None else None
@@ -256,7 +271,7 @@ class ChatPipeline:
     def _render(self, chat: ChatRequest) -> tuple[RenderedPrompt, Fingerprint]:
         text = self.renderer.render(chat.messages, chat.tools, chat.template_kwargs)
         tokens = self.service.encode_text(text)
-        fp = fingerprint(chat.model, chat.messages, chat.labels, chat.tools, tokens)
+        fp = fingerprint(chat.model, chat.messages, chat.labels, chat.tools, tokens, chat.images)
         return RenderedPrompt(text, tokens), fp
 
     def _diagnose(self, turn: ChatTurn, previous_id: str | None, last_label: str) -> None:

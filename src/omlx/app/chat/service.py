@@ -78,6 +78,11 @@ class GenerationService:
         self.observer = observer
         self.in_flight = 0  # generations being streamed (the event loop's count: the pool reads it)
 
+    @property
+    def accepts_images(self) -> bool:
+        """Whether the model reads images in its prompt (a vision-language model's service)."""
+        return False
+
     # ---- prompts ----------------------------------------------------------
 
     def encode_text(self, text: str, param: str = "messages") -> list[int]:

@@ -8,10 +8,12 @@ from omlx.app.cache_controls.controls import TurnControls
 from omlx.app.cache_controls.report import CacheReport
 from omlx.app.chat.constraints import ResponseFormat
 from omlx.app.chat.diagnostics import Divergence, Fingerprint
+from omlx.app.chat.image_parts import ImageSource
 from omlx.app.chat.output import OutputSplitter, Piece
 from omlx.app.chat.sampling import Sampling
 from omlx.app.chat.templates import RenderedPrompt
 from omlx.domain.generation import Finished, GenerationRequest, TokenLogprob
+from omlx.domain.images import PromptImage
 from omlx.domain.json_values import JsonObject
 
 
@@ -28,7 +30,9 @@ class ChatRequest:
     """One chat turn in API-neutral form: chat-template messages and generation settings.
 
     ``labels[i]`` names the part of the client's request ``messages[i]`` came from
-    ("system" or "messages[k]"), for cache-miss diagnostics.
+    ("system" or "messages[k]"), for cache-miss diagnostics. A message holding images has
+    a list of ``{"type": "text"}`` and ``{"type": "image"}`` parts as its content; the i-th
+    image part, counted across the messages in order, is ``images[i]``.
     """
 
     model: str  # the served model id
@@ -44,6 +48,9 @@ class ChatRequest:
     several_forced_calls: bool = False
     response_format: ResponseFormat | None = None  # the answer as JSON (structured output)
     reasoning_budget: int | None = None  # most reasoning tokens before the end marker is forced
+    # The images as the client sent them (translators), then decoded (Translators.read_images).
+    image_sources: tuple[ImageSource, ...] = ()
+    images: tuple[PromptImage, ...] = ()
 
 
 @dataclass(slots=True)

@@ -115,6 +115,7 @@ class AnthropicController(Controller):
     ) -> Message:
         served = await pool.acquire(data.model)
         chat = translate.anthropic(served.chat).chat_request(data, served.id)
+        await translate.read_images(chat)
         breakpoints = anthropic_breakpoints(data, chat.labels)
         controls = turn_controls(request, data.omlx_cache_control, breakpoints=breakpoints)
         mid = f"msg_{uuid.uuid4().hex[:24]}"
@@ -156,4 +157,5 @@ class AnthropicController(Controller):
             context_management=data.context_management,
         )
         chat = translate.anthropic(served.chat).chat_request(request, served.id)
+        await translate.read_images(chat)
         return TokenCount(await served.chat.count_tokens(chat))

@@ -13,12 +13,22 @@ from msgspec import UNSET, Struct, UnsetType
 from omlx.domain.json_values import JsonObject
 
 
+class ImageSourceParam(Struct, kw_only=True):
+    """An image block's source: ``base64`` (``media_type``, ``data``) or ``url``."""
+
+    type: str
+    media_type: str | None = None  # not trusted: the bytes say what they are
+    data: str | None = None
+    url: str | None = None
+
+
 class ResultPart(Struct, kw_only=True):
-    """A block inside a ``tool_result``'s content (text, tool_reference; images are refused)."""
+    """A block inside a ``tool_result``'s content (text, image, tool_reference)."""
 
     type: str
     text: str | None = None
     tool_name: str | None = None  # tool_reference: a deferred tool loaded by tool search
+    source: ImageSourceParam | None = None  # image
 
 
 class InputBlock(Struct, kw_only=True):
@@ -35,6 +45,7 @@ class InputBlock(Struct, kw_only=True):
     thinking: str | None = None
     signature: str | None = None
     data: str | None = None  # redacted_thinking
+    source: ImageSourceParam | None = None  # image
     cache_control: JsonObject | None = None
 
 

@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from omlx.app.api.anthropic.schemas import (
+    ImageSourceParam,
     InputBlock,
     InputMessage,
     MessagesRequest,
@@ -25,6 +26,7 @@ from omlx.app.api.anthropic.schemas import (
 from omlx.app.api.anthropic.schemas import (
     ToolChoice as AnthropicToolChoice,
 )
+from omlx.app.chat.image_parts import ImageSource, refuse_image, sources_in, template_content
 from omlx.app.chat.normalize import PromptNormalizer
 from omlx.app.chat.pipeline import (
     ChatRequest,
@@ -63,7 +65,8 @@ class Translator:
             raise InvalidRequest("messages must not be empty", param="messages")
         _refuse_unsupported(data)
         tools, deferred = tools_to_template(data.tools)
-        messages, labels = self.messages_to_template(data, deferred)
+        images: list[ImageSource] = []
+        messages, labels = self.messages_to_template(data, deferred, images)
         choice = tool_choice_of(data.tool_choice)
         check_tool_choice(choice, tools)
         kwargs: JsonObject = {}
@@ -97,12 +100,17 @@ class Translator:
             parallel_tool_calls=parallel,
             response_format=output_format(data.output_config),
             reasoning_budget=thinking_budget(data),
+            image_sources=tuple(images),
         )
 
     def messages_to_template(
-        self, data: Any, deferred: dict[str, JsonObject] | None = None
+        self,
+        data: Any,
+        deferred: dict[str, JsonObject] | None = None,
+        images: list[ImageSource] | None = None,
     ) -> tuple[list[JsonObject], list[str]]:
-        """Template messages and the request part each came from ("system", "messages[k]")."""
+        """Template messages and the request part each came from ("system", "messages[k]");
+        the images they hold are added to ``images`` in order."""
         out: list[JsonObject] = []
         labels: list[str] = []
         if text := self.system_text(data.system):
@@ -115,8 +123,10 @@ class Translator:
             if keep_thinking is not None
             else set()
         )
+        found: list[ImageSource] = [] if images is None else images
         for k, message in enumerate(data.messages):
-            for item in self._message(message, k in cleared, deferred or {}):
+            where = f"messages[{k}]"
+            for item in self._message(message, k in cleared, deferred or {}, where, found):
                 out.append(item)
                 labels.append(f"messages[{k}]")
         return out, labels
@@ -129,8 +139,17 @@ class Translator:
         return "\n\n".join(self.normalizer.system_blocks(blocks))
 
     def _message(
-        self, message: InputMessage, clear_thinking: bool, deferred: dict[str, dict]
+        self,
+        message: InputMessage,
+        clear_thinking: bool,
+        deferred: dict[str, dict],
+        where: str,
+        images: list[ImageSource],
     ) -> list[JsonObject]:
+        if message.role != "user" and isinstance(message.content, list):
+            for j, block in enumerate(message.content):
+                if block.type == "image":
+                    raise refuse_image(f"{where}.content[{j}]", message.role)
         if message.role == "system":
             content = message.content
             blocks = (
@@ -144,7 +163,7 @@ class Translator:
             return [{"role": message.role, "content": message.content}]
         if message.role == "assistant":
             return [self._assistant(message.content, clear_thinking)]
-        return _user_to_template(message.content, deferred)
+        return _user_to_template(message.content, deferred, where, images)
 
     def _assistant(self, blocks: list[InputBlock], clear_thinking: bool) -> JsonObject:
         texts, thinking, calls = [], [], []
@@ -190,22 +209,35 @@ class Translator:
         return block.thinking or ""
 
 
-def _user_to_template(blocks: list[InputBlock], deferred: dict[str, dict]) -> list[JsonObject]:
+def _user_to_template(
+    blocks: list[InputBlock], deferred: dict[str, dict], where: str, images: list[ImageSource]
+) -> list[JsonObject]:
+    """A user turn's blocks: its text and images as user messages, each tool_result a tool
+    message (Claude Code's Read tool sends a picture as a tool_result image)."""
     out: list[JsonObject] = []
-    texts: list[str] = []
-    for block in blocks:
+    texts: list[str | ImageSource] = []
+    for j, block in enumerate(blocks):
         if block.type == "text":
             texts.append(block.text or "")
+        elif block.type == "image":
+            texts.append(image_source(block.source, f"{where}.content[{j}]"))
         elif block.type == "tool_result":
             if texts:
-                out.append({"role": "user", "content": "\n".join(texts)})
+                out.append({"role": "user", "content": template_content(texts, "\n")})
+                images.extend(sources_in(texts))
                 texts = []
-            content = _result_text(block.content, deferred)
+            pieces = _result_pieces(block.content, deferred, f"{where}.content[{j}]")
+            if block.is_error:
+                first = pieces[0]
+                pieces = [f"Error: {first}" if isinstance(first, str) else "Error: ", *pieces[1:]]
+                if not isinstance(first, str):
+                    pieces.insert(1, first)
+            images.extend(sources_in(pieces))
             out.append(
                 {
                     "role": "tool",
                     "tool_call_id": block.tool_use_id or "",
-                    "content": ("Error: " + content) if block.is_error else content,
+                    "content": template_content(pieces, "\n"),
                 }
             )
         elif block.type in ("thinking", "redacted_thinking"):
@@ -216,17 +248,38 @@ def _user_to_template(blocks: list[InputBlock], deferred: dict[str, dict]) -> li
                 param="messages",
             )
     if texts or not out:
-        out.append({"role": "user", "content": "\n".join(texts)})
+        out.append({"role": "user", "content": template_content(texts, "\n")})
+        images.extend(sources_in(texts))
     return out
 
 
-def _result_text(content: str | list[ResultPart] | None, deferred: dict[str, dict]) -> str:
+def image_source(source: ImageSourceParam | None, where: str) -> ImageSource:
+    """An image block's source as the image it names: base64 as a data URL, or its URL."""
+    if source is not None and source.type == "base64" and source.data:
+        media = source.media_type or "application/octet-stream"
+        return ImageSource(where, f"data:{media};base64,{source.data}")
+    if source is not None and source.type == "url" and source.url:
+        return ImageSource(where, source.url)
+    kind = source.type if source is not None else None
+    raise InvalidRequest(
+        f"{where}: an image block needs a source of type base64 (media_type, data) or url; "
+        f"{kind!r} is not taken",
+        param=where,
+    )
+
+
+def _result_pieces(
+    content: str | list[ResultPart] | None, deferred: dict[str, dict], where: str
+) -> list[str | ImageSource]:
+    """A tool_result's content in order: text (joined as before) and its images."""
     if not isinstance(content, list):
-        return content or ""
-    parts = []
-    for part in content:
+        return [content or ""]
+    parts: list[str | ImageSource] = []
+    for m, part in enumerate(content):
         if part.type == "text":
             parts.append(part.text or "")
+        elif part.type == "image":
+            parts.append(image_source(part.source, f"{where}.content[{m}]"))
         elif part.type == "tool_reference":
             # A deferred tool loaded by tool search: its definition joins the prompt here,
             # where the reference is, so the prefix before it stays as it was.
@@ -242,7 +295,7 @@ def _result_text(content: str | list[ResultPart] | None, deferred: dict[str, dic
                 f"tool_result content of type {part.type!r} is not supported; send text",
                 param="messages",
             )
-    return "\n".join(parts)
+    return parts or [""]
 
 
 def tools_to_template(tools: list[ToolParam] | None) -> tuple[list[dict] | None, dict[str, dict]]:

@@ -80,7 +80,7 @@ class OpenAIController(Controller):
     ) -> ChatCompletion:
         check_n(data.n)
         served = await pool.acquire(data.model)
-        chat = translate.openai(data, served.id, served.chat)
+        chat = await translate.read_images(translate.openai(data, served.id, served.chat))
         controls = turn_controls(
             request,
             data.omlx_cache_control,

@@ -14,9 +14,15 @@ from msgspec import UNSET, Struct, UnsetType
 from omlx.domain.json_values import JsonObject
 
 
+class ImageURL(Struct, kw_only=True):
+    url: str
+    detail: str | None = None  # auto only: the model's processor sizes images its own way
+
+
 class ContentPart(Struct, kw_only=True):
     type: str
     text: str | None = None
+    image_url: ImageURL | str | None = None  # type image_url
 
 
 class ToolCallFunction(Struct, kw_only=True):

@@ -13,7 +13,14 @@ from omlx.app.api.openai.params import (
     refuse_unsupported_chat,
     response_format_of,
 )
-from omlx.app.api.openai.schemas import ChatCompletionRequest, ChatMessage
+from omlx.app.api.openai.schemas import ChatCompletionRequest, ChatMessage, ContentPart
+from omlx.app.chat.image_parts import (
+    ImageSource,
+    check_detail,
+    refuse_image,
+    sources_in,
+    template_content,
+)
 from omlx.app.chat.normalize import PromptNormalizer
 from omlx.app.chat.pipeline import ChatRequest, ToolChoice, check_tool_choice
 from omlx.app.errors import InvalidRequest
@@ -33,6 +40,34 @@ def text_of(content: str | list | None, param: str) -> str:
     return "".join(texts)
 
 
+def image_of(part: ContentPart, where: str) -> ImageSource:
+    """An ``image_url`` part (``{url, detail}``, or the URL alone) as the image it names."""
+    image = part.image_url
+    if image is None:
+        raise InvalidRequest(f"{where}: an image_url part needs image_url.url", param=where)
+    if isinstance(image, str):
+        return ImageSource(where, image)
+    check_detail(image.detail, f"{where}.image_url.detail")
+    return ImageSource(where, image.url)
+
+
+def pieces_of(
+    content: str | list[ContentPart] | None, role: str, where: str
+) -> list[str | ImageSource]:
+    """A message's text and images in order; ``where``: the message ("messages[2]")."""
+    if not isinstance(content, list):
+        return [content or ""]
+    pieces: list[str | ImageSource] = []
+    for j, part in enumerate(content):
+        if part.type == "image_url":
+            if role != "user":
+                raise refuse_image(f"{where}.content[{j}]", role)
+            pieces.append(image_of(part, f"{where}.content[{j}]"))
+        else:
+            pieces.append(text_of([part], "messages"))
+    return pieces
+
+
 def template_arguments(arguments: str) -> Any:
     """Tool-call arguments as chat templates expect them: a dict where the JSON is an object."""
     try:
@@ -42,24 +77,35 @@ def template_arguments(arguments: str) -> Any:
     return value if isinstance(value, dict) else arguments
 
 
-def message_to_template(message: ChatMessage, normalizer: PromptNormalizer) -> JsonObject | None:
+def message_to_template(
+    message: ChatMessage,
+    normalizer: PromptNormalizer,
+    where: str = "messages",
+    images: list[ImageSource] | None = None,
+) -> JsonObject | None:
     """A chat message in the dict form chat templates expect; text parts joined.
 
     System text goes through the prompt normalizations (block by block); a system message
-    they empty is left out (None).
+    they empty is left out (None). Its images (user messages only) are added to ``images``.
     """
     role = "system" if message.role == "developer" else message.role
     if role == "system":
         if isinstance(message.content, list):
+            for j, p in enumerate(message.content):
+                if p.type == "image_url":
+                    raise refuse_image(f"{where}.content[{j}]", message.role)
             blocks = [text_of([p], "messages") for p in message.content]
         else:
             blocks = [message.content or ""]
         kept = normalizer.system_blocks(blocks)
         if blocks and not kept:
             return None
-        content = "".join(kept)
+        content: str | list[JsonObject] = "".join(kept)
     else:
-        content = text_of(message.content, "messages")
+        pieces = pieces_of(message.content, role, where)
+        content = template_content(pieces, "")
+        if images is not None:
+            images.extend(sources_in(pieces))
     out: JsonObject = {"role": role, "content": content}
     if message.name:
         out["name"] = message.name
@@ -112,8 +158,9 @@ def chat_request(
         raise InvalidRequest("messages must not be empty", param="messages")
     refuse_unsupported_chat(data)
     messages, labels = [], []
+    images: list[ImageSource] = []
     for i, message in enumerate(data.messages):
-        out = message_to_template(message, normalizer)
+        out = message_to_template(message, normalizer, f"messages[{i}]", images)
         if out is None:
             continue
         leading = all(m["role"] == "system" for m in messages) and out["role"] == "system"
@@ -134,4 +181,5 @@ def chat_request(
         parallel_tool_calls=data.parallel_tool_calls is not False,
         several_forced_calls=data.parallel_tool_calls is True,
         response_format=response_format_of(data.response_format),
+        image_sources=tuple(images),
     )

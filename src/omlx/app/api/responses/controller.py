@@ -162,6 +162,7 @@ class ResponsesController(Controller):
         served = await pool.acquire(data.model)
         past = await history(responses, data.previous_response_id)
         translated = translate.responses(served.chat).translate(data, served.id, past)
+        await translate.read_images(translated.chat)
         retention = openai_retention(data.prompt_cache_retention)
         controls = turn_controls(
             request, data.omlx_cache_control, retention=retention, session_key=data.prompt_cache_key

@@ -16,6 +16,13 @@ import uuid
 
 from omlx.app.api.openai.translate import template_arguments
 from omlx.app.api.responses.schemas import InputItem, Part
+from omlx.app.chat.image_parts import (
+    ImageSource,
+    check_detail,
+    refuse_image,
+    sources_in,
+    template_content,
+)
 from omlx.app.chat.normalize import PromptNormalizer
 from omlx.app.chat.sealing import ReasoningSeal
 from omlx.app.errors import InvalidRequest
@@ -113,11 +120,41 @@ def _parts(content: str | list[Part] | None, role: str, where: str) -> list[Json
         content = ""
     if isinstance(content, str):
         texts = [content]
+    elif role == "user" and any(p.type == "input_image" for p in content):
+        return [_user_part(p, f"{where}.content[{j}]") for j, p in enumerate(content)]
     else:
+        for j, p in enumerate(content):
+            if p.type == "input_image":
+                raise refuse_image(f"{where}.content[{j}]", role)
         texts = _texts(content, where, refusal_ok=role == "assistant")
     if role == "assistant":
         return [{"type": "output_text", "text": t, "annotations": []} for t in texts]
     return [{"type": "input_text", "text": t} for t in texts]
+
+
+def _user_part(part: Part, where: str) -> JsonObject:
+    """A user message's part, canonical: input_text, or input_image with its URL."""
+    if part.type != "input_image":
+        return {"type": "input_text", "text": _texts([part], where.rsplit(".", 1)[0])[0]}
+    if part.file_id:
+        raise InvalidRequest(
+            f"{where}.file_id: omlx has no Files API; send the image as a data URL in image_url",
+            param=f"{where}.file_id",
+        )
+    if not part.image_url:
+        raise InvalidRequest(f"{where}: an input_image needs an image_url", param=where)
+    check_detail(part.detail, f"{where}.detail")
+    return {"type": "input_image", "image_url": part.image_url, "detail": part.detail or "auto"}
+
+
+def _pieces(parts: list[JsonObject], where: str) -> list[str | ImageSource]:
+    """A canonical user message's text and images in order; ``where``: the item."""
+    return [
+        ImageSource(f"{where}.content[{j}]", p["image_url"])
+        if p.get("type") == "input_image"
+        else p.get("text") or ""
+        for j, p in enumerate(parts)
+    ]
 
 
 def _texts(parts: list[Part], where: str, refusal_ok: bool = False) -> list[str]:
@@ -147,8 +184,12 @@ class ItemRenderer:
         self.seal = seal
 
     def messages(
-        self, items: list[JsonObject], leading_system: bool = True
+        self,
+        items: list[JsonObject],
+        leading_system: bool = True,
+        images: list[ImageSource] | None = None,
     ) -> tuple[list[JsonObject], list[str]]:
+        """The template messages and their labels; user images are added to ``images``."""
         out: list[JsonObject] = []
         labels: list[str] = []
         turn: JsonObject | None = None  # the assistant turn being gathered
@@ -173,7 +214,10 @@ class ItemRenderer:
                     continue  # a block the prompt normalizations remove whole
                 message = {"role": "system", "content": "".join(kept)}
             else:
-                message = {"role": "user", "content": _joined(item["content"])}
+                pieces = _pieces(item["content"], f"input[{k}]")
+                message = {"role": "user", "content": template_content(pieces, "")}
+                if images is not None:
+                    images.extend(sources_in(pieces))
             leading_system = leading_system and message["role"] == "system"
             out.append(message)
             labels.append("system" if leading_system else f"input[{k}]")

@@ -20,6 +20,10 @@ class Part(Struct, kw_only=True):
     type: str
     text: str | None = None
     refusal: str | None = None
+    # input_image: a data URL or an http(s) URL; file_id (the Files API) is refused.
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
 
 
 class InputItem(Struct, kw_only=True):

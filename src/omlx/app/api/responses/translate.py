@@ -16,6 +16,7 @@ import msgspec
 from omlx.app.api.openai.params import response_format_of
 from omlx.app.api.responses.items import ItemRenderer, canonical_items
 from omlx.app.api.responses.schemas import ResponsesRequest, ToolParam
+from omlx.app.chat.image_parts import ImageSource
 from omlx.app.chat.normalize import PromptNormalizer
 from omlx.app.chat.pipeline import (
     ChatRequest,
@@ -31,8 +32,8 @@ from omlx.domain.json_values import JsonObject
 log = logging.getLogger(__name__)
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
-# include values about hosted tools and input images, which omlx never produces or accepts:
-# asking for them changes nothing.
+# include values about hosted tools, which omlx never produces, and input image URLs, which
+# its input items keep as sent: asking for them changes nothing.
 _INCLUDE_NO_EFFECT = frozenset(
     {
         "file_search_call.results",
@@ -90,7 +91,8 @@ class Translator:
             if kept:
                 messages.append({"role": "system", "content": "".join(kept)})
                 labels.append("system")
-        more, more_labels = self.items.messages(items, leading_system=True)
+        images: list[ImageSource] = []
+        more, more_labels = self.items.messages(items, leading_system=True, images=images)
         messages += more
         labels += more_labels
         if not messages:
@@ -114,6 +116,7 @@ class Translator:
             parallel_tool_calls=data.parallel_tool_calls is not False,
             several_forced_calls=data.parallel_tool_calls is True,
             response_format=text_format(data),
+            image_sources=tuple(images),
         )
         return Translated(chat, items, encrypted)
 
