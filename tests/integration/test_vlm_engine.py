@@ -16,16 +16,16 @@ pytest.importorskip(
     "mlx_vlm", reason="the vision extra (pip install -e '.[vision]'; scripts/setup.sh installs it)"
 )
 
-from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine  # noqa: E402
-from omlx.adapters.mlx.cache.codec import MLXKVCodec  # noqa: E402
-from omlx.adapters.mlx.models.loader import load_model  # noqa: E402
-from omlx.domain.cache.hot_tier import HotTier  # noqa: E402
-from omlx.domain.cache.image_keys import IMAGE_ID_BASE  # noqa: E402
-from omlx.domain.cache.prefix_cache import PrefixCache  # noqa: E402
-from omlx.domain.generation import GenerationRequest, SamplingParams  # noqa: E402
-from omlx.domain.images import PromptImage  # noqa: E402
-from tests.engine_helpers import generate  # noqa: E402
-from tests.vlm_models import VLM_FAMILIES, build_vlm  # noqa: E402
+from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
+from omlx.adapters.mlx.cache.codec import MLXKVCodec
+from omlx.adapters.mlx.models.loader import load_model
+from omlx.domain.cache.hot_tier import HotTier
+from omlx.domain.cache.image_keys import IMAGE_ID_BASE
+from omlx.domain.cache.prefix_cache import PrefixCache
+from omlx.domain.generation import GenerationRequest, SamplingParams
+from omlx.domain.images import PromptImage
+from tests.engine_helpers import generate
+from tests.vlm_models import VLM_FAMILIES, build_vlm
 
 BLOCK = 16
 STEP = 48

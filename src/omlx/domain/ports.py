@@ -5,11 +5,12 @@ and its model as the app's services see them. The block cache's own are in
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from omlx.domain.generation import GenerationEvent, GenerationRequest
 from omlx.domain.grammar import OutputGrammar
+from omlx.domain.images import PromptImage
 
 
 class Clock(Protocol):
@@ -115,6 +116,19 @@ class LayerKinds(Protocol):
     """What each layer of a model's cache keeps (kv, window W, state), for /health."""
 
     def counts(self) -> dict[str, int]: ...
+
+
+class PromptImages(Protocol):
+    """A vision-language model's prompt maker (``adapters/mlx/vision/prompts``)."""
+
+    def key_tokens(self, text: str, images: Sequence[PromptImage]) -> list[int]:
+        """The rendered prompt ``text``'s tokens, each image's as its key ids
+        (``domain/cache/image_keys``); the images are made known to the engine."""
+        ...
+
+    def stats(self) -> dict[str, int]:
+        """The image rows kept: images, bytes, encoder passes, hits, evictions."""
+        ...
 
 
 class ChatModel(Protocol):

@@ -52,6 +52,8 @@ def _model(m: ModelState) -> JsonObject:
     out["load_seconds"] = round(m.load_seconds, 3)
     if m.cache is not None:
         out["cache"] = _cache(m.cache)
+    if m.images is not None:
+        out["images"] = m.images
     return out
 
 

@@ -108,7 +108,7 @@ class ChatPipeline:
 
         def count() -> int:
             text = self.renderer.render(chat.messages, chat.tools, chat.template_kwargs)
-            return len(self.service.encode_text(text))
+            return len(self.service.encode_prompt(text, chat.images))
 
         return await anyio.to_thread.run_sync(count)
 
@@ -155,7 +155,7 @@ class ChatPipeline:
         self.check_images(chat)
         started = time.monotonic()
         prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
-        request = self.service.build_request(prompt.tokens, chat.sampling)
+        request = self.service.build_request(prompt.tokens, chat.sampling, chat.images)
         fmt = self.format_for(chat.tools)
         in_reasoning = fmt.opens_in_reasoning(prompt.text)
         wanted = output_grammar(
@@ -234,7 +234,8 @@ class ChatPipeline:
         def prefix_tokens(k: int) -> list[int]:
             listed = chat.tools if tools else None
             text = self.renderer.render(chat.messages[:k], listed, chat.template_kwargs)
-            return self.service.encode_text(text)
+            images = chat.images[: _image_parts(chat.messages[:k])]
+            return self.service.encode_prompt(text, images)
 
         return prefix_tokens
 
@@ -270,7 +271,7 @@ class ChatPipeline:
 
     def _render(self, chat: ChatRequest) -> tuple[RenderedPrompt, Fingerprint]:
         text = self.renderer.render(chat.messages, chat.tools, chat.template_kwargs)
-        tokens = self.service.encode_text(text)
+        tokens = self.service.encode_prompt(text, chat.images)
         fp = fingerprint(chat.model, chat.messages, chat.labels, chat.tools, tokens, chat.images)
         return RenderedPrompt(text, tokens), fp
 
@@ -415,3 +416,14 @@ def check_tool_choice(choice: ToolChoice, tools: list[JsonObject] | None) -> Non
             raise InvalidRequest(
                 f"tool_choice names {choice.name!r}, which is not in tools", param="tool_choice"
             )
+
+
+def _image_parts(messages: list[JsonObject]) -> int:
+    """How many image parts ``messages`` hold (the first that many of a request's images)."""
+    return sum(
+        1
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for part in m["content"]
+        if isinstance(part, dict) and part.get("type") == "image"
+    )

@@ -22,6 +22,7 @@ from omlx.app.chat.sampling import Sampling, sampling_params
 from omlx.app.chat.sampling import logprobs_count as _logprobs
 from omlx.app.errors import Busy, GenerationFailed, InvalidRequest
 from omlx.app.progress import PrefillWatch
+from omlx.domain.cache.image_keys import is_image_id
 from omlx.domain.generation import (
     Failed,
     Finished,
@@ -32,7 +33,8 @@ from omlx.domain.generation import (
     TokenLogprob,
 )
 from omlx.domain.grammar import GrammarError, OutputGrammar
-from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
+from omlx.domain.images import PromptImage
+from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler, PromptImages
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +62,10 @@ class GenerationService:
         grammars: GrammarCompiler | None = None,
         sampling_defaults: Mapping[str, Any] | None = None,
         observer: ModelObservers | None = None,
+        images: PromptImages | None = None,
     ) -> None:
         self.engine = engine
+        self.images = images  # a vision-language model's prompt maker; None: text only
         self.sampling_defaults = dict(sampling_defaults or {})  # the model's generation_config
         self.grammars = grammars
         self.model = model
@@ -81,7 +85,7 @@ class GenerationService:
     @property
     def accepts_images(self) -> bool:
         """Whether the model reads images in its prompt (a vision-language model's service)."""
-        return False
+        return self.images is not None
 
     # ---- prompts ----------------------------------------------------------
 
@@ -94,15 +98,42 @@ class GenerationService:
         except Exception as exc:  # e.g. lone surrogates from a JSON \ud800 escape
             raise InvalidRequest(f"the text cannot be tokenized: {exc}", param=param) from exc
 
-    def check_token_ids(self, tokens: Sequence[int], param: str = "prompt") -> int:
-        """Refuse ids outside the vocabulary (a client's mistake, never a 500); its size."""
+    def encode_prompt(
+        self, text: str, images: Sequence[PromptImage], param: str = "messages"
+    ) -> list[int]:
+        """``encode_text`` for a prompt with images: their placeholders expanded by the
+        model's processor and keyed by image (``PromptImages.key_tokens``). Off the loop."""
+        if not images:
+            return self.encode_text(text, param)
+        if self.images is None:
+            raise InvalidRequest(
+                f"model {self.model.model_id!r} does not take images", param=images[0].part
+            )
+        self.prompt_limit.check(text, param)
+        try:
+            return self.images.key_tokens(text, images)
+        except ValueError as exc:  # the processor refused the image or the prompt
+            raise InvalidRequest(
+                f"the images cannot be read by the model: {exc}", param=images[0].part
+            ) from exc
+
+    def check_token_ids(
+        self, tokens: Sequence[int], param: str = "prompt", image_ids: bool = False
+    ) -> int:
+        """Refuse ids outside the vocabulary (a client's mistake, never a 500); its size.
+
+        ``image_ids``: the prompt was made with its images (``encode_prompt``), so their
+        key ids are in it too; a client's own token ids never may be."""
         vocab = len(self.tokenizer)
-        if any(not 0 <= t < vocab for t in tokens):
+        if any(not 0 <= t < vocab and not (image_ids and is_image_id(t)) for t in tokens):
             raise InvalidRequest(f"token ids must be in [0, {vocab})", param=param)
         return vocab
 
     def build_request(
-        self, prompt_tokens: Sequence[int], sampling: Sampling | None = None
+        self,
+        prompt_tokens: Sequence[int],
+        sampling: Sampling | None = None,
+        images: Sequence[PromptImage] = (),
     ) -> GenerationRequest:
         """Validate limits and sampling values into an engine request (400 on nonsense)."""
         s = sampling or Sampling()
@@ -126,9 +157,10 @@ class GenerationService:
         stops = (s.stop,) if isinstance(s.stop, str) else tuple(s.stop or ())
         if len(stops) > 16:
             raise InvalidRequest("at most 16 stop sequences", param="stop")
-        vocab = self.check_token_ids(prompt_tokens)
+        vocab = self.check_token_ids(prompt_tokens, image_ids=bool(images))
         return GenerationRequest(
             prompt_tokens=tuple(prompt_tokens),
+            images=tuple(images),
             max_tokens=max_tokens,
             sampling=sampling_params(s, vocab, self.sampling_defaults),
             stop=stops,

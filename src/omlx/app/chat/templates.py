@@ -56,6 +56,9 @@ def fold_system_messages(messages: list[JsonObject]) -> list[JsonObject]:
         if target is None:
             out.insert(0, {"role": "system", "content": text})
             continue
+        if isinstance(target.get("content"), list):  # a turn with images: parts kept
+            target["content"] = [*target["content"], {"type": "text", "text": f"\n\n{text}"}]
+            continue
         joined = _text(target.get("content"))
         target["content"] = f"{joined}\n\n{text}" if joined else text
     return out

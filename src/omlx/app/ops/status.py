@@ -51,6 +51,9 @@ class ModelState:
     load_seconds: float = 0.0
     kv_bytes_per_token: int | None = None
     cache: CacheState | None = None  # loaded chat models
+    # A vision-language model's image rows (the vision-feature LRU): images, bytes,
+    # encoder passes, hits, evictions. None: a text model.
+    images: dict[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +128,14 @@ def _model(
         load_seconds=served.load_seconds,
         kv_bytes_per_token=served.kv_bytes_per_token,
         cache=_cache(c, served) if served.task == "chat" else None,
+        images=_images(served),
     )
+
+
+def _images(served: Served) -> dict[str, int] | None:
+    generation = getattr(served, "generation", None)
+    images = getattr(generation, "images", None)
+    return images.stats() if images is not None else None
 
 
 def _cache(c: Container, served: Served) -> CacheState:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from omlx.app.models.chores import run_when_quiet
 from omlx.app.models.options import ModelOptions
 from omlx.app.models.pool import Served
 from omlx.app.settings import Settings
+from omlx.domain.cache.image_keys import is_image_id
 from omlx.domain.cache.kv_quant import KVQuant
 from omlx.domain.memory import MemoryAccount
 from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
@@ -388,11 +390,12 @@ def serve_chat(
         grammars=grammars,
         sampling_defaults=sampling_defaults,
         observer=observer,
+        images=getattr(model, "extra", {}).get("vision"),
     )
     tokenizer = model.tokenizer
     controls = CacheControls(
         prefix_cache,
-        lambda tokens: tokenizer.decode(list(tokens)),
+        partial(_decode_excerpt, tokenizer),
         excerpts=settings.report_excerpts,
     )
     renderer = ChatRenderer(tokenizer, model.model_id)
@@ -409,6 +412,20 @@ def serve_chat(
         cold_tier=cold_tier,
         kv_bytes_per_token=kv_bytes_per_token,
     )
+
+
+def _decode_excerpt(tokenizer: Any, tokens: Sequence[int]) -> str:
+    """A report's excerpt: the text, each image's key ids shown as one ``[image]``."""
+    if not any(is_image_id(t) for t in tokens):
+        return tokenizer.decode(list(tokens))
+    out, text = [], []
+    for i, t in enumerate(tokens):
+        if not is_image_id(t):
+            text.append(t)
+        elif i == 0 or not is_image_id(tokens[i - 1]):
+            out += [tokenizer.decode(text), "[image]"]
+            text = []
+    return "".join([*out, tokenizer.decode(text)])
 
 
 def _grammar_compiler(model: LoadedModel) -> LLGuidanceCompiler:

@@ -88,6 +88,9 @@ class VisionPrompter:
             self._counts[image.digest] = count
         return count
 
+    def stats(self) -> dict[str, int]:
+        return self.rows.stats()
+
     def _process(self, text: str, pictures: list[Any]) -> dict[str, Any]:
         """The processor's output (numpy), ``input_ids`` as one list of ints."""
         out = dict(self.processor(text=[text], images=pictures or None, return_tensors="np"))

@@ -63,6 +63,14 @@ def inline_calls(messages: list[JsonObject]) -> list[JsonObject]:
             calls = "\n".join(call_text(c) for c in message["tool_calls"])
             rest = {k: v for k, v in message.items() if k != "tool_calls"}
             out.append({**rest, "content": f"{text}\n{calls}" if text else calls})
+        elif message.get("role") == "tool" and isinstance(message.get("content"), list):
+            # A result with images: its parts kept, between the same tags.
+            parts = [
+                {"type": "text", "text": "<tool_response>\n"},
+                *message["content"],
+                {"type": "text", "text": "\n</tool_response>"},
+            ]
+            out.append({**message, "content": parts})
         elif message.get("role") == "tool":
             content = message.get("content") or ""
             out.append({**message, "content": f"<tool_response>\n{content}\n</tool_response>"})

@@ -1,0 +1,168 @@
+"""Images through a real ``omlx serve`` on tiny vision-language models (issue 35): the
+official ``openai`` and ``anthropic`` clients, real PNG and JPEG files made with Pillow.
+
+A conversation with a screenshot at turn 1 and another at turn 3 restores every turn's
+shared prefix, the turn adding the second image included; after a restart the same turn
+comes back from the SSD tier with the same greedy text (hit == miss); an Anthropic
+``tool_result`` holding an image (Claude Code's Read tool) is served and restored.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+
+import pytest
+
+pytest.importorskip(
+    "mlx_vlm", reason="the vision extra (pip install -e '.[vision]'; scripts/setup.sh installs it)"
+)
+
+import anthropic
+import numpy as np
+import openai
+from PIL import Image
+
+from tests.server_process import ServerProcess
+from tests.vlm_models import build_vlm
+
+FAMILIES = ["llava", "gemma3", "idefics3"]
+SYSTEM = "You describe screenshots for a developer, briefly. " * 6
+
+
+def encoded(seed: int, fmt: str = "PNG", size: tuple[int, int] = (48, 36)) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+    return out.getvalue()
+
+
+def data_url(data: bytes, media: str) -> str:
+    return f"data:{media};base64,{base64.b64encode(data).decode()}"
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def vlm_path(request, tmp_path_factory):
+    return build_vlm(request.param, tmp_path_factory.mktemp(request.param))
+
+
+def serve(path, cache, log):
+    return ServerProcess("--model", str(path), "--block-size", "16", cache_dir=cache, log_path=log)
+
+
+def turns() -> list[list[dict]]:
+    """User contents of a four-turn conversation: a PNG at turn 1, a JPEG at turn 3."""
+    png = data_url(encoded(1), "image/png")
+    jpeg = data_url(encoded(2, "JPEG"), "image/jpeg")
+    return [
+        [
+            {"type": "image_url", "image_url": {"url": png}},
+            {"type": "text", "text": "What is this?"},
+        ],
+        [{"type": "text", "text": "Which colour dominates?"}],
+        [
+            {"type": "text", "text": "And this one?"},
+            {"type": "image_url", "image_url": {"url": jpeg}},
+        ],
+        [{"type": "text", "text": "Compare the two."}],
+    ]
+
+
+def converse(client: openai.OpenAI, model: str) -> list[tuple[str, int, int]]:
+    messages: list[dict] = [{"role": "system", "content": SYSTEM}]
+    out = []
+    for content in turns():
+        messages.append({"role": "user", "content": content})
+        r = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=6, temperature=0
+        )
+        text = r.choices[0].message.content or ""
+        cached = r.usage.prompt_tokens_details.cached_tokens
+        out.append((text, r.usage.prompt_tokens, cached))
+        messages.append({"role": "assistant", "content": text})
+    return out
+
+
+def test_an_image_conversation_restores_each_turn_and_survives_a_restart(vlm_path, tmp_path):
+    cache = tmp_path / "cache"
+    model = vlm_path.name
+    with serve(vlm_path, cache, tmp_path / "first.log") as server:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        first = converse(client, model)
+    for (_, length, _), (_, _, cached) in itertools.pairwise(first):
+        # Each follow-up restores the previous turn's prompt, the turn adding the JPEG too
+        # (a windowed model's restore points may stop one token short).
+        assert cached >= length - 1, first
+    with serve(vlm_path, cache, tmp_path / "second.log") as server:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        again = converse(client, model)
+        health = server_health(server)
+    # After the restart: the same greedy text (hit == miss), from the SSD tier.
+    assert [a[0] for a in again] == [f[0] for f in first]
+    assert again[0][2] >= first[0][1] - 16  # turn 1 restored from disk, up to its last block
+    images = health["models"][model]["images"]
+    # Both images' tokens came back from the cache: no encoder pass at all after the restart.
+    assert images["encoder_passes"] == 0, images
+
+
+def server_health(server) -> dict:
+    import httpx
+
+    return httpx.get(server.base_url + "/health", timeout=10).json()
+
+
+def test_claude_codes_read_tool_image_in_a_tool_result_is_served_and_restored(vlm_path, tmp_path):
+    png = base64.b64encode(encoded(7)).decode()
+    messages = [
+        {"role": "user", "content": "Open the screenshot."},
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "Read",
+                    "input": {"file_path": "/tmp/s.png"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": [
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": png},
+                        }
+                    ],
+                }
+            ],
+        },
+    ]
+    tools = [
+        {
+            "name": "Read",
+            "description": "Read a file",
+            "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}},
+        }
+    ]
+    with serve(vlm_path, tmp_path / "cache", tmp_path / "server.log") as server:
+        client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+        first = client.messages.create(
+            model=vlm_path.name, max_tokens=6, system=SYSTEM, tools=tools, messages=messages
+        )
+        assert first.stop_reason in ("end_turn", "max_tokens", "tool_use")
+        follow = [
+            *messages,
+            {"role": "assistant", "content": first.content or [{"type": "text", "text": "ok"}]},
+            {"role": "user", "content": "What does it show?"},
+        ]
+        second = client.messages.create(
+            model=vlm_path.name, max_tokens=6, system=SYSTEM, tools=tools, messages=follow
+        )
+    # The next turn restores the image's blocks: all of the first turn's prompt.
+    assert second.usage.cache_read_input_tokens >= first.usage.input_tokens - 1
