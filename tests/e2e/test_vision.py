@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import io
 import itertools
+import json
 
 import pytest
 
@@ -166,3 +167,51 @@ def test_claude_codes_read_tool_image_in_a_tool_result_is_served_and_restored(vl
         )
     # The next turn restores the image's blocks: all of the first turn's prompt.
     assert second.usage.cache_read_input_tokens >= first.usage.input_tokens - 1
+
+
+def test_an_image_conversation_exported_and_imported_restores_in_a_fresh_server(vlm_path, tmp_path):
+    """Export (the CLI, by messages) from one server, import into another with an empty
+    cache: the same request there restores the image's blocks, with the same answer;
+    and with quantized blocks (``--kv-bits 8``) the image conversation restores too."""
+    from tests.e2e.test_cache_controls import admin
+
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": turns()[0]},
+    ]
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"model": vlm_path.name, "messages": messages}))
+    archive = tmp_path / "conversation.tar"
+    with serve(vlm_path, tmp_path / "a", tmp_path / "a.log") as server:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        first = client.chat.completions.create(
+            model=vlm_path.name, messages=messages, max_tokens=6, temperature=0
+        )
+        done = admin(
+            "export", "--messages", str(request), "--out", str(archive), "--url", server.base_url
+        )
+        assert done.returncode == 0, done.stderr
+    with serve(vlm_path, tmp_path / "b", tmp_path / "b.log") as server:
+        done = admin("import", str(archive), "--model", vlm_path.name, "--url", server.base_url)
+        assert done.returncode == 0, done.stderr
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        again = client.chat.completions.create(
+            model=vlm_path.name, messages=messages, max_tokens=6, temperature=0
+        )
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 16
+    quantized = ServerProcess(
+        "--model",
+        str(vlm_path),
+        "--block-size",
+        "16",
+        "--kv-bits",
+        "8",
+        cache_dir=tmp_path / "q",
+        log_path=tmp_path / "q.log",
+    )
+    with quantized as server:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+        said = converse(client, vlm_path.name)
+    for (_, length, _), (_, _, cached) in itertools.pairwise(said):
+        assert cached >= length - 1, said

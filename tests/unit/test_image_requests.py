@@ -217,7 +217,14 @@ def test_an_image_in_an_anthropic_assistant_turn_is_refused():
 
 @pytest.fixture
 def vision(monkeypatch):
+    """The fake model as a VLM: its prompt's text tokens (a real VLM's processor would
+    expand the image parts; tests/e2e/test_vision.py drives those)."""
     monkeypatch.setattr(GenerationService, "accepts_images", property(lambda self: True))
+    monkeypatch.setattr(
+        GenerationService,
+        "encode_prompt",
+        lambda self, text, images, param="messages": self.encode_text(text, param),
+    )
 
 
 def test_images_reach_the_engine_in_order(vision):
