@@ -7,7 +7,9 @@ import asyncio
 import base64
 import io
 import os
+import random
 import struct
+import sys
 import zlib
 
 import httpx
@@ -267,3 +269,40 @@ def test_fingerprints_change_with_the_image_and_only_its_message():
     assert fingerprint("m", text, labels[::2], None, [1]) == fingerprint(
         "m", text, labels[::2], None, [1], ()
     )
+
+
+def test_without_pillow_an_image_is_a_400_naming_the_extra(monkeypatch):
+    from omlx.app.chat import images
+
+    data = encoded(picture(), "PNG")
+    images.pillow.cache_clear()
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    try:
+        error = refused(data)
+    finally:
+        images.pillow.cache_clear()
+    assert "pip install 'omlx[vision]'" in error.message
+
+
+def test_damaged_files_are_400s_whatever_pillow_raises():
+    """Bytes flipped and files cut short at random (a seeded fuzz): only InvalidRequest."""
+    rng = random.Random(7)
+    base = picture(48, 32, "RGBA")
+    frames = [base, base.rotate(90)]
+    files = [
+        encoded(base, "PNG"),
+        encoded(base.convert("RGB"), "JPEG"),
+        encoded(base, "WEBP"),
+        encoded(base, "GIF"),
+        encoded(base, "GIF", save_all=True, append_images=frames[1:]),
+    ]
+    for _ in range(1500):
+        data = bytearray(rng.choice(files))
+        for _ in range(rng.randint(1, 6)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            data = data[: rng.randrange(len(data))]
+        try:
+            decode_image(bytes(data), PART, ImageLimits())
+        except InvalidRequest as exc:
+            assert exc.param == PART

@@ -73,7 +73,7 @@ class ImageReader:
         try:
             import httpx
         except ImportError:
-            raise InvalidRequest(NO_PILLOW, param=part) from None
+            raise InvalidRequest(f"{part}: {NO_PILLOW}", param=part) from None
         limit = self.limits.max_bytes
         chunks, size = [], 0
         try:

@@ -95,13 +95,16 @@ class ChatPipeline:
 
     def check_images(self, chat: ChatRequest) -> None:
         """A model that reads no images is told none: 400 before anything is tokenized."""
-        if (chat.images or chat.image_sources) and not self.service.accepts_images:
-            first = chat.images[0].part if chat.images else chat.image_sources[0].part
+        if not chat.image_sources:
+            return
+        if not self.service.accepts_images:
             raise InvalidRequest(
                 f"model {chat.model!r} does not take images; serve a vision-language model "
                 "for this request",
-                param=first,
+                param=chat.image_sources[0].part,
             )
+        # Each {"type": "image"} part needs its pixels (Translators.read_images).
+        assert len(chat.images) == len(chat.image_sources), "the request's images were not read"
 
     async def count_tokens(self, chat: ChatRequest) -> int:
         self.check_images(chat)

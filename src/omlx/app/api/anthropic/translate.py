@@ -215,23 +215,20 @@ def _user_to_template(
     """A user turn's blocks: its text and images as user messages, each tool_result a tool
     message (Claude Code's Read tool sends a picture as a tool_result image)."""
     out: list[JsonObject] = []
-    texts: list[str | ImageSource] = []
+    pending: list[str | ImageSource] = []
     for j, block in enumerate(blocks):
         if block.type == "text":
-            texts.append(block.text or "")
+            pending.append(block.text or "")
         elif block.type == "image":
-            texts.append(image_source(block.source, f"{where}.content[{j}]"))
+            pending.append(image_source(block.source, f"{where}.content[{j}]"))
         elif block.type == "tool_result":
-            if texts:
-                out.append({"role": "user", "content": template_content(texts, "\n")})
-                images.extend(sources_in(texts))
-                texts = []
+            if pending:
+                out.append({"role": "user", "content": template_content(pending, "\n")})
+                images.extend(sources_in(pending))
+                pending = []
             pieces = _result_pieces(block.content, deferred, f"{where}.content[{j}]")
             if block.is_error:
-                first = pieces[0]
-                pieces = [f"Error: {first}" if isinstance(first, str) else "Error: ", *pieces[1:]]
-                if not isinstance(first, str):
-                    pieces.insert(1, first)
+                pieces = _error_prefixed(pieces)
             images.extend(sources_in(pieces))
             out.append(
                 {
@@ -244,13 +241,21 @@ def _user_to_template(
             continue  # thinking belongs to assistant turns; a client echoing it here adds nothing
         else:
             raise InvalidRequest(
-                f"user content blocks of type {block.type!r} are not supported; send text",
+                f"user content blocks of type {block.type!r} are not supported; send text or images",
                 param="messages",
             )
-    if texts or not out:
-        out.append({"role": "user", "content": template_content(texts, "\n")})
-        images.extend(sources_in(texts))
+    if pending or not out:
+        out.append({"role": "user", "content": template_content(pending, "\n")})
+        images.extend(sources_in(pending))
     return out
+
+
+def _error_prefixed(pieces: list[str | ImageSource]) -> list[str | ImageSource]:
+    """A failed tool's result: "Error: " joins its first text, or goes before a first image."""
+    first = pieces[0]
+    if isinstance(first, str):
+        return [f"Error: {first}", *pieces[1:]]
+    return ["Error: ", *pieces]
 
 
 def image_source(source: ImageSourceParam | None, where: str) -> ImageSource:
@@ -292,7 +297,7 @@ def _result_pieces(
             parts.append(json.dumps(tool, ensure_ascii=False))
         else:
             raise InvalidRequest(
-                f"tool_result content of type {part.type!r} is not supported; send text",
+                f"tool_result content of type {part.type!r} is not supported; send text or images",
                 param="messages",
             )
     return parts or [""]

@@ -34,7 +34,8 @@ def text_of(content: str | list | None, param: str) -> str:
     for part in content:
         if part.type not in ("text", "input_text", "output_text") or part.text is None:
             raise InvalidRequest(
-                f"content part type {part.type!r} is not supported; send text", param=param
+                f"content part type {part.type!r} is not supported; send text or image_url",
+                param=param,
             )
         texts.append(part.text)
     return "".join(texts)
