@@ -191,6 +191,9 @@ def test_an_image_conversation_exported_and_imported_restores_in_a_fresh_server(
             "export", "--messages", str(request), "--out", str(archive), "--url", server.base_url
         )
         assert done.returncode == 0, done.stderr
+    # An archive carries KV blocks, not a windowed model's restore points (true of text
+    # Gemma 3 as well): there an import restores nothing yet (docs/vision.md).
+    windowed = vlm_path.name.startswith("gemma3")
     with serve(vlm_path, tmp_path / "b", tmp_path / "b.log") as server:
         done = admin("import", str(archive), "--model", vlm_path.name, "--url", server.base_url)
         assert done.returncode == 0, done.stderr
@@ -199,7 +202,8 @@ def test_an_image_conversation_exported_and_imported_restores_in_a_fresh_server(
             model=vlm_path.name, messages=messages, max_tokens=6, temperature=0
         )
     assert again.choices[0].message.content == first.choices[0].message.content
-    assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 16
+    if not windowed:
+        assert again.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 16
     quantized = ServerProcess(
         "--model",
         str(vlm_path),
