@@ -169,6 +169,7 @@ def test_claude_codes_read_tool_image_in_a_tool_result_is_served_and_restored(vl
     assert second.usage.cache_read_input_tokens >= first.usage.input_tokens - 1
 
 
+@pytest.mark.slow  # four server starts per family: ~35 s of the default run's 10 minutes
 def test_an_image_conversation_exported_and_imported_restores_in_a_fresh_server(vlm_path, tmp_path):
     """Export (the CLI, by messages) from one server, import into another with an empty
     cache: the same request there restores the image's blocks, with the same answer;
