@@ -36,6 +36,7 @@ SET: dict[str, tuple[list[str], list[str]]] = {
     "index_scale": ([], ["--rows", "10000,100000", "--reps", "50", "--no-orphans"]),
     "hybrid_loop": ([], ["--families", "gemma3_text"]),
     "agent_trace": ([], ["--models", "long", "--scale", "long=0.1", "--main-turns", "10"]),
+    "vision": ([], ["--repeats", "1", "--system-tokens", "600"]),
 }
 
 

@@ -285,7 +285,20 @@ GEMMA3_TEMPLATE = (
 )
 
 
-def _build_gemma3(out: Path, seed: int) -> None:
+def _build_gemma3(
+    out: Path,
+    seed: int,
+    *,
+    text: dict | None = None,
+    vision: dict | None = None,
+    image_size: int = 64,
+    patch: int = 8,
+    mm_tokens: int = 16,
+    scales: dict[str, float] | None = None,
+) -> None:
+    """The tiny gemma3 above; ``text`` / ``vision`` override its configs' keys, the
+    image geometry can grow and ``scales`` override weight scales by name suffix
+    (``bench/vision_model.py`` builds a bench-sized one)."""
     from mlx_vlm.models import gemma3
 
     specials = [
@@ -314,7 +327,6 @@ def _build_gemma3(out: Path, seed: int) -> None:
             }
         },
     )
-    image_size, patch, mm_tokens = 64, 8, 16
     config = {
         "model_type": "gemma3",
         "architectures": ["Gemma3ForConditionalGeneration"],
@@ -322,7 +334,7 @@ def _build_gemma3(out: Path, seed: int) -> None:
         "boi_token_index": ids["<start_of_image>"],
         "eoi_token_index": ids["<end_of_image>"],
         "mm_tokens_per_image": mm_tokens,
-        "hidden_size": 64,
+        "hidden_size": (text or {}).get("hidden_size", 64),
         "pad_token_id": ids["<pad>"],
         "vocab_size": ids["__size__"],
         "eos_token_id": [ids["<eos>"], ids["<end_of_turn>"]],
@@ -341,6 +353,7 @@ def _build_gemma3(out: Path, seed: int) -> None:
             "vocab_size": ids["__size__"],
             "rms_norm_eps": 1e-6,
             "max_position_embeddings": 4096,
+            **(text or {}),
         },
         "vision_config": {
             "model_type": "siglip_vision_model",
@@ -352,9 +365,10 @@ def _build_gemma3(out: Path, seed: int) -> None:
             "patch_size": patch,
             "num_channels": 3,
             "layer_norm_eps": 1e-6,
+            **(vision or {}),
         },
     }
-    _write_model(out, gemma3, config, seed, {"embed_tokens.weight": 0.3})
+    _write_model(out, gemma3, config, seed, {"embed_tokens.weight": 0.3, **(scales or {})})
     (out / "preprocessor_config.json").write_text(
         json.dumps(
             {
@@ -625,12 +639,14 @@ def image_features(model, inputs):
     return feats.reshape(-1, feats.shape[-1])
 
 
-def build_vlm(family: str, out: Path, seed: int = 0) -> Path:
+def build_vlm(family: str, out: Path, seed: int = 0, **sizes) -> Path:
     """Write a tiny seeded ``family`` model folder into ``out`` that
-    ``mlx_vlm.utils.load(out)`` loads offline; returns ``out``."""
+    ``mlx_vlm.utils.load(out)`` loads offline; returns ``out``. ``sizes`` go to the
+    family's builder (gemma3 only: ``text``, ``vision``, ``image_size``, ``patch``,
+    ``mm_tokens``, ``scales``)."""
     if family not in _BUILDERS:
         raise ValueError(f"unknown VLM family {family!r}; known: {VLM_FAMILIES}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _BUILDERS[family](out, seed)
+    _BUILDERS[family](out, seed, **sizes)
     return out
