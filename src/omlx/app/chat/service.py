@@ -112,7 +112,9 @@ class GenerationService:
         self.prompt_limit.check(text, param)
         try:
             return self.images.key_tokens(text, images)
-        except ValueError as exc:  # the processor refused the image or the prompt
+        # The processor refused the image or the prompt (mlx-vlm's raise ValueError,
+        # TypeError or IndexError on sizes they cannot cut): the client's image, a 400.
+        except (ValueError, TypeError, IndexError) as exc:
             raise InvalidRequest(
                 f"the images cannot be read by the model: {exc}", param=images[0].part
             ) from exc

@@ -30,7 +30,7 @@ from omlx.domain.cache.image_keys import image_start
 KEPT_IMAGES = 256
 
 
-class ImageRowsMissing(RuntimeError):
+class ImageRowsMissing(ValueError):
     """A prefill met key ids of an image nobody registered (or registered long ago)."""
 
 
