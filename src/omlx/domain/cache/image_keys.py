@@ -18,8 +18,9 @@ Everything else follows without a line of cache code knowing about images:
 
 The limit, said plainly: the start point has 30 bits, so two *different* images at the same
 position after the same prefix, in the same model and tenant, get the same ids with
-probability 2^-30 (a block's key then names both). The full digest is kept beside the
-ids where it matters (the engine's rows are looked up by digest, then checked).
+probability 2^-30 (a block's key then names both). Two such images sent to one server
+in the same while are told apart at registration (``ImageRows.register`` refuses the
+second), so the engine never writes one image's rows for the other.
 """
 
 from __future__ import annotations
