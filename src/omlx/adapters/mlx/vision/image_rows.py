@@ -71,11 +71,27 @@ class ImageRows:
                 known.count, known.encode = count, encode
                 self._images.move_to_end(start)
                 return
+            clash = self._overlapping(start, count)
+            if clash is not None:
+                raise ImageRowsMissing(
+                    f"images {clash.digest[:12]} and {digest[:12]} drew overlapping key ids; "
+                    "send the request again after the other one has finished"
+                )
             self._images[start] = _Image(digest, count, encode)
             bisect.insort(self._starts, start)
             while len(self._images) > KEPT_IMAGES:
                 old, _ = self._images.popitem(last=False)
                 self._starts.remove(old)
+
+    def _overlapping(self, start: int, count: int) -> _Image | None:
+        """A kept image whose key ids share some with [start, start + count)."""
+        i = bisect.bisect_left(self._starts, start)
+        before = self._images[self._starts[i - 1]] if i > 0 else None
+        if before is not None and self._starts[i - 1] + before.count > start:
+            return before
+        if i < len(self._starts) and self._starts[i] < start + count:
+            return self._images[self._starts[i]]
+        return None
 
     def stats(self) -> dict[str, int]:
         with self._lock:
