@@ -220,3 +220,51 @@ def test_an_image_conversation_exported_and_imported_restores_in_a_fresh_server(
         said = converse(client, vlm_path.name)
     for (_, length, _), (_, _, cached) in itertools.pairwise(said):
         assert cached >= length - 1, said
+
+
+def test_a_turn_that_diverges_at_an_image_names_it_and_an_image_prompt_pins(tmp_path):
+    """Another image where the last turn had one: ``x-omlx-cache`` and explain name both
+    images' digests; a pinned image conversation holds all its blocks."""
+    import httpx
+
+    from omlx.domain.images import image_digest
+
+    def digest(data: bytes) -> str:
+        picture = Image.open(io.BytesIO(data)).convert("RGB")
+        return image_digest(picture.width, picture.height, picture.tobytes())
+
+    first, second = encoded(11), encoded(12)
+
+    def chat(image: bytes) -> dict:
+        content = [
+            {"type": "text", "text": "Look:"},
+            {"type": "image_url", "image_url": {"url": data_url(image, "image/png")}},
+        ]
+        return {
+            "model": "llava",
+            "messages": [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": content},
+            ],
+            "max_tokens": 3,
+            "temperature": 0,
+        }
+
+    path = build_vlm("llava", tmp_path / "llava")
+    with serve(path, tmp_path / "cache", tmp_path / "server.log") as server:
+        url = server.base_url
+        assert httpx.post(url + "/v1/chat/completions", json=chat(first), timeout=60).is_success
+        r = httpx.post(url + "/v1/chat/completions", json=chat(second), timeout=60)
+        header = r.headers["x-omlx-cache"]
+        assert f"image={digest(second)[:12]}" in header, header
+        assert f"cached_image={digest(first)[:12]}" in header, header
+        explained = httpx.post(url + "/v1/cache/explain", json=chat(encoded(13)), timeout=60)
+        report = explained.json()
+        assert report["image"] == digest(encoded(13)), report
+        assert report["cached_image"] in {digest(first), digest(second)}, report
+        assert "[image " in report["excerpt"]["prompt"], report
+        pin = httpx.post(url + "/v1/cache/pins", json=chat(first), timeout=60)
+        assert pin.status_code == 201, pin.text
+        held = pin.json()
+        # all its full blocks; its partial tail was stored with the answer's tokens after it
+        assert held["held_blocks"] >= held["blocks"] - 1 > 0, held

@@ -130,6 +130,10 @@ class PromptImages(Protocol):
         """The image rows kept: images, bytes, encoder passes, hits, evictions."""
         ...
 
+    def digest_at(self, token: int) -> str | None:
+        """The digest of the image whose key ids hold ``token``, if this server knows it."""
+        ...
+
 
 class ChatModel(Protocol):
     """A loaded chat model as the app's services use it (the MLX loader's ``LoadedModel``)."""

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from omlx.domain.cache.image_keys import is_image_id
 from omlx.domain.cache.partial_match import common_prefix
 from omlx.domain.cache.probe import CachedPrefix
 from omlx.domain.json_values import JsonObject
@@ -21,7 +22,9 @@ from omlx.domain.json_values import JsonObject
 log = logging.getLogger(__name__)
 
 HEADER = "x-omlx-cache"
+ImageDigest = Callable[[int], str | None]
 EXCERPT_TOKENS = 24
+DIGEST_CHARS = 12  # of an image's SHA-256 in the header (the JSON report has all 64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,11 @@ class CacheReport:
     prompt_next: str = ""  # the prompt from the divergence on
     cached_next: str = ""  # what a stored block holds there instead ("" : the cache ends)
     no_store: bool = False
+    # Where the prompt and the cache part at an image (a VLM's key ids): the SHA-256 of the
+    # prompt's image there, and of the one the cache holds instead ("" : one this server has
+    # not been sent since it started; None: text there).
+    image: str | None = None
+    cached_image: str | None = None
 
     @property
     def diverged_at(self) -> int | None:
@@ -51,6 +59,10 @@ class CacheReport:
             fields.append(f"diverged_at={self.cached}")
             if self.message is not None:
                 fields += [f"message={self.message}", f"role={self.role}"]
+            if self.image is not None:
+                fields.append(f"image={self.image[:DIGEST_CHARS] or 'unknown'}")
+            if self.cached_image is not None:
+                fields.append(f"cached_image={self.cached_image[:DIGEST_CHARS] or 'unknown'}")
         return "; ".join(fields)
 
     def as_json(self) -> JsonObject:
@@ -63,6 +75,8 @@ class CacheReport:
             "message": self.message,
             "role": self.role,
             "part": self.part,
+            "image": self.image,
+            "cached_image": self.cached_image,
             "excerpt": {
                 "before": self.before,
                 "prompt": self.prompt_next,
@@ -129,13 +143,23 @@ class PromptParts:
     tools_span: Callable[[], tuple[int, int]] | None = None
 
 
+def _image_named(token: int | None, image_digest: ImageDigest | None) -> str | None:
+    """The digest of the image ``token`` is a key id of ("" : unknown), None for text."""
+    if token is None or not is_image_id(token):
+        return None
+    return (image_digest(token) if image_digest is not None else None) or ""
+
+
 def report(
     found: CachedPrefix,
     prompt: Sequence[int],
     decode: Callable[[Sequence[int]], str],
     parts: PromptParts,
+    image_digest: ImageDigest | None = None,
 ) -> CacheReport:
-    """``found`` (the prefix cache's probe of ``prompt``) as a report naming where it ends."""
+    """``found`` (the prefix cache's probe of ``prompt``) as a report naming where it ends.
+
+    ``image_digest(key_id)``: the image a VLM prompt's key id belongs to, when known."""
     if found.full_hit:
         return CacheReport(len(prompt), found.tokens, found.tier, True)
     at = found.tokens
@@ -165,6 +189,10 @@ def report(
         before=decode(prompt[max(at - EXCERPT_TOKENS, 0) : at]),
         prompt_next=decode(prompt[at : at + EXCERPT_TOKENS]),
         cached_next=decode(found.stored_next[:EXCERPT_TOKENS]),
+        image=_image_named(prompt[at] if at < len(prompt) else None, image_digest),
+        cached_image=_image_named(
+            found.stored_next[0] if found.stored_next else None, image_digest
+        ),
     )
     log.debug(
         "cache: %s (part %s); the prompt goes on %r where the cache holds %r",

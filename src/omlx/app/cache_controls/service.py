@@ -16,7 +16,7 @@ from typing import IO
 
 from omlx.app.cache_controls.controls import TurnControls
 from omlx.app.cache_controls.hints import breakpoint_ends
-from omlx.app.cache_controls.report import CacheReport, PromptParts, report
+from omlx.app.cache_controls.report import CacheReport, ImageDigest, PromptParts, report
 from omlx.app.cache_controls.transfer import (
     Archive,
     ExportStream,
@@ -76,9 +76,11 @@ class CacheControls:
         decode: Callable[[Sequence[int]], str],
         *,
         excerpts: bool = True,
+        image_digest: ImageDigest | None = None,
     ) -> None:
         self._cache = prefix_cache
         self._decode = decode
+        self._image_digest = image_digest  # a VLM's: which image a key id belongs to
         # Off: reports say where a prompt left the cache, never what either holds there
         # (a key shared by several people shares one cache: the quote would be another's).
         self._excerpts = excerpts
@@ -106,9 +108,9 @@ class CacheControls:
         """``found`` in words: where the prompt leaves the cache, and in which message."""
         if found is None:
             return None
-        made = report(found, prompt, self._decode, parts or PromptParts())
+        made = report(found, prompt, self._decode, parts or PromptParts(), self._image_digest)
         if not self._excerpts:
-            made = replace(made, before="", prompt_next="", cached_next="")
+            made = replace(made, before="", prompt_next="", cached_next="", cached_image=None)
         return made if store else replace(made, no_store=True)
 
     def explain(self, prompt: Sequence[int], tenant: str | None) -> CacheReport:

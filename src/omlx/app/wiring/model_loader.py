@@ -393,10 +393,13 @@ def serve_chat(
         images=getattr(model, "extra", {}).get("vision"),
     )
     tokenizer = model.tokenizer
+    vision = getattr(model, "extra", {}).get("vision")
+    image_digest = vision.digest_at if vision is not None else None
     controls = CacheControls(
         prefix_cache,
-        partial(_decode_excerpt, tokenizer),
+        partial(_decode_excerpt, tokenizer, image_digest),
         excerpts=settings.report_excerpts,
+        image_digest=image_digest,
     )
     renderer = ChatRenderer(tokenizer, model.model_id)
     chat = ChatPipeline(generation, renderer, controls, observer=observer)
@@ -414,16 +417,20 @@ def serve_chat(
     )
 
 
-def _decode_excerpt(tokenizer: Any, tokens: Sequence[int]) -> str:
-    """A report's excerpt: the text, each image's key ids shown as one ``[image]``."""
+def _decode_excerpt(
+    tokenizer: Any, image_digest: Callable[[int], str | None] | None, tokens: Sequence[int]
+) -> str:
+    """A report's excerpt: the text, each image's key ids shown as one ``[image]`` (with
+    the start of its SHA-256 where the server knows it: ``[image 3f2a9c1b2d4e]``)."""
     if not any(is_image_id(t) for t in tokens):
         return tokenizer.decode(list(tokens))
     out, text = [], []
     for i, t in enumerate(tokens):
         if not is_image_id(t):
             text.append(t)
-        elif i == 0 or not is_image_id(tokens[i - 1]):
-            out += [tokenizer.decode(text), "[image]"]
+        elif i == 0 or tokens[i - 1] != t - 1:  # a new run of key ids: the next image
+            digest = image_digest(t) if image_digest is not None else None
+            out += [tokenizer.decode(text), f"[image {digest[:12]}]" if digest else "[image]"]
             text = []
     return "".join([*out, tokenizer.decode(text)])
 

@@ -93,6 +93,19 @@ class ImageRows:
             return self._images[self._starts[i]]
         return None
 
+    def digest_at(self, token_id: int) -> str | None:
+        """The digest of the kept image ``token_id`` is a key id of (None: none kept)."""
+        with self._lock:
+            image = self._image_at(token_id)
+            return image.digest if image is not None else None
+
+    def _image_at(self, token_id: int) -> _Image | None:
+        i = bisect.bisect_right(self._starts, token_id) - 1
+        image = self._images.get(self._starts[i]) if i >= 0 else None
+        if image is None or token_id >= self._starts[i] + image.count:
+            return None
+        return image
+
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {
@@ -114,13 +127,12 @@ class ImageRows:
     def rows_at(self, token_id: int) -> tuple[mx.array, int]:
         """The rows of the image ``token_id`` belongs to, and the token's index in them."""
         with self._lock:
-            i = bisect.bisect_right(self._starts, token_id) - 1
-            image = self._images.get(self._starts[i]) if i >= 0 else None
-            if image is None or token_id >= self._starts[i] + image.count:
+            image = self._image_at(token_id)
+            if image is None:
                 raise ImageRowsMissing(
                     f"key id {token_id} names no image this server was sent recently"
                 )
-            index = token_id - self._starts[i]
+            index = token_id - image_start(image.digest)
             rows = self._rows.get(image.digest)
             if rows is not None:
                 self._rows.move_to_end(image.digest)

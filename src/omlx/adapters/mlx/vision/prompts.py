@@ -91,6 +91,9 @@ class VisionPrompter:
     def stats(self) -> dict[str, int]:
         return self.rows.stats()
 
+    def digest_at(self, token: int) -> str | None:
+        return self.rows.digest_at(token)
+
     def _process(self, text: str, pictures: list[Any]) -> dict[str, Any]:
         """The processor's output (numpy), ``input_ids`` as one list of ints."""
         out = dict(self.processor(text=[text], images=pictures or None, return_tensors="np"))
