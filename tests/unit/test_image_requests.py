@@ -223,7 +223,7 @@ def vision(monkeypatch):
     monkeypatch.setattr(
         GenerationService,
         "encode_prompt",
-        lambda self, text, images, param="messages": self.encode_text(text, param),
+        lambda self, text, images, param="messages", **keyed: self.encode_text(text, param),
     )
 
 
