@@ -78,3 +78,18 @@ def test_a_no_store_requests_rows_are_kept_only_for_its_prefill():
     assert len(calls) == 1 and rows.tiers.held() == (1, 16)
     stats = rows.stats()
     assert stats["images"] == 1 and stats["bytes"] == 16 and stats["encoder_passes"] == 1
+
+
+def test_rows_too_large_for_the_ram_tier_are_encoded_once_per_prefill():
+    rows = ImageRows(8)  # a RAM tier smaller than the image's rows
+    d = "ef" * 32
+    calls = []
+
+    def encode():
+        calls.append(1)
+        return mx.ones((4, 2))
+
+    rows.register(d, 4, encode, store=True)
+    for i in range(4):  # one chunk per token
+        rows.rows_at(image_start(d) + i)
+    assert len(calls) == 1 and rows.tiers.held() == (0, 0)

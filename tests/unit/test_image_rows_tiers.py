@@ -211,3 +211,12 @@ def test_rows_on_disk_count_against_the_cold_budget_and_are_evicted_lru_with_blo
 
 def _fields(row):
     return {f: getattr(row, f) for f in row.__slots__}
+
+
+def test_dropping_ram_keeps_the_files_and_the_next_get_reads_them() -> None:
+    rig = _rig()
+    tiers, hot = rig.tiers()
+    tiers.put(DIGEST, None, rows(2))
+    rig.sink.drain()
+    assert tiers.drop_ram() == 1 and hot.stats().bytes == 0 and tiers.held() == (0, 0)
+    assert tiers.get(DIGEST, None) == rows(2) and tiers.stats().ssd_hits == 1

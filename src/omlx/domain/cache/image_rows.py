@@ -95,6 +95,16 @@ class ImageRowsTiers:
             self._kept.intersection_update(sizes)
         return len(sizes), sum(sizes.values())
 
+    def in_ram(self, digest: str, tenant: str | None) -> bool:
+        """Whether RAM holds the rows of ``digest`` for ``tenant`` now."""
+        return self.key(digest, tenant)[0] in self._hot
+
+    def drop_ram(self) -> int:
+        """Drop every image's rows from RAM (their files stay); how many were held."""
+        with self._lock:
+            kept, self._kept = self._kept, set()
+        return self._hot.discard(kept)
+
     def key(self, digest: str, tenant: str | None) -> tuple[str, str]:
         """The rows' key and anchor for ``tenant`` (None or "": the default tenant)."""
         root = tenant_root(self.namespace, tenant) if tenant else self.namespace

@@ -13,8 +13,8 @@ meets them, so it costs none either.
 The engine thread asks by key id (``rows_at``); the request threads register images
 (``register``) with what computes their rows, before the request reaches the engine. A
 tenant's images have key ids of their own (``image_keys``), so the ids alone name whose
-rows they are. A no-store request's rows are kept nowhere but in a few transient slots (an
-image that spans several prefill chunks is encoded once).
+rows they are. A no-store request's rows are kept nowhere but in a few transient slots (so
+an image that spans several prefill chunks is encoded once).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from omlx.domain.cache.image_rows import ImageRowsTiers
 # tiers): the most recently sent ones. A registration older than this many later ones is
 # forgotten; a prefill that still needs it fails with a clear error.
 KEPT_IMAGES = 256
-TRANSIENT_ROWS = 4  # a no-store request's rows, kept only while its prefill may need them
+# Rows no tier keeps in RAM (a no-store request's; rows larger than the hot tier), held
+# only while their prefill may need them again: the most recent few.
+TRANSIENT_ROWS = 4
 # The root of a model without a prefix cache (its rows live in a RAM tier of their own).
 NO_NAMESPACE = "0" * 64
 
@@ -64,7 +66,8 @@ class ImageRows:
     def __init__(self, budget_bytes: int) -> None:
         self._lock = threading.Lock()
         self.tiers = ImageRowsTiers(NO_NAMESPACE, MLXRowsCodec(), HotTier(budget_bytes))
-        self._transient: OrderedDict[tuple[str, str | None], mx.array] = OrderedDict()
+        # Rows RAM's tier does not hold, for the rest of a prefill: (rows, kept in the tiers).
+        self._transient: OrderedDict[tuple[str, str | None], tuple[mx.array, bool]] = OrderedDict()
         self._images: OrderedDict[int, _Image] = OrderedDict()  # start id -> image
         self._starts: list[int] = []  # sorted keys of _images
         self.encoder_passes = 0
@@ -142,6 +145,13 @@ class ImageRows:
             "ssd": tiers.on_disk,
         }
 
+    def clear(self) -> None:
+        """Forget the rows held in RAM (the SSD tier's stay): the next prefill reads or
+        encodes them again."""
+        with self._lock:
+            self._transient.clear()
+        self.tiers.drop_ram()
+
     # ---- engine thread ------------------------------------------------------
 
     def rows_at(self, token_id: int) -> tuple[mx.array, int]:
@@ -155,25 +165,32 @@ class ImageRows:
                 )
             index = token_id - self._starts[i]
             digest, tenant, store, encode = image.digest, image.tenant, image.store, image.encode
-            transient = self._transient.get((digest, tenant))
-            if transient is not None and store:  # a storing request keeps them now
-                del self._transient[(digest, tenant)]
-        if transient is not None:
-            if store:
-                self.tiers.put(digest, tenant, transient)
-            return transient, index
-        rows = self.tiers.get(digest, tenant, store=store)
-        if rows is not None:
+            slot = self._transient.get((digest, tenant))
+            if slot is not None:
+                self._transient.move_to_end((digest, tenant))
+        if slot is not None:
+            rows, kept = slot
+            if store and not kept:  # a no-store request's rows, now wanted by a storing one
+                self.tiers.put(digest, tenant, rows)
+                self._hold(digest, tenant, rows, True)
             return rows, index
-        rows = encode()  # the encoder pass, outside the lock: other requests go on
-        mx.eval(rows)
-        with self._lock:
-            self.encoder_passes += 1
-        if store:
-            self.tiers.put(digest, tenant, rows)
-        else:  # a no-store request's: kept nowhere, but for the rest of its prefill
+        rows = self.tiers.get(digest, tenant, store=store)
+        if rows is None:
+            rows = encode()  # the encoder pass, outside the lock: other requests go on
+            mx.eval(rows)
             with self._lock:
-                self._transient[(digest, tenant)] = rows
-                while len(self._transient) > TRANSIENT_ROWS:
-                    self._transient.popitem(last=False)
+                self.encoder_passes += 1
+            if store:
+                self.tiers.put(digest, tenant, rows)
+        if not store or not self.tiers.in_ram(digest, tenant):
+            # Rows RAM does not hold (a no-store request's, or too large for the hot tier)
+            # stay for the rest of this prefill: its next chunk finds them here.
+            self._hold(digest, tenant, rows, store)
         return rows, index
+
+    def _hold(self, digest: str, tenant: str | None, rows: mx.array, kept: bool) -> None:
+        with self._lock:
+            self._transient[(digest, tenant)] = (rows, kept)
+            self._transient.move_to_end((digest, tenant))
+            while len(self._transient) > TRANSIENT_ROWS:
+                self._transient.popitem(last=False)
