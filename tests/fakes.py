@@ -16,6 +16,7 @@ from omlx.domain.cache.blocks import (
     BlockMeta,
     BlockRead,
     DecodedBlock,
+    ImageInfo,
     NamespaceInfo,
     NamespaceUsage,
     ReadFailure,
@@ -190,6 +191,7 @@ class FakeBlockIndex:
         self.namespaces: dict[str, NamespaceInfo] = {}
         self.blocks: dict[str, StoredBlock] = {}
         self.heads: dict[str, tuple[int, ...]] = {}
+        self.images: dict[str, ImageInfo] = {}  # the ``images`` table, by block key
         self.down = False
         self.evicting_elsewhere = False
         self.lookups = 0
@@ -203,7 +205,9 @@ class FakeBlockIndex:
         self._check()
         self.namespaces[namespace.digest] = namespace
 
-    def add_block(self, block: StoredBlock, tokens: Sequence[int] = ()) -> bool:
+    def add_block(
+        self, block: StoredBlock, tokens: Sequence[int] = (), image: ImageInfo | None = None
+    ) -> bool:
         self._check()
         if block.namespace not in self.namespaces:
             raise LookupError(f"foreign key: no namespace {block.namespace[:12]}")
@@ -212,6 +216,8 @@ class FakeBlockIndex:
         self.blocks[block.key] = block
         if tokens:
             self.heads[block.key] = tuple(tokens)
+        if image is not None:
+            self.images[block.key] = image
         return True
 
     def get_blocks(self, keys: Sequence[str]) -> dict[str, StoredBlock]:
@@ -259,6 +265,7 @@ class FakeBlockIndex:
         self._check()
         for key in keys:
             self.blocks.pop(key, None)
+            self.images.pop(key, None)  # ON DELETE CASCADE
 
     def total_bytes(self) -> int:
         self._check()
@@ -292,9 +299,11 @@ class FakeBlockIndex:
                     model_name=ns.model_name if ns else "",
                     blocks=len(mine),
                     nbytes=sum(b.nbytes for b in mine),
-                    tokens=sum(b.token_count for b in mine),
+                    tokens=sum(b.token_count for b in mine if b.kind in ("kv", "external")),
                     oldest_access=min(b.last_access for b in mine),
                     newest_access=max(b.last_access for b in mine),
+                    image_objects=sum(1 for b in mine if b.kind == "image"),
+                    image_bytes=sum(b.nbytes for b in mine if b.kind == "image"),
                 )
             )
         return rows
@@ -384,7 +393,7 @@ class FakeBlockSink:
         )
         self.index.upsert_namespace(namespace)
         # Tokens recorded as the real writer does (the index ranks siblings by them).
-        added = self.index.add_block(row, meta.tokens if meta.kind == "kv" else ())
+        added = self.index.add_block(row, meta.tokens if meta.kind == "kv" else (), meta.image)
         if not added and self.index.blocks[meta.key].relpath != rel:
             self.store.delete(rel)
         return "written"

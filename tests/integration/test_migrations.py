@@ -86,7 +86,8 @@ def test_upgrade_from_empty(tmp_path: Path, index_url: str) -> None:
         "ix_blocks_parent_key_last_access",
     } <= schema["index"]
     assert "ix_blocks_parent_key" not in schema["index"]  # 0015 replaced it
-    assert schema["view"] == {"cache_usage", "lru_blocks"}
+    assert schema["view"] == {"cache_usage", "lru_blocks", "image_rows"}
+    assert "images" in schema["table"]
     if to_url(index_url).get_backend_name() == "sqlite":
         engine = _engine(index_url)
         with engine.connect() as conn:
@@ -294,6 +295,79 @@ def test_external_blocks_count_in_cache_usage_and_go_on_downgrade(
         assert conn.execute(text("SELECT key FROM blocks")).scalars().all() == [kv.key]
         usage = conn.execute(text("SELECT blocks, tokens FROM cache_usage")).one()
         assert tuple(usage) == (1, ns.block_size)
+    engine.dispose()
+    upgrade(index_url)
+    assert current_revision(index_url) == head_revision()
+
+
+def test_image_rows_show_in_their_view_count_in_cache_usage_go_with_their_block_and_on_downgrade(
+    tmp_path: Path, index_url: str
+) -> None:
+    from alembic import command
+
+    from omlx.adapters.blockfiles.format import RawTensor
+    from omlx.adapters.blockfiles.image_files import pack_image_rows
+    from omlx.adapters.sqlindex.migrate import alembic_config
+    from omlx.domain.cache.blocks import BlockMeta, ImageInfo
+    from omlx.domain.cache.keys import IMAGE, image_rows_key, tenant_root
+
+    index, store = connect_index(index_url), FileBlockStore(tmp_path)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    ((meta, _, data),) = make_chain(ns, 1)
+    kv = record_block(store, index, ns, meta, data)
+    digest = "d1" * 32
+    images = []
+    for tenant in ("", "acme"):
+        root = tenant_root(ns.digest, tenant) if tenant else ns.digest
+        key, anchor = image_rows_key(root, digest)
+        info = ImageInfo(digest, tenant, 3, 2, "F32")
+        img_meta = BlockMeta(key, anchor, ns.digest, 3, IMAGE, image=info)
+        img_data = bytes(pack_image_rows(img_meta, RawTensor("F32", (3, 2), bytes(24)), digest))
+        checksum = hashlib.sha256(img_data).hexdigest()
+        rel = store.relpath(ns, key, checksum)
+        store.write(rel, img_data)
+        row = StoredBlock(
+            key, ns.digest, anchor, 3, len(img_data), checksum, rel, 5.0, 6.0, kind=IMAGE
+        )
+        assert index.add_block(row, (), info)
+        images.append(row)
+    assert images[0].key != images[1].key  # a tenant's rows are its own
+    assert_cache_invariants(tmp_path, index_url=index_url)
+    engine = _engine(index_url)
+    view = text(
+        "SELECT model_name, digest, tenant, row_count, hidden_size, dtype, nbytes, created_utc,"
+        " last_used_utc FROM image_rows ORDER BY tenant"
+    )
+    usage = text("SELECT blocks, tokens, image_objects, image_bytes FROM cache_usage")
+    with engine.connect() as conn:
+        shown = [tuple(r) for r in conn.execute(view)]
+        assert [r[:7] for r in shown] == [
+            (ns.model_name, digest, "", 3, 2, "F32", images[0].nbytes),
+            (ns.model_name, digest, "acme", 3, 2, "F32", images[1].nbytes),
+        ]
+        assert shown[0][7].startswith("1970-01-01 00:00:0")  # created at 5 s, used at 6 s
+        counted = tuple(conn.execute(usage).one())
+        assert counted == (3, ns.block_size, 2, sum(i.nbytes for i in images))
+    engine.dispose()
+    index = connect_index(index_url)
+    index.remove_blocks([images[1].key])  # eviction deletes the block row: its image goes too
+    index.close()
+    store.delete(images[1].relpath)
+    engine = _engine(index_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT tenant FROM images")).scalars().all() == [""]
+    engine.dispose()
+    assert_cache_invariants(tmp_path, index_url=index_url)
+
+    command.downgrade(alembic_config(index_url), "0017")
+    engine = _engine(index_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT key FROM blocks")).scalars().all() == [kv.key]
+        assert tuple(conn.execute(text("SELECT blocks, tokens FROM cache_usage")).one()) == (
+            1,
+            ns.block_size,
+        )
     engine.dispose()
     upgrade(index_url)
     assert current_revision(index_url) == head_revision()

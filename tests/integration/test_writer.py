@@ -293,7 +293,7 @@ def test_a_full_index_database_is_the_same_episode(
     real_add = index.add_block
     full = OperationalError("INSERT", {}, sqlite3.OperationalError("database or disk is full"))
 
-    def add_block(block, tokens=()):
+    def add_block(block, tokens=(), image=None):
         raise full
 
     index.add_block = add_block

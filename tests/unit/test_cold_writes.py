@@ -258,7 +258,7 @@ def test_a_failed_row_removes_its_file_and_a_disk_fault_is_not_retried() -> None
     chain = _chain(3)
     calls = []
 
-    def add_block(block, tokens=()):
+    def add_block(block, tokens=(), image=None):
         calls.append(block.key)
         raise full
 

@@ -223,7 +223,7 @@ def vision(monkeypatch):
     monkeypatch.setattr(
         GenerationService,
         "encode_prompt",
-        lambda self, text, images, param="messages": self.encode_text(text, param),
+        lambda self, text, images, param="messages", **keyed: self.encode_text(text, param),
     )
 
 
@@ -323,3 +323,29 @@ def test_responses_content_parts():
     assert [s.part for s in chat.image_sources] == ["input[0].content[1]"]
     stored = translated.items[0]["content"][1]
     assert stored == {"type": "input_image", "image_url": RED_URL, "detail": "auto"}
+
+
+def test_the_prompt_keys_images_as_the_callers_tenant_and_no_store(monkeypatch, tmp_path):
+    """The tenant (its own key ids and rows) and no-store (keep no rows) reach the model's
+    prompt maker with the images (``PromptImages.key_tokens``)."""
+    from tests.tenant_keys import ALICE, ROOT, keys_file
+
+    seen = []
+
+    def encode_prompt(self, text, images, param="messages", *, tenant=None, store=None):
+        seen.append((tenant, store))
+        return self.encode_text(text, param)
+
+    monkeypatch.setattr(GenerationService, "accepts_images", property(lambda self: True))
+    monkeypatch.setattr(GenerationService, "encode_prompt", encode_prompt)
+    engine = FakeEngine(reply("ok"))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": [openai_image(RED_URL)]}]}
+    container = fake_container(engine, api_key=ROOT, api_keys_file=keys_file(tmp_path))
+    with TestClient(create_app(container)) as c:
+        alice = {"Authorization": f"Bearer {ALICE}", "x-omlx-cache-control": "no-store"}
+        assert c.post("/v1/chat/completions", json=body, headers=alice).status_code == 200
+        assert seen[0] == ("alice", False)
+        seen.clear()
+        root = {"Authorization": f"Bearer {ROOT}"}
+        assert c.post("/v1/chat/completions", json=body, headers=root).status_code == 200
+        assert seen[0] == (None, True)

@@ -40,7 +40,7 @@ def test_object_keys_name_a_restore_point_s_objects_apart_from_its_block() -> No
     assert (
         object_key(STATE, anchor) == hashlib.sha256(b"state\0" + bytes.fromhex(anchor)).hexdigest()
     )
-    assert len({object_key(k, anchor) for k in KINDS}) == len(KINDS) == 4
+    assert len({object_key(k, anchor) for k in KINDS}) == len(KINDS) == 5
     with pytest.raises(ValueError):
         object_key("other", anchor)
 

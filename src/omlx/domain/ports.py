@@ -121,13 +121,21 @@ class LayerKinds(Protocol):
 class PromptImages(Protocol):
     """A vision-language model's prompt maker (``adapters/mlx/vision/prompts``)."""
 
-    def key_tokens(self, text: str, images: Sequence[PromptImage]) -> list[int]:
-        """The rendered prompt ``text``'s tokens, each image's as its key ids
-        (``domain/cache/image_keys``); the images are made known to the engine."""
+    def key_tokens(
+        self,
+        text: str,
+        images: Sequence[PromptImage],
+        *,
+        tenant: str | None = None,
+        store: bool | None = None,
+    ) -> list[int]:
+        """The rendered prompt ``text``'s tokens, each image's as ``tenant``'s key ids for it
+        (``domain/cache/image_keys``); the images are made known to the engine, with
+        whether the request that runs may keep their rows (``store``; None: as known)."""
         ...
 
-    def stats(self) -> dict[str, int]:
-        """The image rows kept: images, bytes, encoder passes, hits, evictions."""
+    def stats(self) -> dict[str, int | bool]:
+        """The image rows: held in RAM (images, bytes), encoder passes, hits by tier."""
         ...
 
     def digest_at(self, token: int) -> str | None:

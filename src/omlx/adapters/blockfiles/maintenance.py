@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from omlx.adapters.blockfiles.expected import BlockSpec, file_problem, spec_of
 from omlx.adapters.blockfiles.format import unpack_block
+from omlx.adapters.blockfiles.image_files import check_image_block
 from omlx.adapters.blockfiles.store import FileBlockStore, key_of
 from omlx.domain.cache.blocks import StoredBlock
-from omlx.domain.cache.keys import EXTERNAL, rederives
+from omlx.domain.cache.keys import EXTERNAL, IMAGE, rederives
 from omlx.domain.cache.ports import BlockIndex
 
 if TYPE_CHECKING:
@@ -88,6 +89,8 @@ def check_block(
         return f"size {len(data)} != {block.nbytes} in the index"
     if hashlib.sha256(data).hexdigest() != block.checksum:
         return "checksum mismatch"
+    if block.kind == IMAGE:  # a VLM's image rows: no tokens, no KV layers
+        return check_image_block(data, block)
     try:
         tokens, _, metadata = unpack_block(data)
     except ValueError as exc:

@@ -78,7 +78,8 @@ class BlockRow(Base):
     created_at: Mapped[float] = mapped_column(Float, nullable=False)
     last_access: Mapped[float] = mapped_column(Float, nullable=False)
     hit_count: Mapped[int] = mapped_column(Integer, nullable=False, default=0, server_default="0")
-    # kv: a block's KV; state / window: a restore point's snapshot or window KV (domain.keys)
+    # kv: a block's KV; state / window: a restore point's snapshot or window KV; external:
+    # a library caller's block; image: a VLM's image rows (domain.keys)
     kind: Mapped[str] = mapped_column(String(8), nullable=False, server_default="kv")
 
 
@@ -93,6 +94,23 @@ class BlockHeadRow(Base):
     )
     parent_key: Mapped[str] = mapped_column(String(64), nullable=False)
     head: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+
+
+class ImageRowsRow(Base):
+    """An image rows object's image, tenant and shape (its block row has the rest: file,
+    bytes, recency); the ``image_rows`` view joins the two for people."""
+
+    __tablename__ = "images"
+    __table_args__ = (Index("ix_images_digest", "digest"),)
+
+    key: Mapped[str] = mapped_column(
+        String(64), ForeignKey("blocks.key", ondelete="CASCADE"), primary_key=True
+    )
+    digest: Mapped[str] = mapped_column(String(64), nullable=False)
+    tenant: Mapped[str] = mapped_column(String(64), nullable=False, server_default="")
+    row_count: Mapped[int] = mapped_column(Integer, nullable=False)
+    hidden_size: Mapped[int] = mapped_column(Integer, nullable=False)
+    dtype: Mapped[str] = mapped_column(String(8), nullable=False)
 
 
 class WeightDigestRow(Base):

@@ -28,18 +28,20 @@ from omlx.adapters.sqlindex.migrate import upgrade
 from omlx.adapters.sqlindex.models import (
     BlockHeadRow,
     BlockRow,
+    ImageRowsRow,
     NamespaceHostRow,
     NamespaceRow,
     WeightDigestRow,
 )
 from omlx.adapters.sqlindex.urls import SQLITE, display, sqlite_path, sqlite_url, to_url
-from omlx.domain.cache.blocks import NamespaceInfo, NamespaceUsage, StoredBlock
+from omlx.domain.cache.blocks import ImageInfo, NamespaceInfo, NamespaceUsage, StoredBlock
 from omlx.domain.cache.keys import CACHE_FORMAT_VERSION
 from omlx.domain.cache.ports import EvictionPlan
 
 _BLOCKS = BlockRow.metadata.tables["blocks"]
 _B = _BLOCKS.c
 _HEADS = BlockHeadRow.__table__
+_IMAGES = ImageRowsRow.__table__
 
 
 def encode_head(tokens: Sequence[int]) -> bytes:
@@ -129,7 +131,9 @@ class SqlBlockIndex:
             session.execute(ns)
             session.execute(where)
 
-    def add_block(self, block: StoredBlock, tokens: Sequence[int] = ()) -> bool:
+    def add_block(
+        self, block: StoredBlock, tokens: Sequence[int] = (), image: ImageInfo | None = None
+    ) -> bool:
         values = {f: getattr(block, f) for f in _fields(StoredBlock)}
         # First writer wins: a row describes the file its writer made, and is never rewritten.
         stmt = (
@@ -145,6 +149,17 @@ class SqlBlockIndex:
                 conn.execute(
                     _HEADS.insert().values(
                         key=block.key, parent_key=block.parent_key, head=encode_head(tokens)
+                    )
+                )
+            if added and image is not None:
+                conn.execute(
+                    _IMAGES.insert().values(
+                        key=block.key,
+                        digest=image.digest,
+                        tenant=image.tenant,
+                        row_count=image.rows,
+                        hidden_size=image.hidden,
+                        dtype=image.dtype,
                     )
                 )
             return added
@@ -286,8 +301,8 @@ class SqlBlockIndex:
 
     def usage(self) -> list[NamespaceUsage]:
         stmt = text(
-            "SELECT namespace, model_name, blocks, nbytes, tokens, oldest_access, newest_access "
-            "FROM cache_usage WHERE blocks > 0 ORDER BY namespace"
+            "SELECT namespace, model_name, blocks, nbytes, tokens, oldest_access, newest_access, "
+            "image_objects, image_bytes FROM cache_usage WHERE blocks > 0 ORDER BY namespace"
         )
         with self._available.guard(), self._read() as session:
             return [NamespaceUsage(*row) for row in session.execute(stmt)]

@@ -126,6 +126,27 @@ _FAMILIES = {
         "Engine-thread time spent keeping blocks (cutting, encoding, queueing) as requests run",
         (),
     ),
+    "omlx_image_encoder_passes": (
+        CounterMetricFamily,
+        "Vision encoder passes of a VLM (an image whose rows no tier held)",
+        (),
+    ),
+    "omlx_image_rows_hits": (
+        CounterMetricFamily,
+        "Images whose rows a tier held, so no encoder pass ran",
+        ("tier",),
+    ),
+    "omlx_image_rows": (GaugeMetricFamily, "Images whose rows RAM holds now", ("tier",)),
+    "omlx_image_rows_bytes": (
+        GaugeMetricFamily,
+        "Bytes of image rows RAM holds now (within the hot tier's budget)",
+        ("tier",),
+    ),
+    "omlx_image_rows_queued": (
+        CounterMetricFamily,
+        "Images' rows handed to the SSD tier's writer",
+        (),
+    ),
     "omlx_cache_lost_tokens": (
         CounterMetricFamily,
         "Prompt tokens the KV chain matched past the deepest restore point, so recomputed",
@@ -145,6 +166,16 @@ def _cache_families(state: ServerState) -> Iterator[Metric]:
         if isinstance(value, int | float):
             families[name].add_metric(list(labels), value)
 
+    for model in state.models:
+        images = model.images
+        if images is not None:
+            m = model.id
+            put("omlx_image_encoder_passes", images["encoder_passes"], m)
+            put("omlx_image_rows_hits", images["ram_hits"], m, "hot")
+            put("omlx_image_rows_hits", images["ssd_hits"], m, "ssd")
+            put("omlx_image_rows", images["images"], m, "hot")
+            put("omlx_image_rows_bytes", images["bytes"], m, "hot")
+            put("omlx_image_rows_queued", images["queued_for_ssd"], m)
     for model in state.models:
         if model.cache is None or model.cache.stats is None:
             continue

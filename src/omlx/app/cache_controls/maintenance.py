@@ -223,6 +223,9 @@ class CacheMaintenance:
                     "tokens": tokens,
                     "bytes": nbytes,
                     "bytes_per_token": round(nbytes / tokens, 1) if tokens else None,
+                    # of those blocks, a VLM's image rows (its encoder's output per image)
+                    "image_objects": u.image_objects if u else 0,
+                    "image_bytes": u.image_bytes if u else 0,
                 }
             )
         used = sum(ns["bytes"] for ns in namespaces)

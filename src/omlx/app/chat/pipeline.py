@@ -137,7 +137,7 @@ class ChatPipeline:
         if session:
             self.fingerprints.record(tenant, session, turn.fingerprint)
         if controls.store and (controls.retention is not None or controls.breakpoints):
-            pins = (turn.prompt.tokens, controls, self.prefix_renderer(chat))
+            pins = (turn.prompt.tokens, controls, self.prefix_renderer(chat, tenant=tenant))
             turn.cache_written = await anyio.to_thread.run_sync(self.controls.honour, *pins)
         return turn
 
@@ -157,7 +157,9 @@ class ChatPipeline:
         controls = controls if controls is not None else TurnControls()
         self.check_images(chat)
         started = time.monotonic()
-        prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
+        prompt, fp = await anyio.to_thread.run_sync(
+            self._render, chat, controls.tenant, controls.store
+        )
         request = self.service.build_request(prompt.tokens, chat.sampling, chat.images)
         fmt = self.format_for(chat.tools)
         in_reasoning = fmt.opens_in_reasoning(prompt.text)
@@ -219,7 +221,7 @@ class ChatPipeline:
         """``chat``'s prompt, and what ``tenant``'s cache holds of it and where it leaves it;
         nothing is run or remembered (``POST /v1/cache/explain``)."""
         self.check_images(chat)
-        prompt, fp = await anyio.to_thread.run_sync(self._render, chat)
+        prompt, fp = await anyio.to_thread.run_sync(self._render, chat, tenant)
         previous = self.fingerprints.closest(tenant, fp)
         divergence = compare(previous, fp) if previous is not None else None
         changed = divergence.part if divergence is not None else None
@@ -230,15 +232,16 @@ class ChatPipeline:
         return prompt.tokens, cache
 
     def prefix_renderer(
-        self, chat: ChatRequest, *, tools: bool = True
+        self, chat: ChatRequest, *, tools: bool = True, tenant: str | None = None
     ) -> Callable[[int], list[int]]:
-        """The tokens of ``chat``'s first ``k`` messages rendered (where message ``k`` starts)."""
+        """The tokens of ``chat``'s first ``k`` messages rendered (where message ``k`` starts),
+        its images keyed as ``tenant``'s."""
 
         def prefix_tokens(k: int) -> list[int]:
             listed = chat.tools if tools else None
             text = self.renderer.render(chat.messages[:k], listed, chat.template_kwargs)
             images = chat.images[: _image_parts(chat.messages[:k])]
-            return self.service.encode_prompt(text, images)
+            return self.service.encode_prompt(text, images, tenant=tenant)
 
         return prefix_tokens
 
@@ -253,10 +256,11 @@ class ChatPipeline:
         found = self.controls.look(tokens, controls.tenant)
         if found is None:
             return None, None
-        prefix_tokens = self.prefix_renderer(chat)
+        prefix_tokens = self.prefix_renderer(chat, tenant=controls.tenant)
 
         def tools_span() -> tuple[int, int]:
-            return tools_span_of(prefix_tokens(1), self.prefix_renderer(chat, tools=False)(1))
+            bare = self.prefix_renderer(chat, tools=False, tenant=controls.tenant)
+            return tools_span_of(prefix_tokens(1), bare(1))
 
         parts = PromptParts(
             chat.messages,
@@ -272,9 +276,13 @@ class ChatPipeline:
         encode = self.service.encode_text
         return ReasoningBudget(tokens, tuple(encode(start)), tuple(encode(end)), opened)
 
-    def _render(self, chat: ChatRequest) -> tuple[RenderedPrompt, Fingerprint]:
+    def _render(
+        self, chat: ChatRequest, tenant: str | None = None, store: bool | None = None
+    ) -> tuple[RenderedPrompt, Fingerprint]:
+        """The prompt's text and tokens (its images keyed as ``tenant``'s, registered with
+        ``store``: None for a prompt that is not run) and its fingerprint."""
         text = self.renderer.render(chat.messages, chat.tools, chat.template_kwargs)
-        tokens = self.service.encode_prompt(text, chat.images)
+        tokens = self.service.encode_prompt(text, chat.images, tenant=tenant, store=store)
         fp = fingerprint(chat.model, chat.messages, chat.labels, chat.tools, tokens, chat.images)
         return RenderedPrompt(text, tokens), fp
 

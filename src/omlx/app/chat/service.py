@@ -99,10 +99,17 @@ class GenerationService:
             raise InvalidRequest(f"the text cannot be tokenized: {exc}", param=param) from exc
 
     def encode_prompt(
-        self, text: str, images: Sequence[PromptImage], param: str = "messages"
+        self,
+        text: str,
+        images: Sequence[PromptImage],
+        param: str = "messages",
+        *,
+        tenant: str | None = None,
+        store: bool | None = None,
     ) -> list[int]:
         """``encode_text`` for a prompt with images: their placeholders expanded by the
-        model's processor and keyed by image (``PromptImages.key_tokens``). Off the loop."""
+        model's processor and keyed by image and ``tenant`` (``PromptImages.key_tokens``;
+        ``store``: whether the turn that runs may keep their rows). Off the loop."""
         if not images:
             return self.encode_text(text, param)
         if self.images is None:
@@ -111,7 +118,7 @@ class GenerationService:
             )
         self.prompt_limit.check(text, param)
         try:
-            return self.images.key_tokens(text, images)
+            return self.images.key_tokens(text, images, tenant=tenant, store=store)
         # The processor refused the image or the prompt (mlx-vlm's raise ValueError,
         # TypeError or IndexError on sizes they cannot cut): the client's image, a 400.
         except (ValueError, TypeError, IndexError) as exc:

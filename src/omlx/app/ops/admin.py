@@ -92,9 +92,15 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
         f"{format_bytes(report['index']['nbytes'])})"
     )
     for ns in report["namespaces"]:
+        images = (
+            f" (of which the rows of {count(ns['image_objects'], 'image')}, "
+            f"{format_bytes(ns['image_bytes'])})"
+            if ns["image_objects"]
+            else ""
+        )
         click.echo(
-            f"  {ns['model_name']} [{ns['namespace'][:12]}]: {count(ns['blocks'], 'block')}, "
-            f"{count(ns['tokens'], 'token')}, {format_bytes(ns['nbytes'])}, "
+            f"  {ns['model_name']} [{ns['namespace'][:12]}]: {count(ns['blocks'], 'block')}"
+            f"{images}, {count(ns['tokens'], 'token')}, {format_bytes(ns['nbytes'])}, "
             f"{ns['kv_dtype']} {_per_token(ns['bytes_per_token'])}, "
             f"last used {_ago(ns['newest_access'] or ns['last_used_at'])}"
         )
@@ -137,6 +143,9 @@ def _stats(target: Target, index: SqlBlockIndex | None) -> JsonObject:
                     "blocks": u.blocks if u else 0,
                     "tokens": u.tokens if u else 0,
                     "nbytes": u.nbytes if u else 0,
+                    # of those blocks: a VLM's image rows (its encoder's output per image)
+                    "image_objects": u.image_objects if u else 0,
+                    "image_bytes": u.image_bytes if u else 0,
                     # What a token costs on disk here: kv_dtype says how blocks are stored.
                     "bytes_per_token": round(u.nbytes / u.tokens, 1) if u and u.tokens else None,
                     "oldest_access": u.oldest_access if u else None,

@@ -51,9 +51,10 @@ class ModelState:
     load_seconds: float = 0.0
     kv_bytes_per_token: int | None = None
     cache: CacheState | None = None  # loaded chat models
-    # A vision-language model's image rows (the vision-feature LRU): images, bytes,
-    # encoder passes, hits, evictions. None: a text model.
-    images: dict[str, int] | None = None
+    # A vision-language model's image rows (its encoder's output, kept in the cache's
+    # tiers): images and bytes held in RAM, encoder passes, hits by tier, queued for SSD;
+    # None: a text model.
+    images: dict[str, int | bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +133,7 @@ def _model(
     )
 
 
-def _images(served: Served) -> dict[str, int] | None:
+def _images(served: Served) -> dict[str, int | bool] | None:
     generation = getattr(served, "generation", None)
     images = getattr(generation, "images", None)
     return images.stats() if images is not None else None

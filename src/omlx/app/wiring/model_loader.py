@@ -292,6 +292,12 @@ class ModelLoader:
             kept=kept,
             block_bytes=per_token * settings.block_size,
         )
+        vision = model.extra.get("vision")
+        if vision is not None:  # a VLM: its image rows in these tiers too (their budgets)
+            from omlx.adapters.mlx.vision.rows_codec import MLXRowsCodec
+            from omlx.domain.cache.image_rows import ImageRowsTiers
+
+            vision.rows.use(ImageRowsTiers(namespace.digest, MLXRowsCodec(), hot, cold_tier))
         log.info(
             "prefix cache of %s: hot tier %s, SSD tier %s, block size %d, KV stored as %s, "
             "namespace %s",

@@ -24,6 +24,17 @@ class NamespaceInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ImageInfo:
+    """What the index keeps of an image rows object beside its block row (``images``)."""
+
+    digest: str  # the image's SHA-256 (``domain.images.image_digest``)
+    tenant: str  # the API key's tenant whose rows they are ("": the default one)
+    rows: int  # the image's placeholder tokens: one row each
+    hidden: int  # the language model's embedding size
+    dtype: str  # the rows' dtype as the file stores it (safetensors spelling)
+
+
+@dataclass(frozen=True, slots=True)
 class BlockMeta:
     """What the engine knows of a stored object (a block, or a restore point's) when it is cut.
 
@@ -40,6 +51,8 @@ class BlockMeta:
     # A KV block's tokens where they are known without reading its file: set when it is
     # stored (the index keeps them beside its row) and when the index lists it as a child.
     tokens: tuple[int, ...] = ()
+    # An ``image`` object's image: kept in the index's ``images`` table beside its row.
+    image: ImageInfo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +83,8 @@ class NamespaceUsage:
     tokens: int
     oldest_access: float | None
     newest_access: float | None
+    image_objects: int = 0  # of ``blocks``: image rows objects (a VLM's encoder output)
+    image_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

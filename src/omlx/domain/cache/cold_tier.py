@@ -29,7 +29,7 @@ from omlx.domain.cache.blocks import (
     ReadFailure,
     StoredBlock,
 )
-from omlx.domain.cache.keys import EXTERNAL, KV, rederives
+from omlx.domain.cache.keys import EXTERNAL, IMAGE, KV, rederives
 from omlx.domain.cache.ports import BlockIndex, BlockSink, BlockStore, IndexUnavailable
 from omlx.domain.cache.tally import Tally
 from omlx.domain.ports import Clock, SystemClock
@@ -214,6 +214,28 @@ class ColdTier:
         if len(found) < len(chain):
             self._tally.add(misses=1)
 
+    def read_object(self, key: str, kind: str) -> tuple[StoredBlock, bytes] | None:
+        """The row and file bytes of this namespace's ``kind`` object ``key`` (one its
+        caller decodes and checks itself: an image's rows), the file matching the row's
+        size and checksum; None for no row or a file that cannot be served (a missing or
+        mismatched one is dropped, as ``get`` drops a block's). Never raises."""
+        rows = self._lookup([key])
+        row = None if rows is None else rows.get(key)
+        if row is None or row.namespace != self.namespace.digest or row.kind != kind:
+            return None
+        with closing(self._store.read_many([row])) as reads:
+            read = next(reads, None)
+        if read is None or read.data is None:
+            failure = read.failure if read is not None else ReadFailure.UNREADABLE
+            if failure is ReadFailure.MISSING and self.drop_missing_rows:
+                self._drop(row, failure.value, "missing_files")
+            elif failure is ReadFailure.MISMATCH:
+                self._drop(row, failure.value, "corrupt_blocks")
+            else:
+                log.info("cold %s object %s: %s; a miss", kind, key, failure and failure.value)
+            return None
+        return row, read.data
+
     def rows(self, keys: Sequence[str]) -> dict[str, StoredBlock] | None:
         """The index rows of a chain's ``keys`` in this namespace (head first, as a lookup
         asks); None when the index did not answer."""
@@ -282,8 +304,9 @@ class ColdTier:
 
     def _storable(self, meta: BlockMeta, tokens: Sequence[int]) -> BlockMeta | None:
         """``meta`` with its tokens, if it is a block of this namespace carrying them; else None."""
-        # An external block covers token_count positions but carries none of the tokens.
-        carried = 0 if meta.kind == EXTERNAL else meta.token_count
+        # An external block covers token_count positions but carries none of the tokens;
+        # an image rows object has a row per placeholder token and no tokens either.
+        carried = 0 if meta.kind in (EXTERNAL, IMAGE) else meta.token_count
         if meta.namespace != self.namespace.digest or len(tokens) != carried:
             log.error("block %s does not match this namespace or its tokens; not stored", meta.key)
             self._tally.add(dropped=1)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -132,7 +132,7 @@ class ColdWrites:
             kind=meta.kind,
         )
         try:
-            recorded = self._add_row(namespace, block, meta.tokens)
+            recorded = self._add_row(namespace, block, meta)
         except Exception:
             self._delete_orphan(relpath)
             raise
@@ -151,9 +151,9 @@ class ColdWrites:
         a write failed, so what the disk holds is not what was counted."""
         self._used = None
 
-    def _add_row(self, namespace: NamespaceInfo, block: StoredBlock, tokens: Sequence[int]) -> bool:
+    def _add_row(self, namespace: NamespaceInfo, block: StoredBlock, meta: BlockMeta) -> bool:
         try:
-            return self._index.add_block(block, tokens)
+            return self._index.add_block(block, meta.tokens, meta.image)
         except IndexUnavailable:
             raise
         except Exception as exc:
@@ -162,7 +162,7 @@ class ColdWrites:
             # An admin may have dropped the namespace row (cache clear): restore it once.
             log.info("re-recording namespace %s after a failed insert", namespace.digest[:12])
             self._index.upsert_namespace(namespace)
-            return self._index.add_block(block, tokens)
+            return self._index.add_block(block, meta.tokens, meta.image)
 
     def _lose_race(self, block: StoredBlock) -> None:
         """Another writer recorded this key first: keep only the file its row names."""

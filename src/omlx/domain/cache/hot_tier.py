@@ -69,14 +69,15 @@ class HotTier:
         self._evictions = 0
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> HotBlock | None:
-        """The block, marked most recently used; counts a hit or a miss."""
+    def get(self, key: str, *, count: bool = True) -> HotBlock | None:
+        """The block, marked most recently used (reused); counts a hit or a miss unless
+        ``count`` is False (an object that is no prompt's block: an image's rows)."""
         with self._lock:
             block = self._blocks.get(key)
             if block is None:
-                self._misses += 1
+                self._misses += count
                 return None
-            self._hits += 1
+            self._hits += count
             self._policy.record_hit(key, block.nbytes)
             return block
 

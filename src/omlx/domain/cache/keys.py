@@ -32,8 +32,10 @@ CACHE_FORMAT_VERSION = 2  # 2: cache layouts (state and window objects), grouped
 # ``external``: a block saved through the library API (``omlx.cache``) under a hash its
 # caller chose; it carries no tokens, so nothing rehashes to its key and the checksum the
 # index records is its integrity check (``external_key`` says how its key is made).
-KV, WINDOW, STATE, EXTERNAL = "kv", "window", "state", "external"
-KINDS = (KV, WINDOW, STATE, EXTERNAL)
+# ``image``: a vision-language model's image rows (its encoder's output for one image),
+# named by ``image_rows_key``: the namespace, the tenant and the image's digest.
+KV, WINDOW, STATE, EXTERNAL, IMAGE = "kv", "window", "state", "external", "image"
+KINDS = (KV, WINDOW, STATE, EXTERNAL, IMAGE)
 EXTERNAL_HASH_MAX = 32  # bytes of a caller's block hash: its hex must fit the parent_key column
 
 
@@ -90,17 +92,38 @@ def external_key(namespace: str, block_hash: bytes) -> str:
     return object_key(EXTERNAL, anchor)
 
 
+def image_anchor(root: str, digest: str) -> str:
+    """What an image's rows object hangs from: ``root`` (a tenant's chain root) and the
+    image's digest. Hashed with a prefix of its own, so no chain key is ever one."""
+    h = hashlib.sha256(b"omlx-image-rows\0" + bytes.fromhex(root))
+    h.update(bytes.fromhex(digest))
+    return h.hexdigest()
+
+
+def image_rows_key(root: str, digest: str) -> tuple[str, str]:
+    """The key of the image rows of ``digest`` under ``root``, and its anchor (its row's
+    ``parent_key``): another tenant's root names other rows, on every tier."""
+    anchor = image_anchor(root, digest)
+    return object_key(IMAGE, anchor), anchor
+
+
 def rederives(kind: str, key: str, parent_key: str, tokens: Sequence[int], namespace: str) -> bool:
     """Whether a stored object's ``key`` follows from what names it: the integrity check by kind.
 
     A KV block or restore-point object: its tokens rehash, from ``parent_key``, to the key.
     An external block has no tokens: its key must follow from its namespace and its
-    caller's hash (``parent_key``); its bytes are checked by their checksum alone.
+    caller's hash (``parent_key``); its bytes are checked by their checksum alone. An
+    image rows object has none either: its key must follow from its anchor.
     """
     if kind == EXTERNAL:
         try:
             return not tokens and external_key(namespace, bytes.fromhex(parent_key)) == key
         except ValueError:  # a parent_key that is no caller's hash
+            return False
+    if kind == IMAGE:  # its anchor (parent_key) is checked by who asks for it by digest
+        try:
+            return not tokens and object_key(IMAGE, parent_key) == key
+        except ValueError:
             return False
     try:
         return object_key(kind, block_key(parent_key, tokens)) == key

@@ -10,6 +10,7 @@ from omlx.domain.cache.blocks import (
     BlockMeta,
     BlockRead,
     DecodedBlock,
+    ImageInfo,
     NamespaceInfo,
     NamespaceUsage,
     StoredBlock,
@@ -168,8 +169,11 @@ class BlockIndex(Protocol):
 
     def upsert_namespace(self, namespace: NamespaceInfo) -> None: ...
 
-    def add_block(self, block: StoredBlock, tokens: Sequence[int] = ()) -> bool:
-        """Record a block whose file is complete (and a KV block's ``tokens``); True if recorded.
+    def add_block(
+        self, block: StoredBlock, tokens: Sequence[int] = (), image: ImageInfo | None = None
+    ) -> bool:
+        """Record a block whose file is complete (and a KV block's ``tokens``, an image rows
+        object's ``image``, in the same transaction); True if recorded.
 
         False, and nothing changed, when the key has a row already: the first writer wins,
         and a later one deletes its own file unless the row names that very file.

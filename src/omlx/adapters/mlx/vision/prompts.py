@@ -49,8 +49,16 @@ class VisionPrompter:
         self.placeholder = _one_image_text(render_one_image)
         self._counts: dict[str, int] = {}  # image digest -> its placeholder tokens
 
-    def key_tokens(self, text: str, images: Sequence[PromptImage]) -> list[int]:
-        """The prompt's ids with each image's placeholder tokens replaced by its key ids.
+    def key_tokens(
+        self,
+        text: str,
+        images: Sequence[PromptImage],
+        *,
+        tenant: str | None = None,
+        store: bool | None = None,
+    ) -> list[int]:
+        """The prompt's ids with each image's placeholder tokens replaced by ``tenant``'s
+        key ids for it; ``store`` goes with the images' registration (``ImageRows.register``).
 
         An image's tokens need not be one run (Idefics3 cuts an image into tiles, each a
         run between markers): image ``i`` takes the next ``count_i`` placeholder tokens,
@@ -70,11 +78,14 @@ class VisionPrompter:
         taken = 0
         for image, picture, count in zip(images, pictures, counts, strict=True):
             for position, key in zip(
-                at[taken : taken + count], image_token_ids(image.digest, count), strict=True
+                at[taken : taken + count],
+                image_token_ids(image.digest, count, tenant),
+                strict=True,
             ):
                 ids[position] = key
             taken += count
-            self.rows.register(image.digest, count, self._encoder(picture, count, image.part))
+            encode = self._encoder(picture, count, image.part)
+            self.rows.register(image.digest, count, encode, tenant=tenant, store=store)
         return ids
 
     def _count(self, image: PromptImage, picture: Any) -> int:
@@ -88,7 +99,7 @@ class VisionPrompter:
             self._counts[image.digest] = count
         return count
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | bool]:
         return self.rows.stats()
 
     def digest_at(self, token: int) -> str | None:

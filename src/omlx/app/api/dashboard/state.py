@@ -97,7 +97,7 @@ def dashboard_state(
 
 def _tenant_model(model: JsonObject, usage: dict[str, TenantUsage]) -> JsonObject:
     """A model's row without the cache's contents, with the tenant's own counts instead."""
-    own = {k: v for k, v in model.items() if k not in ("cache", "ssd")}
+    own = {k: v for k, v in model.items() if k not in ("cache", "ssd", "images")}
     use = usage.get(model["id"])
     if use is not None:
         own["cache"] = {
@@ -138,6 +138,8 @@ def _ssd_of(model: JsonObject, namespaces: list[JsonObject]) -> JsonObject | Non
             "tokens": 0,
             "bytes": 0,
             "bytes_per_token": None,
+            "image_objects": 0,
+            "image_bytes": 0,
         }
         return next((ns for ns in namespaces if ns["namespace"] == digest), empty)
     named = [ns for ns in namespaces if ns["model"] == model["id"]]
@@ -163,6 +165,8 @@ def _model(m: ModelState) -> JsonObject:
     out["kv_bytes_per_token"] = m.kv_bytes_per_token
     if m.cache is not None:
         out["cache"] = _cache(m.cache)
+    if m.images is not None:  # a VLM: its images' rows in RAM, encoder passes, hits by tier
+        out["images"] = m.images
     return out
 
 

@@ -105,6 +105,7 @@ function modelRow(m, operator) {
   const cache = m.cache || {};
   const hot = cache.hot;
   const ssd = m.ssd;
+  const images = m.images; // a VLM's image rows: RAM, encoder passes, hits by tier
   const hitShare = cache.lookup_tokens ? ` (${pct(cache.hit_tokens / cache.lookup_tokens)})` : "";
   const hits = cache.enabled ? `${int(cache.hit_tokens)} of ${int(cache.lookup_tokens)}${hitShare}` :
     (cache.disabled_reason ? `off (${cache.disabled_reason})` : "–");
@@ -133,10 +134,14 @@ function modelRow(m, operator) {
     el("td", {}, state, m.error ? el("div", { class: "muted" }, m.error) : null),
     el("td", { class: "num" }, m.state === "loaded" ? `${bytes(m.weights_bytes)} + ${bytes(m.kv_bytes)}` : "–"),
     el("td", { class: "num" }, `${m.active} / ${m.queued}`),
-    el("td", { class: "num hot" }, hot ? `${int(hot.blocks)} blocks, ${bytes(hot.bytes)}` : "–"),
-    el("td", { class: "num ssd" }, ssd ? `${int(ssd.blocks)} blocks, ${bytes(ssd.bytes)}` : "–"),
+    el("td", { class: "num hot" }, hot ? `${int(hot.blocks)} blocks, ${bytes(hot.bytes)}` : "–",
+      images ? el("div", { class: "muted images-hot" }, `of which ${int(images.images)} images' rows, ${bytes(images.bytes)}`) : null),
+    el("td", { class: "num ssd" }, ssd ? `${int(ssd.blocks)} blocks, ${bytes(ssd.bytes)}` : "–",
+      ssd && images ? el("div", { class: "muted images-ssd" }, `of which ${int(ssd.image_objects)} images' rows, ${bytes(ssd.image_bytes)}`) : null),
     el("td", { class: "num" }, perToken),
-    el("td", { class: "num hits", title: cache.enabled ? `${int(cache.lookups)} lookups` : null }, hits),
+    el("td", { class: "num hits", title: cache.enabled ? `${int(cache.lookups)} lookups` : null }, hits,
+      images ? el("div", { class: "muted images-encoder" },
+        `images: ${int(images.encoder_passes)} encoder passes, ${int(images.ram_hits)} rows from RAM, ${int(images.ssd_hits)} from SSD`) : null),
     el("td", {}, actions));
 }
 
@@ -170,6 +175,7 @@ function renderTiers(state) {
       el("td", {}, ns.model), el("td", { title: ns.namespace }, ns.namespace.slice(0, 12)),
       el("td", { class: "num" }, ns.block_size), el("td", { class: "num" }, int(ns.blocks)),
       el("td", { class: "num" }, int(ns.tokens)), el("td", { class: "num" }, bytes(ns.bytes)),
+      el("td", { class: "num" }, ns.image_objects ? `${int(ns.image_objects)}, ${bytes(ns.image_bytes)}` : "–"),
       el("td", { class: "num" }, ns.bytes_per_token ? int(Math.round(ns.bytes_per_token)) : "–"))));
   }
   const q = state.queue;
