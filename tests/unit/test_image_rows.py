@@ -41,3 +41,14 @@ def test_two_images_whose_key_ids_overlap_are_refused_not_mixed(monkeypatch):
     a_rows, _ = rows.rows_at(IMAGE_ID_BASE + 1250)
     c_rows, _ = rows.rows_at(IMAGE_ID_BASE + 1300)
     assert float(a_rows.sum()) == 0.0 and float(c_rows.sum()) == 32.0
+
+
+def test_an_images_grid_is_told_by_any_of_its_key_ids_without_an_encoder_pass():
+    rows = ImageRows(1 << 20)
+    d = "cd" * 32
+    rows.register(d, 6, lambda: pytest.fail("no rows are needed for a grid"), (1, 2, 3))
+    assert rows.image_at(image_start(d) + 5) == (image_start(d), 6, (1, 2, 3))
+    rows.register("ef" * 32, 4, lambda: mx.zeros((4, 2)))  # a model without grids
+    assert rows.image_at(image_start("ef" * 32))[2] is None
+    with pytest.raises(ImageRowsMissing):
+        rows.image_at(image_start(d) + 6)

@@ -8,8 +8,10 @@ changes after an image, a turn that restores nothing, or a second conversation s
 the same screenshot costs no encoder pass. A prompt whose image positions all come back
 from the prefix cache never meets them, so it costs none either (after a restart too).
 
-The engine thread asks by key id (``rows_at``); the request threads register images
-(``register``) with what computes their rows, before the request reaches the engine.
+The engine thread asks by key id (``rows_at``, and ``image_at`` for an M-RoPE model's
+positions); the request threads register images (``register``) with what computes their
+rows, and their grid where the model places image tokens by one, before the request
+reaches the engine.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from omlx.adapters.mlx.vision.mrope import Grid
 from omlx.domain.cache.image_keys import image_start
 
 # Images whose prepared pixels are kept, ready to encode (again, if their rows left the
@@ -39,6 +42,7 @@ class _Image:
     digest: str
     count: int
     encode: Callable[[], mx.array]  # computes the rows [count, hidden]
+    grid: Grid | None  # (t, h, w) tokens, for M-RoPE positions; None for other models
 
 
 class ImageRows:
@@ -57,8 +61,15 @@ class ImageRows:
 
     # ---- request threads ----------------------------------------------------
 
-    def register(self, digest: str, count: int, encode: Callable[[], mx.array]) -> None:
-        """``digest``'s image takes ``count`` placeholder tokens; ``encode`` computes its rows."""
+    def register(
+        self,
+        digest: str,
+        count: int,
+        encode: Callable[[], mx.array],
+        grid: Grid | None = None,
+    ) -> None:
+        """``digest``'s image takes ``count`` placeholder tokens (a ``grid`` of them, for an
+        M-RoPE model); ``encode`` computes its rows."""
         start = image_start(digest)
         with self._lock:
             known = self._images.get(start)
@@ -68,7 +79,7 @@ class ImageRows:
                     "send the request again after the other one has finished"
                 )
             if known is not None:
-                known.count, known.encode = count, encode
+                known.count, known.encode, known.grid = count, encode, grid
                 self._images.move_to_end(start)
                 return
             clash = self._overlapping(start, count)
@@ -77,7 +88,7 @@ class ImageRows:
                     f"images {clash.digest[:12]} and {digest[:12]} drew overlapping key ids; "
                     "send the request again after the other one has finished"
                 )
-            self._images[start] = _Image(digest, count, encode)
+            self._images[start] = _Image(digest, count, encode, grid)
             bisect.insort(self._starts, start)
             while len(self._images) > KEPT_IMAGES:
                 old, _ = self._images.popitem(last=False)
@@ -111,16 +122,17 @@ class ImageRows:
 
     # ---- engine thread ------------------------------------------------------
 
+    def image_at(self, token_id: int) -> tuple[int, int, Grid | None]:
+        """The first key id, token count and grid of the image ``token_id`` belongs to."""
+        with self._lock:
+            start, image = self._find(token_id)
+            return start, image.count, image.grid
+
     def rows_at(self, token_id: int) -> tuple[mx.array, int]:
         """The rows of the image ``token_id`` belongs to, and the token's index in them."""
         with self._lock:
-            i = bisect.bisect_right(self._starts, token_id) - 1
-            image = self._images.get(self._starts[i]) if i >= 0 else None
-            if image is None or token_id >= self._starts[i] + image.count:
-                raise ImageRowsMissing(
-                    f"key id {token_id} names no image this server was sent recently"
-                )
-            index = token_id - self._starts[i]
+            start, image = self._find(token_id)
+            index = token_id - start
             rows = self._rows.get(image.digest)
             if rows is not None:
                 self._rows.move_to_end(image.digest)
@@ -133,6 +145,16 @@ class ImageRows:
             self.encoder_passes += 1
             self._keep(image.digest, rows)
         return rows, index
+
+    def _find(self, token_id: int) -> tuple[int, _Image]:
+        """(first key id, image) of the kept image ``token_id`` belongs to (lock held)."""
+        i = bisect.bisect_right(self._starts, token_id) - 1
+        image = self._images.get(self._starts[i]) if i >= 0 else None
+        if image is None or token_id >= self._starts[i] + image.count:
+            raise ImageRowsMissing(
+                f"key id {token_id} names no image this server was sent recently"
+            )
+        return self._starts[i], image
 
     def _keep(self, digest: str, rows: mx.array) -> None:
         if digest in self._rows:
