@@ -1,7 +1,8 @@
 """Tiny random-weight vision-language model folders that the test suite builds itself.
 
 Seeded, random-weight (N(0, 0.02); embeddings and LM head wider so greedy logits are
-peaked and varied), a few layers each, a byte-level BPE tokenizer with the family's
+peaked and varied; the Qwen-VL language models' attention projections wider too, so their
+greedy text depends on M-RoPE positions), a few layers each, a byte-level BPE tokenizer with the family's
 special tokens first (ids 0, 1, 2, ... in the order listed in each builder), a chat
 template (also written as chat_template.jinja) that takes a string content or an
 OpenAI-style list of ``{"type": "text"}`` / ``{"type": "image"}`` parts and writes the
@@ -70,6 +71,11 @@ difference 0.0, for every family):
   ``model.vision_tower(pixel_values, image_grid_thw, output_hidden_states=False)`` ->
   2-D ``(rows, 64)`` (images kept apart by cu_seqlens in its attention); the same 2-D
   array goes to ``cached_image_features=``. Concat: yes.
+- ``qwen2_5_vl`` (Qwen2.5-VL: the same tokenizer, template, processor files and language
+  model as ``qwen2_vl``; its vision tower 32 wide x 2 blocks, windowed attention over
+  2x2 merged-patch windows in block 0 and full attention in block 1, an MLP merger to
+  64): the same token counts, grids, ``get_rope_index`` and feature shapes as
+  ``qwen2_vl``. Concat: yes.
 """
 
 from __future__ import annotations
@@ -503,8 +509,15 @@ QWEN2_VL_TEMPLATE = (
 )
 
 
-def _build_qwen2_vl(out: Path, seed: int) -> None:
-    from mlx_vlm.models import qwen2_vl
+QWEN_ATTENTION_SCALE = 0.3
+
+
+def _build_qwen2_vl(out: Path, seed: int, family: str = "qwen2_vl") -> None:
+    """The tiny Qwen2-VL above, or (``family="qwen2_5_vl"``) its Qwen2.5-VL sibling: the
+    same tokenizer, template, language model and processor files, and Qwen2.5-VL's vision
+    tower (windowed attention over 4x4-patch windows, full attention in its last block,
+    an MLP merger to ``out_hidden_size``)."""
+    from mlx_vlm.models import qwen2_5_vl, qwen2_vl
 
     specials = [
         "<|endoftext|>",
@@ -517,9 +530,35 @@ def _build_qwen2_vl(out: Path, seed: int) -> None:
     ]
     ids = _build_tokenizer(out, specials, QWEN2_VL_TEMPLATE, eos="<|im_end|>", pad="<|endoftext|>")
     patch, merge = 14, 2
+    vision = {
+        "model_type": family,
+        "depth": 2,
+        "embed_dim": 32,
+        "hidden_size": 64,
+        "num_heads": 4,
+        "mlp_ratio": 2,
+        "patch_size": patch,
+        "spatial_patch_size": patch,
+        "spatial_merge_size": merge,
+        "temporal_patch_size": 2,
+        "in_channels": 3,
+    }
+    if family == "qwen2_5_vl":
+        vision = {
+            **vision,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": 64,
+            "window_size": patch * merge * 2,
+            "fullatt_block_indexes": [1],
+        }
     config = {
-        "model_type": "qwen2_vl",
-        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "model_type": family,
+        "architectures": [
+            "Qwen2_5_VLForConditionalGeneration"
+            if family == "qwen2_5_vl"
+            else "Qwen2VLForConditionalGeneration"
+        ],
         "image_token_id": ids["<|image_pad|>"],
         "video_token_id": ids["<|video_pad|>"],
         "vision_start_token_id": ids["<|vision_start|>"],
@@ -536,23 +575,15 @@ def _build_qwen2_vl(out: Path, seed: int) -> None:
         "max_position_embeddings": 4096,
         "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
         "tie_word_embeddings": False,
-        "vision_config": {
-            "model_type": "qwen2_vl",
-            "depth": 2,
-            "embed_dim": 32,
-            "hidden_size": 64,
-            "num_heads": 4,
-            "mlp_ratio": 2,
-            "patch_size": patch,
-            "spatial_patch_size": patch,
-            "spatial_merge_size": merge,
-            "temporal_patch_size": 2,
-            "in_channels": 3,
-        },
+        "vision_config": vision,
     }
-    _write_model(
-        out, qwen2_vl, dict(config), seed, {"embed_tokens.weight": 1.0, "lm_head.weight": 1.0}
-    )
+    module = qwen2_5_vl if family == "qwen2_5_vl" else qwen2_vl
+    # Sharp attention that outweighs a token's own embedding (wide attention projections):
+    # where a token sits changes what it reads, so greedy text tells wrong M-RoPE positions
+    # from right ones (at 0.02 the model is nearly a bigram model, blind to positions).
+    scales = {"embed_tokens.weight": 1.0, "lm_head.weight": 1.0}
+    scales |= {f"self_attn.{p}_proj.weight": QWEN_ATTENTION_SCALE for p in "qkvo"}
+    _write_model(out, module, dict(config), seed, scales)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     image = {
         "patch_size": patch,
@@ -567,20 +598,23 @@ def _build_qwen2_vl(out: Path, seed: int) -> None:
         "do_normalize": True,
         "do_convert_rgb": True,
     }
+    processor = "Qwen2_5_VLProcessor" if family == "qwen2_5_vl" else "Qwen2VLProcessor"
     (out / "preprocessor_config.json").write_text(
         json.dumps(
             {
                 "image_processor_type": "Qwen2VLImageProcessor",
-                "processor_class": "Qwen2VLProcessor",
+                "processor_class": processor,
                 **image,
             },
             indent=2,
         )
     )
     (out / "video_preprocessor_config.json").write_text(json.dumps(image, indent=2))
-    (out / "processor_config.json").write_text(
-        json.dumps({"processor_class": "Qwen2VLProcessor"}, indent=2)
-    )
+    (out / "processor_config.json").write_text(json.dumps({"processor_class": processor}, indent=2))
+
+
+def _build_qwen2_5_vl(out: Path, seed: int) -> None:
+    _build_qwen2_vl(out, seed, family="qwen2_5_vl")
 
 
 _BUILDERS = {
@@ -588,6 +622,7 @@ _BUILDERS = {
     "gemma3": _build_gemma3,
     "idefics3": _build_idefics3,
     "qwen2_vl": _build_qwen2_vl,
+    "qwen2_5_vl": _build_qwen2_5_vl,
 }
 VLM_FAMILIES = tuple(_BUILDERS)
 
@@ -630,7 +665,7 @@ def image_features(model, inputs):
             tiles.transpose(0, 2, 3, 1), patch_attention_mask=patch_mask, output_hidden_states=True
         )
         feats = model.connector(pooled.astype(tiles.dtype))
-    elif kind == "qwen2_vl":
+    elif kind in ("qwen2_vl", "qwen2_5_vl"):
         feats = model.vision_tower(
             pixel_values, mx.array(inputs["image_grid_thw"]), output_hidden_states=False
         )

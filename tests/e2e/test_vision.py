@@ -28,7 +28,7 @@ from PIL import Image
 from tests.server_process import ServerProcess
 from tests.vlm_models import build_vlm
 
-FAMILIES = ["llava", "gemma3", "idefics3"]
+FAMILIES = ["llava", "gemma3", "idefics3", "qwen2_vl", "qwen2_5_vl"]
 SYSTEM = "You describe screenshots for a developer, briefly. " * 6
 
 

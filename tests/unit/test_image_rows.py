@@ -93,3 +93,14 @@ def test_rows_too_large_for_the_ram_tier_are_encoded_once_per_prefill():
     for i in range(4):  # one chunk per token
         rows.rows_at(image_start(d) + i)
     assert len(calls) == 1 and rows.tiers.held() == (0, 0)
+
+
+def test_an_images_grid_is_told_by_any_of_its_key_ids_without_an_encoder_pass():
+    rows = ImageRows(1 << 20)
+    d = "cd" * 32
+    rows.register(d, 6, lambda: pytest.fail("no rows are needed for a grid"), (1, 2, 3))
+    assert rows.image_at(image_start(d) + 5) == (image_start(d), 6, (1, 2, 3))
+    rows.register("ef" * 32, 4, lambda: mx.zeros((4, 2)))  # a model without grids
+    assert rows.image_at(image_start("ef" * 32))[2] is None
+    with pytest.raises(ImageRowsMissing):
+        rows.image_at(image_start(d) + 6)

@@ -134,9 +134,13 @@ def exact_caches(model: LoadedModel, quant: KVQuant | None) -> Callable[[], list
     return partial(exact_prompt_cache, model.model, quant.group_size, quant.bits)
 
 
-def new_generator(model: LoadedModel, config: EngineConfig, features: Features) -> BatchGenerator:
+def new_generator(
+    model: LoadedModel, config: EngineConfig, features: Features, runs: Any = None
+) -> BatchGenerator:
     """The batcher: omlx's (``FusingBatchGenerator``) where it may use mlx-lm's private
-    state, mlx-lm's own elsewhere."""
+    state, mlx-lm's own elsewhere. ``runs``: what it calls instead of the model (an
+    M-RoPE model's ``row_plans.PlannedRows``); None: the model."""
+    runs = model.model if runs is None else runs
     options = dict(
         completion_batch_size=config.max_concurrent,
         # Every admitted prompt joins the prefill batch at once: a short prompt
@@ -145,9 +149,9 @@ def new_generator(model: LoadedModel, config: EngineConfig, features: Features) 
         prefill_step_size=config.prefill_step_size,
     )
     if not features.private:
-        return BatchGenerator(model.model, **options)
+        return BatchGenerator(runs, **options)
     return FusingBatchGenerator(
-        model.model,
+        runs,
         fuse=features.fuse,
         in_order=features.in_order,
         speculation=features.speculation,

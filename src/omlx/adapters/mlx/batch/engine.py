@@ -31,6 +31,7 @@ from omlx.adapters.mlx.batch import admission, jobs
 from omlx.adapters.mlx.batch.config import EngineConfig, exact_caches, features_for, new_generator
 from omlx.adapters.mlx.batch.jobs import Emit, Job, log_finished
 from omlx.adapters.mlx.batch.processors import grammar_finish_reason, request_processors
+from omlx.adapters.mlx.batch.row_plans import PlannedRows
 from omlx.adapters.mlx.batch.sampling import SharedSamplers
 from omlx.adapters.mlx.batch.speculation import Proposer, Speculation
 from omlx.adapters.mlx.batch.warm_up import warm_up
@@ -94,6 +95,9 @@ class MLXEngine:
         self._buffers_held = False  # MLX holds freed buffers worth releasing when idle
         # A fresh request's cache, in exact mode (set on the engine thread); None: mlx-lm's.
         self._fresh_cache: Callable[[], list[Any]] | None = None
+        # An M-RoPE model's rows, each told its request's position plan (``row_plans``).
+        needs_plans = getattr(model.model, "needs_row_plans", False)
+        self._plans = PlannedRows(model.model) if needs_plans else None
 
     @property
     def budget(self) -> KVBudget | None:
@@ -194,7 +198,11 @@ class MLXEngine:
         return self._speculation
 
     def _new_generator(self) -> BatchGenerator:
-        return new_generator(self.model, self.config, self._features)
+        generator = new_generator(self.model, self.config, self._features, self._plans)
+        if self._plans is not None:
+            self._plans.clear()
+            self._plans.generator = generator
+        return generator
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -256,6 +264,7 @@ class MLXEngine:
         plan = job.session.plan if job.session is not None else ()
         block_size = self.prefix_cache.block_size if self.prefix_cache is not None else None
         step = self.config.prefill_step_size
+        positions = self._plans.plan(tokens) if self._plans is not None else None
         (job.uid,) = self._generator.insert_segments(
             [admission.segments(tokens, job.cached_tokens, plan, block_size, step)],
             max_tokens=[job.request.max_tokens],
@@ -265,6 +274,8 @@ class MLXEngine:
             logits_processors=[request_processors(job.request, self._eos)],
             stop_sequences=[self._stop_tokens],
         )
+        if self._plans is not None:
+            self._plans.track(job.uid, positions)
         if self._speculation is not None:
             self._speculation.enable(job.uid)
         job.detok = self.model.tokenizer.detokenizer
@@ -343,6 +354,8 @@ class MLXEngine:
         job.done = True
         if job.uid is not None:
             self._running.pop(job.uid, None)
+            if self._plans is not None:
+                self._plans.forget(job.uid)
         self.scheduler.ended(job.id)
         self._report_memory()
         speculated = self._speculation.pop(job.uid) if self._speculation is not None else None

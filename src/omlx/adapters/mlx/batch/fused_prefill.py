@@ -46,7 +46,7 @@ from mlx_lm.generate import PromptProcessingBatch
 from omlx.adapters.mlx.batch.speculation import Speculation
 from omlx.adapters.mlx.batch.speculative import SpeculativeGeneration, SpeculativeInOrder
 from omlx.adapters.mlx.mlx_lm_private import batcher
-from omlx.adapters.mlx.mlx_lm_private.batcher import HookedBatchGenerator
+from omlx.adapters.mlx.mlx_lm_private.batcher import HookedBatchGenerator, SplitRememberingBatch
 from omlx.adapters.mlx.mlx_lm_private.decode import InOrderGeneration
 
 FUSE_MAX_TOKENS = 64
@@ -111,8 +111,9 @@ class _FusionPlan:
         return fused
 
 
-class _FusingPromptBatch(PromptProcessingBatch):
-    """A prompt batch whose ``prompt`` runs a row's final chunk with its last token."""
+class _FusingPromptBatch(SplitRememberingBatch):
+    """A prompt batch whose ``prompt`` runs a row's final chunk with its last token (where
+    the generator fuses), and that remembers what it split off (``batcher.uids_of``)."""
 
     plan: _FusionPlan | None = None  # set on the generator's batch (a split copy has none)
 
@@ -175,12 +176,11 @@ class FusingBatchGenerator(HookedBatchGenerator):
         super().__init__(model, **kwargs)
         self.fuse = fuse
         self._plan = _FusionPlan(self.prefill_step_size)
-        prompt = generation = None
-        if self.fuse:
-            prompt = _FusingPromptBatch.empty(
-                self.model, self.sampler, prefill_step_size=self.prefill_step_size
-            )
-            prompt.plan = self._plan
+        generation = None
+        prompt = _FusingPromptBatch.empty(
+            self.model, self.sampler, prefill_step_size=self.prefill_step_size
+        )
+        prompt.plan = self._plan if self.fuse else None
         if speculation is not None:
             kind = SpeculativeInOrder if in_order else SpeculativeGeneration
             generation = kind.empty(self.model, self.sampler)

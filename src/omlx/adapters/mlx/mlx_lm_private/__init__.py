@@ -5,13 +5,15 @@ Written for mlx-lm 0.32 (``version.WRITTEN_FOR``; a test in
 keeps these names out of every other module). The check is asked once, at an engine's
 start: with another mlx-lm, rows are read through the public, copying ``extract_cache``,
 the batcher is mlx-lm's own, a restored row is merged by mlx-lm's ``merge``, speculation
-is off and exact KV mode runs in full precision (each logged).
+is off and exact KV mode runs in full precision (each logged); M-RoPE vision models
+are refused at load (``vision.loader``).
 
 - ``rows``: a running request's cache read uncopied (``BatchKVCache._idx``,
   ``RotatingKVCache._temporal_order``), and a lone restored row made a batch cache without
   a copy (it writes ``BatchKVCache._idx``);
 - ``batcher``: ``BatchGenerator._prompt_batch``, ``._generation_batch`` and
-  ``._currently_processing``, and a hook after ``BatchGenerator._next``;
+  ``._currently_processing``, and a hook after ``BatchGenerator._next``; the requests a
+  forward pass's rows run, from the batch whose cache list it is given;
 - ``decode``: ``GenerationBatch._step`` (in-order decode) and the per-row fields a
   speculative step keeps (``_next_tokens``, ``_next_logprobs``, ``_current_tokens``,
   ``_current_logprobs``, ``_token_context`` and its ``TokenBuffer._size``,
@@ -31,4 +33,6 @@ Upstream wish list: each public hook would delete a side door.
 5. A batch quantized KV cache: ``quantized_batch_cache``.
 6. A row's cache read without a copy (a view for ``extract_cache``): ``rows.prefill_row``,
    ``rows.decode_row`` and ``kv_slice``'s reads of write indices.
+7. Each row's uid passed to the model with a forward pass (or a per-row model argument):
+   ``batcher.uids_of``, which M-RoPE models' positions need.
 """

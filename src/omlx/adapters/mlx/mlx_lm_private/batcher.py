@@ -3,8 +3,8 @@
 ``BatchGenerator`` keeps its two batches (``_prompt_batch``, ``_generation_batch``) and the
 prefill progress of each prompt row (``_currently_processing``) private, and runs each step
 in ``_next``. omlx puts its own batch classes in (fused final chunks, in-order and
-speculative decode steps), takes rows it moved to decoding out of the progress list, and
-runs a hook after each step.
+speculative decode steps), takes rows it moved to decoding out of the progress list, runs
+a hook after each step, and tells which requests a forward pass's rows run (``uids_of``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,34 @@ def prompt_batch(generator: Any) -> PromptProcessingBatch:
 def generation_batch(generator: Any) -> GenerationBatch:
     """The batch of rows decoding (one object for the generator's life)."""
     return generator._generation_batch
+
+
+def uids_of(generator: Any, cache: list[Any]) -> list[int] | None:
+    """The requests (uids, in row order) of the batch whose per-layer caches ``cache`` is:
+    the batch being prefilled, the one decoding, or the one just split off to decode (a
+    ``SplitRememberingBatch``'s); None for a cache of none of them.
+    """
+    prompt = generator._prompt_batch
+    split_off = getattr(prompt, "split_off", None)
+    for batch in (prompt, generator._generation_batch, split_off):
+        if batch is not None and batch.prompt_cache is cache:
+            return batch.uids
+    return None
+
+
+class SplitRememberingBatch(PromptProcessingBatch):
+    """A prompt batch that remembers the batch it split off last.
+
+    mlx-lm moves rows to decoding with ``split(rows).generate(last_tokens)``, and
+    ``GenerationBatch.__init__`` runs the rows' first decode pass there, before they join
+    the generator's decode batch: that pass's rows are the split-off batch's.
+    """
+
+    split_off: PromptProcessingBatch | None = None
+
+    def split(self, indices: list[int]) -> PromptProcessingBatch:
+        self.split_off = super().split(indices)
+        return self.split_off
 
 
 def install_batches(

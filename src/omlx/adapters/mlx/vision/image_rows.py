@@ -14,7 +14,8 @@ The engine thread asks by key id (``rows_at``); the request threads register ima
 (``register``) with what computes their rows, before the request reaches the engine. A
 tenant's images have key ids of their own (``image_keys``), so the ids alone name whose
 rows they are. A no-store request's rows are kept nowhere but in a few transient slots (so
-an image that spans several prefill chunks is encoded once).
+an image that spans several prefill chunks is encoded once). An M-RoPE model's engine asks
+``image_at`` for an image's grid (registered with it): what places its tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from omlx.adapters.mlx.vision.mrope import Grid
 from omlx.adapters.mlx.vision.rows_codec import MLXRowsCodec
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.image_keys import image_start
@@ -54,6 +56,7 @@ class _Image:
     count: int
     encode: Callable[[], mx.array]  # computes the rows [count, hidden]
     store: bool  # the latest registering request may keep them (not a no-store one)
+    grid: Grid | None = None  # (t, h, w) tokens, for M-RoPE positions; None for others
 
 
 class ImageRows:
@@ -83,14 +86,15 @@ class ImageRows:
         digest: str,
         count: int,
         encode: Callable[[], mx.array],
+        grid: Grid | None = None,
         *,
         tenant: str | None = None,
         store: bool | None = None,
     ) -> None:
-        """``digest``'s image takes ``count`` placeholder tokens in ``tenant``'s prompts;
-        ``encode`` computes its rows. ``store``: whether the request that will run may keep
-        them (False: a no-store request); None leaves it as registered (a prompt only
-        counted or explained), True for a new image."""
+        """``digest``'s image takes ``count`` placeholder tokens in ``tenant``'s prompts (a
+        ``grid`` of them, for an M-RoPE model); ``encode`` computes its rows. ``store``:
+        whether the request that will run may keep them (False: a no-store request); None
+        leaves it as registered (a prompt only counted or explained), True for a new image."""
         start = image_start(digest, tenant)
         with self._lock:
             known = self._images.get(start)
@@ -100,7 +104,7 @@ class ImageRows:
                     "send the request again after the other one has finished"
                 )
             if known is not None:
-                known.count, known.encode = count, encode
+                known.count, known.encode, known.grid = count, encode, grid
                 if store is not None:
                     known.store = store
                 self._images.move_to_end(start)
@@ -111,7 +115,9 @@ class ImageRows:
                     f"images {clash.digest[:12]} and {digest[:12]} drew overlapping key ids; "
                     "send the request again after the other one has finished"
                 )
-            self._images[start] = _Image(digest, tenant or None, count, encode, store is not False)
+            self._images[start] = _Image(
+                digest, tenant or None, count, encode, store is not False, grid
+            )
             bisect.insort(self._starts, start)
             while len(self._images) > KEPT_IMAGES:
                 old, _ = self._images.popitem(last=False)
@@ -167,6 +173,17 @@ class ImageRows:
         self.tiers.drop_ram()
 
     # ---- engine thread ------------------------------------------------------
+
+    def image_at(self, token_id: int) -> tuple[int, int, Grid | None]:
+        """The first key id, token count and grid of the image ``token_id`` belongs to."""
+        with self._lock:
+            found = self._image_at(token_id)
+        if found is None:
+            raise ImageRowsMissing(
+                f"key id {token_id} names no image this server was sent recently"
+            )
+        start, image = found
+        return start, image.count, image.grid
 
     def rows_at(self, token_id: int) -> tuple[mx.array, int]:
         """The rows of the image ``token_id`` belongs to, and the token's index in them."""

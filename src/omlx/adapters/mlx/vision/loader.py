@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omlx.adapters.mlx.mlx_lm_private import version
 from omlx.adapters.mlx.models.errors import UnsupportedModelError
 from omlx.adapters.mlx.vision.image_rows import ImageRows
 from omlx.adapters.mlx.vision.prompts import VisionPrompter
-from omlx.adapters.mlx.vision.text_model import VisionTextModel
+from omlx.adapters.mlx.vision.text_model import MROPE_FAMILIES, VisionTextModel
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +56,7 @@ def load_vision(path: Path) -> LoadedVision:
     from mlx_lm.utils import load_tokenizer
 
     vlm, processor = mlx_vlm_load(str(path))
-    if hasattr(vlm.language_model, "get_rope_index"):
-        # Qwen-VL's multimodal RoPE: positions after an image depend on its grid, and
-        # mlx-vlm keeps them as state of the model object, not of a row: not batchable.
-        raise UnsupportedModelError(
-            f"{path}: {vlm.config.model_type} places image tokens with multimodal RoPE "
-            "(M-RoPE), which omlx's batched engine does not serve yet"
-        )
+    mrope = _multimodal_rope(path, vlm)
     config = json.loads((path / "config.json").read_text())
     text = config.get("text_config") or {}
     eos = text.get("eos_token_id", config.get("eos_token_id"))
@@ -74,7 +69,30 @@ def load_vision(path: Path) -> LoadedVision:
     def render(messages: list[dict[str, Any]]) -> str:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    prompter = VisionPrompter(vlm, processor, rows, render)
+    merge = int(vlm.config.vision_config.spatial_merge_size) if mrope else None
+    prompter = VisionPrompter(vlm, processor, rows, render, grid_merge=merge)
     if "max_position_embeddings" not in config and "max_position_embeddings" in text:
         config = {**config, "max_position_embeddings": text["max_position_embeddings"]}
-    return LoadedVision(VisionTextModel(vlm, rows), tokenizer, config, prompter)
+    return LoadedVision(VisionTextModel(vlm, rows, mrope=mrope), tokenizer, config, prompter)
+
+
+def _multimodal_rope(path: Path, vlm: Any) -> bool:
+    """Whether the model places image tokens with multimodal RoPE (M-RoPE), which omlx
+    serves for the families ``mrope`` plans; refuses the others, saying why."""
+    if not hasattr(vlm.language_model, "get_rope_index"):
+        return False
+    family = vlm.config.model_type
+    if family not in MROPE_FAMILIES:
+        raise UnsupportedModelError(
+            f"{path}: {family} places image tokens with multimodal RoPE (M-RoPE) in a way "
+            f"omlx does not plan yet (it plans {', '.join(MROPE_FAMILIES)})"
+        )
+    if not version.private_access_supported():
+        import mlx_lm
+
+        # A batched call's rows are told apart through the batcher's private batches.
+        raise UnsupportedModelError(
+            f"{path}: {family}'s M-RoPE positions need mlx-lm {version.WRITTEN_FOR}x "
+            f"(this is {mlx_lm.__version__})"
+        )
+    return True

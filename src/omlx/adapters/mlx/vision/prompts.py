@@ -6,7 +6,9 @@ become the images' key ids (``domain/cache/image_keys``), and each image is regi
 with ``ImageRows`` along with what computes its rows when a prefill first needs them: the
 processor and ``get_input_embeddings`` run on that image alone, behind the one-image
 placeholder text the chat template writes. The model's own code projects (and scales) the
-vision features, so the rows are exactly what a whole-prompt pass would write.
+vision features, so the rows are exactly what a whole-prompt pass would write. For an
+M-RoPE model the image's grid is registered too, from the same processor output: what
+places its tokens (``mrope``).
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import mlx.core as mx
 import numpy as np
 
 from omlx.adapters.mlx.vision.image_rows import ImageRows
+from omlx.adapters.mlx.vision.mrope import Grid, llm_grid
 from omlx.domain.cache.image_keys import image_token_ids
 from omlx.domain.images import PromptImage
 
-_COUNTS_KEPT = 4096
+_SHAPES_KEPT = 4096
 _BEFORE, _AFTER = "\x02omlx-before\x02", "\x02omlx-after\x02"
 
 
@@ -38,7 +41,10 @@ class VisionPrompter:
         processor: Any,
         rows: ImageRows,
         render_one_image: Callable[[list[dict[str, Any]]], str],
+        grid_merge: int | None = None,
     ) -> None:
+        """``grid_merge``: an M-RoPE model's spatial merge size (its images' grids are
+        registered in tokens); None for models whose positions ignore image shapes."""
         self.vlm = vlm
         self.processor = processor
         self.rows = rows
@@ -47,7 +53,8 @@ class VisionPrompter:
             getattr(config, "image_token_index", None) or config.image_token_id
         )
         self.placeholder = _one_image_text(render_one_image)
-        self._counts: dict[str, int] = {}  # image digest -> its placeholder tokens
+        self.grid_merge = grid_merge
+        self._shapes: dict[str, tuple[int, Grid | None]] = {}  # digest -> (tokens, grid)
 
     def key_tokens(
         self,
@@ -67,16 +74,17 @@ class VisionPrompter:
         pictures = [_picture(image) for image in images]
         ids = self._process(text, pictures)["input_ids"]
         at = [i for i, t in enumerate(ids) if t == self.image_token_id]
-        counts = [
-            self._count(image, picture) for image, picture in zip(images, pictures, strict=True)
+        shapes = [
+            self._shape(image, picture) for image, picture in zip(images, pictures, strict=True)
         ]
+        counts = [count for count, _ in shapes]
         if sum(counts) != len(at):
             raise ImagePromptError(
                 f"the prompt holds {len(at)} image tokens, its {len(images)} images take "
                 f"{sum(counts)}: the chat template must write one image part per image"
             )
         taken = 0
-        for image, picture, count in zip(images, pictures, counts, strict=True):
+        for image, picture, (count, grid) in zip(images, pictures, shapes, strict=True):
             for position, key in zip(
                 at[taken : taken + count],
                 image_token_ids(image.digest, count, tenant),
@@ -85,19 +93,23 @@ class VisionPrompter:
                 ids[position] = key
             taken += count
             encode = self._encoder(picture, count, image.part)
-            self.rows.register(image.digest, count, encode, tenant=tenant, store=store)
+            self.rows.register(image.digest, count, encode, grid, tenant=tenant, store=store)
         return ids
 
-    def _count(self, image: PromptImage, picture: Any) -> int:
-        """How many placeholder tokens the processor makes of ``image`` alone (remembered)."""
-        count = self._counts.get(image.digest)
-        if count is None:
-            ids = self._process(self.placeholder, [picture])["input_ids"]
-            count = sum(1 for t in ids if t == self.image_token_id)
-            if len(self._counts) >= _COUNTS_KEPT:
-                self._counts.pop(next(iter(self._counts)))
-            self._counts[image.digest] = count
-        return count
+    def _shape(self, image: PromptImage, picture: Any) -> tuple[int, Grid | None]:
+        """How many placeholder tokens the processor makes of ``image`` alone, and their
+        grid for an M-RoPE model (remembered)."""
+        shape = self._shapes.get(image.digest)
+        if shape is None:
+            out = self._process(self.placeholder, [picture])
+            count = sum(1 for t in out["input_ids"] if t == self.image_token_id)
+            grid = None
+            if self.grid_merge is not None:
+                grid = llm_grid(np.asarray(out["image_grid_thw"]).reshape(-1), self.grid_merge)
+            if len(self._shapes) >= _SHAPES_KEPT:
+                self._shapes.pop(next(iter(self._shapes)))
+            self._shapes[image.digest] = shape = (count, grid)
+        return shape
 
     def stats(self) -> dict[str, int | bool]:
         return self.rows.stats()
