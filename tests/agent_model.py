@@ -56,7 +56,9 @@ def _corpus() -> list[str]:
     return [p.read_text(encoding="utf-8", errors="replace") for p in paths if p.is_file()]
 
 
-def _build_tokenizer(out: Path, vocab_size: int) -> dict[str, int]:
+def train_agent_bpe(vocab_size: int, special: list[str], added: list[str]):
+    """A byte-level BPE trained on this repository's text, ``special`` tokens first (ids 0,
+    1, ...), then ``added`` as ordinary tokens (as Qwen's markers: decoding keeps them)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -64,12 +66,17 @@ def _build_tokenizer(out: Path, vocab_size: int) -> dict[str, int]:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKERS + WORDS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
+    return tok
+
+
+def _build_tokenizer(out: Path, vocab_size: int) -> dict[str, int]:
+    tok = train_agent_bpe(vocab_size, SPECIAL_TOKENS, MARKERS + WORDS)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
         json.dumps(

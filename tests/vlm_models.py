@@ -92,7 +92,7 @@ _CORPUS = [
 ]
 
 
-def _content_loop(image: str) -> str:
+def content_loop(image: str) -> str:
     """Jinja that writes a message's content: a plain string, or an OpenAI-style list
     of text and image parts (an image part becomes ``image``)."""
     return (
@@ -190,7 +190,7 @@ def _write_model(
 LLAVA_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'user' %}USER: {% elif message['role'] == 'assistant' %}ASSISTANT: {% endif %}"
-    + _content_loop("<image>\n")
+    + content_loop("<image>\n")
     + "{% if message['role'] == 'assistant' %}</s>{% else %} {% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
@@ -230,20 +230,30 @@ def _build_llava(out: Path, seed: int) -> None:
             "max_position_embeddings": 4096,
             "tie_word_embeddings": False,
         },
-        "vision_config": {
-            "model_type": "clip_vision_model",
-            "hidden_size": 32,
-            "num_hidden_layers": 2,
-            "intermediate_size": 64,
-            "num_attention_heads": 4,
-            "image_size": image_size,
-            "patch_size": patch,
-            "projection_dim": 32,
-            "num_channels": 3,
-            "layer_norm_eps": 1e-5,
-        },
+        "vision_config": llava_vision_config(image_size, patch),
     }
     _write_model(out, llava, config, seed, {"embed_tokens.weight": 1.0, "lm_head.weight": 1.0})
+    write_llava_processor(out, image_size, patch)
+
+
+def llava_vision_config(image_size: int, patch: int) -> dict:
+    """The tiny CLIP tower of the llava builders (this one and ``tests/scripted_vlm.py``)."""
+    return {
+        "model_type": "clip_vision_model",
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "intermediate_size": 64,
+        "num_attention_heads": 4,
+        "image_size": image_size,
+        "patch_size": patch,
+        "projection_dim": 32,
+        "num_channels": 3,
+        "layer_norm_eps": 1e-5,
+    }
+
+
+def write_llava_processor(out: Path, image_size: int, patch: int) -> None:
+    """LLaVA 1.5's processor files: CLIP resize and centre crop, ``<image>`` repeated."""
     (out / "preprocessor_config.json").write_text(
         json.dumps(
             {
@@ -284,7 +294,7 @@ GEMMA3_TEMPLATE = (
     "{% for message in messages %}"
     "{% set role = 'model' if message['role'] == 'assistant' else 'user' %}"
     "{{ '<start_of_turn>' + role + '\\n' }}"
-    + _content_loop("<start_of_image>")
+    + content_loop("<start_of_image>")
     + "{{ '<end_of_turn>\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
@@ -405,7 +415,7 @@ IDEFICS3_TEMPLATE = (
     "<|im_start|>"
     "{% for message in messages %}"
     "{{ message['role'] | capitalize }}{% if message['content'] is string or message['content'][0]['type'] != 'image' %}: {% else %}:{% endif %}"
-    + _content_loop("<image>")
+    + content_loop("<image>")
     + "<end_of_utterance>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
@@ -502,7 +512,7 @@ def _build_idefics3(out: Path, seed: int) -> None:
 QWEN2_VL_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    + _content_loop("<|vision_start|><|image_pad|><|vision_end|>")
+    + content_loop("<|vision_start|><|image_pad|><|vision_end|>")
     + "{{ '<|im_end|>\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,22 @@ from tests.scripted_model import build_scripted_model
 from tests.server_process import ServerProcess
 
 API_KEY = "test-key-0123"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def agent_clis() -> Path:
+    """The folder of the real ``claude`` and ``codex`` executables (npm), installed into
+    ``.agents/`` on first use by ``scripts/install-agents.sh``."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip(
+            "node and npm are needed to install and run the agent CLIs (Claude Code, Codex)"
+        )
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "install-agents.sh")], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, f"installing the agent CLIs failed:\n{done.stdout}\n{done.stderr}"
+    return ROOT / ".agents" / "node_modules" / ".bin"
 
 
 @pytest.fixture(scope="session")

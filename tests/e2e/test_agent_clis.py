@@ -1,83 +1,23 @@
 """The real agent CLIs (Claude Code, Codex from npm) driven against a real ``omlx serve``.
 
 They are installed into ``.agents/`` by ``scripts/install-agents.sh`` (``make`` runs it where
-npm is); these tests skip only where node or npm is missing. Each CLI runs in a fresh HOME
-so no user configuration reaches it, and talks to the agent test model, whose prompts are
-as long as real agent prompts and whose answers end after a few tokens.
+npm is, and so does the ``agent_clis`` fixture); these tests skip only where node or npm is
+missing. Each CLI runs in a fresh HOME so no user configuration reaches it, and talks to
+the agent test model, whose prompts are as long as real agent prompts and whose answers
+end after a few tokens.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.agent_model import MODEL_ID, REPLY
+from tests.e2e.agent_cli import ClaudeCode, failed_requests, finished_requests, prompt_and_cached
 from tests.server_process import ServerProcess
 from tests.tenant_keys import ALICE, BOB, keys_file
-
-ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / ".agents" / "node_modules" / ".bin"
-
-pytestmark = pytest.mark.skipif(
-    shutil.which("node") is None or shutil.which("npm") is None,
-    reason="node and npm are needed to install and run the agent CLIs (Claude Code, Codex)",
-)
-
-
-@pytest.fixture(scope="session")
-def agent_clis() -> Path:
-    """The folder of the ``claude`` and ``codex`` executables, installed on first use."""
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "install-agents.sh")], capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, f"installing the agent CLIs failed:\n{done.stdout}\n{done.stderr}"
-    return BIN
-
-
-class ClaudeCode:
-    """``claude -p`` in one HOME and project folder (sessions persist there, for --continue)."""
-
-    def __init__(self, bin_dir: Path, server, work: Path) -> None:
-        self.exe = str(bin_dir / "claude")
-        self.home, self.project = work / "home", work / "project"
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.project.mkdir(parents=True, exist_ok=True)
-        self.env = {
-            "PATH": os.environ["PATH"],
-            "HOME": str(self.home),
-            "ANTHROPIC_BASE_URL": server.base_url,  # nothing else: the model names are its own
-            "ANTHROPIC_API_KEY": "sk-omlx-test",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_AUTOUPDATER": "1",
-        }
-
-    def ask(self, *args: str) -> dict:
-        done = subprocess.run(
-            [self.exe, "-p", *args, "--output-format", "json"],
-            cwd=self.project,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, (
-            f"claude exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
-        )
-        result = json.loads(done.stdout)
-        assert result["is_error"] is False and result.get("api_error_status") is None, result
-        return result
-
-
-def prompt_and_cached(result: dict) -> tuple[int, int]:
-    usage = result["usage"]
-    cached = usage["cache_read_input_tokens"]
-    written = usage.get("cache_creation_input_tokens") or 0  # up to its last breakpoint
-    return usage["input_tokens"] + written + cached, cached
 
 
 def test_claude_code_sessions_reuse_their_prefix(agent_clis, agent_server, tmp_path):
@@ -102,7 +42,7 @@ def test_claude_code_sessions_reuse_their_prefix(agent_clis, agent_server, tmp_p
     metrics = _get(agent_server, "/metrics")
     assert 'omlx_prompt_normalizations_total{rule="claude_code_billing_header"}' in metrics
     log = agent_server.read_log()
-    assert "POST /v1/messages?beta=true" in log and not _failed_requests(log)
+    assert "POST /v1/messages?beta=true" in log and not failed_requests(log)
     _report(
         "claude-code",
         [first, second, third],
@@ -164,34 +104,17 @@ def test_codex_sessions_run_on_the_responses_api_and_reuse_their_prefix(
     assert _answer(first) == REPLY
     second = codex.run("resume", "--last", "And the tests?")
     assert _answer(second) == REPLY
-    turns = _requests(agent_server.read_log())[-2:]
+    turns = finished_requests(agent_server.read_log())[-2:]
     (p1, c1), (p2, c2) = turns
     assert p1 > 5_000 and p2 > p1  # Codex's instructions and tools, then the whole history
     assert c2 >= 0.95 * p1, turns  # turn 2 restores turn 1's prompt (and its answer)
     log = agent_server.read_log()
-    assert "POST /v1/responses" in log and not _failed_requests(log)
+    assert "POST /v1/responses" in log and not failed_requests(log)
     t1, t2 = _first_token_seconds(log)[-2:]  # codex exec reports no TTFT: the server's own
     print(
         f"codex turn 1: prompt {p1} tokens, cached {c1}, ttft {t1 * 1000:.0f} ms; "
         f"turn 2: prompt {p2}, cached {c2}, ttft {t2 * 1000:.0f} ms"
     )
-
-
-def _failed_requests(log: str) -> list[str]:
-    """Access-log lines of requests answered with a 4xx or 5xx."""
-    import re
-
-    return re.findall(r'"[A-Z]+ \S+ HTTP/1\.1" [45]\d\d.*', log)
-
-
-def _requests(log: str) -> list[tuple[int, int]]:
-    """(prompt tokens, cached tokens) of each finished request, from the engine's log lines."""
-    import re
-
-    return [
-        (int(m.group(1)), int(m.group(2)))
-        for m in re.finditer(r"request \d+ \(\S+\) \w+: prompt (\d+) tokens, (\d+) cached", log)
-    ]
 
 
 def _first_token_seconds(log: str) -> list[float]:
@@ -245,4 +168,4 @@ def test_the_clis_work_as_tenants_and_do_not_share_a_tenant_s_cache(
         assert _answer(codex.run("What does this project do?")) == REPLY
         log = server.read_log()
         assert "POST /v1/messages?beta=true" in log and "POST /v1/responses" in log
-        assert not _failed_requests(log)
+        assert not failed_requests(log)
