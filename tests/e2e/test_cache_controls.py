@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_agent_clis import ClaudeCode, agent_clis  # noqa: F401 (fixture)
+from tests.e2e.agent_cli import ClaudeCode
 from tests.server_process import ServerProcess
 
 QUESTION = [
@@ -85,7 +85,7 @@ def test_no_store_restores_and_leaves_the_index_unchanged(tiny_model_dir, tmp_pa
 
 
 def test_claude_code_cache_control_pins_what_it_marks(
-    agent_clis,  # noqa: F811 (the fixture imported above)
+    agent_clis,
     agent_model_dir,
     tmp_path,
 ) -> None:

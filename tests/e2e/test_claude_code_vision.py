@@ -91,7 +91,10 @@ def test_claude_code_reads_a_png_and_the_next_turn_restores_its_blocks(agent_cli
         assert p1 > 10_000 and c1 < 64  # a real agent prompt: system prompt, tools, environment
         assert c2 >= p1  # the picture's request restored the call's prompt and the call
         report = reports(log)[-1]
-        assert "[image]" in report.split("the prompt goes on", 1)[1], report  # new: the picture
+        # New: the picture, named by the first 12 hex digits of its digest.
+        assert re.search(r"\[image [0-9a-f]{12}\]", report.split("the prompt goes on", 1)[1]), (
+            report
+        )
         seen = pictures(server, model)
         assert seen["encoder_passes"] == 1, seen  # the server encoded one picture
 
@@ -137,7 +140,9 @@ def test_a_picture_over_2000_px_comes_resized_with_a_note_and_is_answered(agent_
         assert first["result"] == ANSWER, first
         log = server.read_log()
         (_, _), (p2, c2) = finished_requests(log)
-        assert "[image]" in reports(log)[-1].split("the prompt goes on", 1)[1]
+        assert re.search(
+            r"\[image [0-9a-f]{12}\]", reports(log)[-1].split("the prompt goes on", 1)[1]
+        )
         note = Tokenizer.from_file(str(model / "tokenizer.json")).encode(NOTE).ids
         assert p2 - c2 >= 16 + len(note), (p2, c2)  # the picture's tokens, then the note
         assert pictures(server, model)["encoder_passes"] == 1
