@@ -22,6 +22,7 @@ from omlx.domain.cache.blocks import (
     ReadFailure,
     StoredBlock,
 )
+from omlx.domain.cache.hot_set import HotSet
 from omlx.domain.cache.keys import block_key, object_key
 from omlx.domain.cache.ports import EvictionPlan, IndexUnavailable
 
@@ -628,3 +629,19 @@ class FakeGrammarCompiler:
 
     def token_bytes(self, token: int) -> bytes:
         return bytes([token % 256])
+
+
+# --- HotSetStore -------------------------------------------------------------------
+
+
+class FakeHotSetStore:
+    """The saved hot set in memory; every save kept, to see when and what was recorded."""
+
+    def __init__(self, saved: HotSet | None = None) -> None:
+        self.saves: list[HotSet] = [saved] if saved is not None else []
+
+    def load(self) -> HotSet | None:
+        return self.saves[-1] if self.saves else None
+
+    def save(self, hot_set: HotSet) -> None:
+        self.saves.append(hot_set)

@@ -43,9 +43,7 @@ def prompt(n: int, seed: int = 0) -> list[int]:
 
 def cache_for(model) -> PrefixCache:
     hot = HotTier(1 << 30)
-    cache = PrefixCache(namespace=model.namespace(BLOCK), codec=MLXKVCodec(model.layout), hot=hot)
-    cache.hot = hot  # type: ignore[attr-defined]  # the test's handle on the tier it built
-    return cache
+    return PrefixCache(namespace=model.namespace(BLOCK), codec=MLXKVCodec(model.layout), hot=hot)
 
 
 def test_batch_rows_was_written_for_this_mlx_lm():

@@ -16,9 +16,10 @@ from omlx.app.cache_controls.controls import TurnControls
 from omlx.app.cache_controls.service import CacheControls, ImportRefused
 from omlx.domain.cache import matcher, probe
 from omlx.domain.cache.cold_tier import ColdTier, RecencyBuffer
+from omlx.domain.cache.prefix_cache import PrefixCache
 from omlx.domain.generation import GenerationRequest
 from tests.fakes import FakeBlockIndex, FakeBlockSink, FakeBlockStore, FakeClock, FakeCodec
-from tests.unit.test_prefix_cache import CacheWithHot, make, namespace, seq, serve
+from tests.unit.test_prefix_cache import make, namespace, seq, serve
 
 BS = 4
 
@@ -30,7 +31,7 @@ class Disk:
     sink: FakeBlockSink
 
 
-def cache_on_disk(clock: FakeClock | None = None) -> tuple[CacheWithHot, Disk]:
+def cache_on_disk(clock: FakeClock | None = None) -> tuple[PrefixCache, Disk]:
     """A prefix cache whose cold tier is the real one over fakes (one namespace)."""
     clock = clock or FakeClock()
     store, index = FakeBlockStore(), FakeBlockIndex()
@@ -50,7 +51,7 @@ def cache_on_disk(clock: FakeClock | None = None) -> tuple[CacheWithHot, Disk]:
     return pc, Disk(index, store, sink)
 
 
-def controls_of(pc: CacheWithHot) -> CacheControls:
+def controls_of(pc: PrefixCache) -> CacheControls:
     return CacheControls(pc, lambda tokens: " ".join(map(str, tokens)))
 
 

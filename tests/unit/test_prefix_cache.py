@@ -19,21 +19,15 @@ def namespace(bs: int) -> NamespaceInfo:
     return NamespaceInfo(digest, "fake", "/models/fake", bs, "float16", 2)
 
 
-class CacheWithHot(PrefixCache):
-    """The facade, with a handle on the hot tier the test built (the engine holds none)."""
-
-    hot: HotTier
-
-
 def make(
     bs: int = 16,
     hot_bytes: int = 1 << 30,
     cold: FakeColdSource | None = None,
     codec: FakeCodec | None = None,
     **kwargs: object,
-) -> CacheWithHot:
+) -> PrefixCache:
     hot = HotTier(hot_bytes)
-    pc = CacheWithHot(
+    pc = PrefixCache(
         namespace=namespace(bs),
         codec=codec or FakeCodec(),
         hot=hot,
@@ -41,7 +35,7 @@ def make(
         clock=FakeClock(),
         **kwargs,  # type: ignore[arg-type]
     )
-    pc.hot = hot
+    assert pc.hot is hot
     return pc
 
 

@@ -130,6 +130,12 @@ def _serve_options(fn):
             help="Keep the RAM tier, turn the SSD tier off.",
         ),
         click.option(
+            "--no-warm-restart",
+            is_flag=True,
+            default=False,
+            help="Neither record RAM's hot set nor read it back from the SSD tier at start.",
+        ),
+        click.option(
             "--index-url",
             default=None,
             help="The SSD tier's index: empty for SQLite in the cache folder, or postgresql+psycopg://… shared by several servers.",
@@ -280,6 +286,8 @@ def _serve(**flags) -> None:
         flags["cache_enabled"] = False
     if flags.pop("no_ssd_cache"):
         flags["ssd_cache_enabled"] = False
+    if flags.pop("no_warm_restart"):
+        flags["warm_restart"] = False
     if flags.pop("no_speculation"):
         flags["speculation"] = False
     if flags.pop("no_report_excerpts"):

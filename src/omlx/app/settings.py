@@ -45,6 +45,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     paged_ssd_cache_dir: str = "~/.omlx/cache"
     paged_ssd_cache_max_size: str = COLD_TIER_DEFAULT
     ssd_cache_enabled: bool = True
+    warm_restart: bool = True  # record RAM's hot set, read it back from the SSD tier at start
+    warm_restart_record_seconds: float = 60.0  # how often the hot set is recorded when it changed
     prepared_weights_max_size: str = "16GB"
     index_url: str = ""
     server_id: str = ""
@@ -195,6 +197,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError("image_url_timeout_s must be > 0")
         if self.dashboard_sample_seconds <= 0:
             raise ValueError("dashboard_sample_seconds must be > 0")
+        if self.warm_restart_record_seconds <= 0:
+            raise ValueError("warm_restart_record_seconds must be > 0")
         if self.eviction_lease_seconds < 0 or self.reconcile_grace_seconds < 0:
             raise ValueError("eviction_lease_seconds and reconcile_grace_seconds must be >= 0")
         if self.index_url and not _URL.match(self.index_url):
@@ -231,6 +235,7 @@ _FLAG_NAMES = {
     "cache_enabled": "--no-cache",
     "speculation": "--no-speculation",
     "ssd_cache_enabled": "--no-ssd-cache",
+    "warm_restart": "--no-warm-restart",
     "prompt_normalizations": "--no-prompt-normalization",
     "image_url_timeout_s": "--image-url-timeout",
 }

@@ -13,6 +13,7 @@ from litestar import Controller, Request, get
 
 from omlx.app.api.auth import PUBLIC, caller_of
 from omlx.app.ops.status import CacheState, ModelState, ServerState, ServerStatus
+from omlx.domain.cache.prefetch import OFF, PrefetchProgress
 from omlx.domain.json_values import JsonObject
 
 
@@ -78,6 +79,27 @@ def _cache(c: CacheState) -> JsonObject:
             "partial_tokens": s.partial_tokens,
         }
         out["ssd"] = c.cold is not None
+    if c.warm_restart is not None:
+        out["warm_restart"] = warm_restart_json(c.warm_restart)
+    return out
+
+
+def warm_restart_json(p: PrefetchProgress) -> JsonObject:
+    """The start's prefetch of the last run's hot set: how far it got, of how much."""
+    out: JsonObject = {"state": p.state}
+    if p.state == OFF:
+        return out
+    out |= {
+        "blocks": p.blocks,
+        "blocks_total": p.planned_blocks,
+        "bytes": p.bytes,
+        "bytes_total": p.planned_bytes,
+        "already_in_ram": p.held,  # a request read them before the prefetch did
+        "skipped": p.skipped,  # missing or damaged on disk
+        "seconds": p.seconds,
+    }
+    if p.ended:
+        out["ended"] = p.ended  # before the list did: "budget full" or "stopped"
     return out
 
 

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from omlx.app.ops.status import ServerState, ServerStatus
+from omlx.domain.cache.prefetch import OFF, RUNNING
 
 
 class StateCollector(Collector):
@@ -152,6 +153,27 @@ _FAMILIES = {
         "Prompt tokens the KV chain matched past the deepest restore point, so recomputed",
         (),
     ),
+    "omlx_warm_restart_running": (
+        GaugeMetricFamily,
+        "1 while the start's prefetch reads the last run's hot set back into RAM",
+        (),
+    ),
+    "omlx_warm_restart_blocks": (
+        GaugeMetricFamily,
+        "Blocks of the last run's hot set: planned, read into RAM, already there, or skipped "
+        "(missing or damaged on disk)",
+        ("what",),
+    ),
+    "omlx_warm_restart_bytes": (
+        GaugeMetricFamily,
+        "Bytes of the last run's hot set: planned, or read into RAM",
+        ("what",),
+    ),
+    "omlx_warm_restart_seconds": (
+        GaugeMetricFamily,
+        "Seconds the start's prefetch has run (its whole time once done)",
+        (),
+    ),
 }
 
 
@@ -198,6 +220,16 @@ def _cache_families(state: ServerState) -> Iterator[Metric]:
         put("omlx_cache_blocks", hot.blocks, m, "hot")
         put("omlx_cache_bytes", hot.bytes, m, "hot")
         put("omlx_cache_max_bytes", hot.max_bytes, m, "hot")
+        warm = model.cache.warm_restart
+        if warm is not None and warm.state != OFF:
+            put("omlx_warm_restart_running", int(warm.state == RUNNING), m)
+            put("omlx_warm_restart_blocks", warm.planned_blocks, m, "planned")
+            put("omlx_warm_restart_blocks", warm.blocks, m, "read")
+            put("omlx_warm_restart_blocks", warm.held, m, "already_in_ram")
+            put("omlx_warm_restart_blocks", warm.skipped, m, "skipped")
+            put("omlx_warm_restart_bytes", warm.planned_bytes, m, "planned")
+            put("omlx_warm_restart_bytes", warm.bytes, m, "read")
+            put("omlx_warm_restart_seconds", warm.seconds, m)
         cold = model.cache.cold
         if cold is not None:
             put("omlx_cache_blocks_read", cold.hits, m, "ssd")

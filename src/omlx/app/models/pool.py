@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # the services import the pool's errors; the pool only holds 
     from omlx.app.models.encoding import EmbeddingService, RerankService
     from omlx.domain.cache.cold_tier import ColdTier
     from omlx.domain.cache.prefix_cache import PrefixCache
+    from omlx.domain.cache.warm_restart import WarmRestart
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class Served:
     encoder: EmbeddingService | RerankService | None = None
     prefix_cache: PrefixCache | None = None
     cold_tier: ColdTier | None = None
+    warm_restart: WarmRestart | None = None  # its hot set recorded and read back at start
     loaded_at: float = 0.0
     load_seconds: float = 0.0
     last_used: float = 0.0

@@ -18,6 +18,7 @@ from typing import TypeVar
 import click
 
 from omlx.adapters.blockfiles.budget import default_reserve
+from omlx.adapters.blockfiles.hot_set_file import saved_hot_sets
 from omlx.adapters.blockfiles.lock import lock_holder
 from omlx.adapters.blockfiles.maintenance import (
     LIVE_GRACE_S,
@@ -35,6 +36,7 @@ from omlx.app.ops.admin_target import (
     owned_or_shared,
 )
 from omlx.app.progress import track
+from omlx.domain.cache.hot_set import HotSet
 from omlx.domain.json_values import JsonObject
 from omlx.domain.sizes import format_bytes, parse_size
 
@@ -104,6 +106,12 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
             f"{ns['kv_dtype']} {_per_token(ns['bytes_per_token'])}, "
             f"last used {_ago(ns['newest_access'] or ns['last_used_at'])}"
         )
+        for hot in ns["hot_sets"]:
+            click.echo(
+                f"    hot set{hot['server'] and ' of ' + hot['server']}: "
+                f"{count(hot['blocks'], 'block')}, {format_bytes(hot['nbytes'])}, recorded "
+                f"{_ago(hot['recorded_at'])} (the next start reads it back into RAM)"
+            )
     total, disk = report["total"], report["disk"]
     click.echo(
         f"total:        {count(total['blocks'], 'block')}, {count(total['tokens'], 'token')}, "
@@ -122,6 +130,24 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
         )
 
 
+def _hot_sets_of(namespace: str, hot_sets: dict[str, HotSet]) -> list[JsonObject]:
+    """The saved hot sets of ``namespace``: ``<namespace>[.<server>].json``."""
+    found = []
+    for name, hot_set in hot_sets.items():
+        if hot_set.namespace != namespace:
+            continue
+        server = name.removesuffix(".json").removeprefix(namespace).removeprefix(".")
+        found.append(
+            {
+                "server": server,
+                "blocks": len(hot_set.entries),
+                "nbytes": hot_set.nbytes,
+                "recorded_at": hot_set.recorded_at,
+            }
+        )
+    return found
+
+
 def _per_token(nbytes: float | None) -> str:
     return "-" if nbytes is None else f"{format_bytes(int(nbytes))}/token"
 
@@ -129,6 +155,7 @@ def _per_token(nbytes: float | None) -> str:
 def _stats(target: Target, index: SqlBlockIndex | None) -> JsonObject:
     cache_dir = target.cache_dir
     namespaces: list[JsonObject] = []
+    hot_sets = saved_hot_sets(cache_dir.expanduser())
     if index is not None:
         usage = {u.namespace: u for u in index.usage()}
         for rec in index.namespace_records():
@@ -152,6 +179,8 @@ def _stats(target: Target, index: SqlBlockIndex | None) -> JsonObject:
                     "newest_access": u.newest_access if u else None,
                     "created_at": rec.created_at,
                     "last_used_at": rec.last_used_at,
+                    # Warm restart's record of what RAM held (per server on a shared folder).
+                    "hot_sets": _hot_sets_of(rec.info.digest, hot_sets),
                 }
             )
     disk: dict[str, int] = {}

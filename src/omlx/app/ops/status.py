@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from omlx import __version__
 from omlx.domain.cache.cold_tier import ColdTierStats
 from omlx.domain.cache.cold_writes import WriterStats
+from omlx.domain.cache.prefetch import OFF, PrefetchProgress
 from omlx.domain.cache.tally import PrefixCacheStats
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ class CacheState:
     block_size: int | None = None
     stats: PrefixCacheStats | None = None
     cold: ColdTierStats | None = None  # its cold tier's counters; None: no SSD tier
+    warm_restart: PrefetchProgress | None = None  # the start's prefetch; state "off" when off
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,4 +160,9 @@ def _cache(c: Container, served: Served) -> CacheState:
         block_size=prefix_cache.block_size,
         stats=prefix_cache.stats(),
         cold=cold.stats() if cold is not None else None,
+        warm_restart=(
+            served.warm_restart.progress()
+            if served.warm_restart is not None
+            else PrefetchProgress(OFF)
+        ),
     )

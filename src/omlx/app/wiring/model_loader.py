@@ -26,6 +26,7 @@ from omlx.app.models.chores import run_when_quiet
 from omlx.app.models.options import ModelOptions
 from omlx.app.models.pool import Served
 from omlx.app.settings import Settings
+from omlx.app.wiring.warm_restart import warm_restart_for
 from omlx.domain.cache.image_keys import is_image_id
 from omlx.domain.cache.kv_quant import KVQuant
 from omlx.domain.memory import MemoryAccount
@@ -161,8 +162,21 @@ class ModelLoader:
             log.info(
                 "memory guard of %s: %s", spec.id, _guard_line(engine.budget, model.context_length)
             )
+        # Closed after the engine stopped (closers run last first): its final record
+        # holds what the last requests left in RAM.
+        warm = warm_restart_for(
+            settings,
+            prefix_cache,
+            cold_tier,
+            engine,
+            shared=self.cold is not None and self.cold.ssd.shared,
+        )
+        if warm is not None:
+            closers.append(warm.close)
         engine.start()
         closers.append(engine.stop)  # last added, closed first: nothing is stored after
+        if warm is not None:
+            warm.start()  # the prefetch: beside the first requests, never ahead of them
         backend = fast_backend(model.tokenizer)
         grammars = _grammar_compiler(model)
         served = serve_chat(
@@ -182,6 +196,7 @@ class ModelLoader:
             kv_bytes_per_token=engine.budget.bytes_per_token if engine.budget else None,
         )
         served.closers.extend(closers)
+        served.warm_restart = warm
         jobs = [lambda proceed: grammars.start_building().wait()]
         if (write := model.extra.pop("write_prepared_copy", None)) is not None:
             jobs.append(write)

@@ -200,3 +200,28 @@ class CachedPrefix:
     def full_hit(self) -> bool:
         """Everything but the one token always prefilled is cached."""
         return self.prompt_tokens > 0 and self.tokens >= self.prompt_tokens - 1
+
+
+@dataclass(frozen=True, slots=True)
+class HotSetEntry:
+    """One object of a hot set (warm restart, ``hot_set``) to read back: its key and what
+    its read is checked against."""
+
+    key: str
+    parent_key: str
+    kind: str
+    token_count: int
+    nbytes: int  # its size in RAM, to stop at the hot tier's budget before reading
+
+
+@dataclass(frozen=True, slots=True)
+class HotSet:
+    """A namespace's hot set as recorded at ``recorded_at`` (seconds since the epoch)."""
+
+    namespace: str
+    recorded_at: float
+    entries: tuple[HotSetEntry, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.entries)

@@ -35,6 +35,11 @@ class LRUPolicy:
     def record_promotion(self, key: str, nbytes: int, parent_key: str | None) -> None:
         self.record_access(key, nbytes)
 
+    def record_prefetch(self, key: str, nbytes: int, parent_key: str | None) -> None:
+        # Oldest end: a block read ahead of any request goes before every block one used.
+        self._order[key] = nbytes
+        self._order.move_to_end(key, last=False)
+
     def remove(self, key: str) -> None:
         self._order.pop(key, None)
 

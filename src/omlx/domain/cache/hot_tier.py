@@ -4,7 +4,8 @@ policy's order (LRU here; the server passes ``ReuseLevelPolicy``: one-off blocks
 Full and partial blocks alike (see ``keys``): the same budget, eviction order and pins. A
 parent -> children map lets token-granular matching find every block that extends a
 matched prefix. The engine thread mutates it; other threads (``/health``) read
-``stats()``; one lock.
+``stats()``, and warm restart's prefetch thread adds blocks into free room only
+(``fill``); one lock, never held across a file read.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from omlx.domain.cache.blocks import BlockMeta
 from omlx.domain.cache.eviction import LRUPolicy
 from omlx.domain.cache.keys import KV
 from omlx.domain.cache.ports import EvictionPolicy
+
+# What ``HotTier.fill`` did with a prefetched block.
+ADDED, HELD, FULL = "added", "held", "full"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,12 @@ class HotTier:
         self._hits = 0
         self._misses = 0
         self._evictions = 0
+        # key -> tick of its last use, for ``recent`` (the hot set warm restart records).
+        # Prefetched blocks get ticks below every request's, in prefetch order.
+        self._used: dict[str, int] = {}
+        self._tick = 0
+        self._fill_tick = 0
+        self._version = 0  # moves with requests' changes: the recorder writes when it moved
         self._lock = threading.Lock()
 
     def get(self, key: str, *, count: bool = True) -> HotBlock | None:
@@ -79,6 +89,7 @@ class HotTier:
                 return None
             self._hits += count
             self._policy.record_hit(key, block.nbytes)
+            self._mark_locked(key)
             return block
 
     def sizes(self, keys: Iterable[str]) -> dict[str, int]:
@@ -103,6 +114,7 @@ class HotTier:
             if block is None:
                 return False
             self._policy.record_access(key, block.nbytes)
+            self._mark_locked(key)
             return True
 
     def put(
@@ -125,6 +137,7 @@ class HotTier:
         with self._lock:
             if meta.key in self._blocks:
                 self._policy.record_access(meta.key, self._blocks[meta.key].nbytes)
+                self._mark_locked(meta.key)
                 return True
             if nbytes > self.max_bytes:
                 return False
@@ -135,16 +148,51 @@ class HotTier:
                     return False
                 for victim in victims:
                     self._evict_locked(victim)
-            self._blocks[meta.key] = HotBlock(meta, tokens, payload, nbytes)
-            # Restore-point objects are no blocks to match a prompt against: a map of their own.
-            children = self._children if meta.kind == KV else self._points
-            children.setdefault(meta.parent_key, set()).add(meta.key)
-            self._bytes += nbytes
+            self._add_locked(meta, tokens, payload, nbytes)
             if reused:
                 self._policy.record_promotion(meta.key, nbytes, meta.parent_key)
             else:
                 self._policy.record_insert(meta.key, nbytes, meta.parent_key)
+            self._mark_locked(meta.key)
             return True
+
+    def fill(self, meta: BlockMeta, tokens: tuple[int, ...], payload: Any, nbytes: int) -> str:
+        """Add a block read ahead of any request (warm restart) into free room only.
+
+        Nothing is evicted for it and a block already held is left as it is (not even
+        touched); it ranks behind every block a request used (``record_prefetch``), so it
+        is the first to go when a request needs room. ``ADDED``, ``HELD`` or ``FULL``.
+        """
+        if nbytes < 0:
+            raise ValueError("nbytes must be >= 0")
+        with self._lock:
+            if meta.key in self._blocks:
+                return HELD
+            if self._bytes + nbytes > self.max_bytes:
+                return FULL
+            self._add_locked(meta, tokens, payload, nbytes)
+            self._policy.record_prefetch(meta.key, nbytes, meta.parent_key)
+            self._fill_tick -= 1
+            self._used[meta.key] = self._fill_tick
+            return ADDED
+
+    def free_bytes(self) -> int:
+        """Room left under the budget without evicting anything."""
+        with self._lock:
+            return max(self.max_bytes - self._bytes, 0)
+
+    def recent(self) -> list[HotBlock]:
+        """The blocks held, most recently used first (prefetched ones last, in their order)."""
+        with self._lock:
+            order = sorted(self._blocks, key=self._used.__getitem__, reverse=True)
+            return [self._blocks[k] for k in order]
+
+    @property
+    def version(self) -> int:
+        """A number that moves whenever requests change what is held or its order (a
+        prefetch's ``fill`` does not move it: it only restores what was recorded)."""
+        with self._lock:
+            return self._version
 
     def pin(self, keys: Iterable[str]) -> None:
         """Protect ``keys`` from eviction until as many ``unpin`` calls."""
@@ -194,7 +242,9 @@ class HotTier:
             self._blocks.clear()
             self._children.clear()
             self._points.clear()
+            self._used.clear()
             self._bytes = 0
+            self._version += 1
 
     def stats(self) -> HotTierStats:
         with self._lock:
@@ -224,8 +274,24 @@ class HotTier:
     def _is_pinned_locked(self, key: str) -> bool:
         return key in self._pins
 
+    def _add_locked(
+        self, meta: BlockMeta, tokens: tuple[int, ...], payload: Any, nbytes: int
+    ) -> None:
+        self._blocks[meta.key] = HotBlock(meta, tokens, payload, nbytes)
+        # Restore-point objects are no blocks to match a prompt against: a map of their own.
+        children = self._children if meta.kind == KV else self._points
+        children.setdefault(meta.parent_key, set()).add(meta.key)
+        self._bytes += nbytes
+
+    def _mark_locked(self, key: str) -> None:
+        self._tick += 1
+        self._used[key] = self._tick
+        self._version += 1
+
     def _evict_locked(self, key: str) -> None:
         block = self._blocks.pop(key)
+        self._used.pop(key, None)
+        self._version += 1
         children = self._children if block.meta.kind == KV else self._points
         siblings = children.get(block.meta.parent_key)
         if siblings is not None:

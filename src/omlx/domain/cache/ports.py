@@ -10,6 +10,7 @@ from omlx.domain.cache.blocks import (
     BlockMeta,
     BlockRead,
     DecodedBlock,
+    HotSet,
     ImageInfo,
     NamespaceInfo,
     NamespaceUsage,
@@ -246,6 +247,11 @@ class EvictionPolicy(Protocol):
         """Note another use of ``key`` (recency only: not a new block, not a match)."""
         ...
 
+    def record_prefetch(self, key: str, nbytes: int, parent_key: str | None) -> None:
+        """Note ``key`` read back at start ahead of any request (warm restart): it goes
+        before every block a request used."""
+        ...
+
     def remove(self, key: str) -> None:
         """Forget ``key``; an unknown key is not an error."""
         ...
@@ -372,4 +378,16 @@ class BlockSink(Protocol):
 
     def pending(self, key: str) -> bool:
         """Whether ``key`` is queued but not yet on disk and in the index."""
+        ...
+
+
+class HotSetStore(Protocol):
+    """Where one namespace's hot set is kept between runs (warm restart)."""
+
+    def load(self) -> HotSet | None:
+        """The hot set last saved; None when there is none or it cannot be read (logged)."""
+        ...
+
+    def save(self, hot_set: HotSet) -> None:
+        """Replace the saved hot set at once: a crash leaves the old one or the new one."""
         ...

@@ -122,6 +122,15 @@ class PrefixCache:
         )
 
     @property
+    def hot(self) -> HotTier:
+        """The hot tier (warm restart records its hot set and fills it at start)."""
+        return self._hot
+
+    @property
+    def codec(self) -> KVCodec:
+        return self._codec
+
+    @property
     def cold(self) -> ColdSource | None:
         """The cold source (export and import read and queue blocks through it)."""
         return self._cold

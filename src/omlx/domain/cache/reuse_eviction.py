@@ -52,6 +52,20 @@ class ReuseLevelPolicy:
         level = max(self._level_of.get(parent_key, 0) if parent_key is not None else 0, 1)
         self._place(key, nbytes, min(level, len(self._levels) - 1))
 
+    def record_prefetch(self, key: str, nbytes: int, parent_key: str | None) -> None:
+        """``key`` read back at start (warm restart), ahead of any request: level 0, at its
+        oldest end, so it goes before every block a request touched; a request matching it
+        lifts it as any hit does."""
+        level = 0
+        lru = self._levels[level]
+        oldest = next(iter(lru), None)
+        self.remove(key)
+        lru[key] = nbytes
+        lru.move_to_end(key, last=False)
+        self._level_of[key] = level
+        # Ticks rise along each level's order (``choose_victims`` stops at the first fresh one).
+        self._seen_at[key] = self._seen_at[oldest] if oldest is not None else self._tick
+
     def record_access(self, key: str, nbytes: int) -> None:
         """Used again without being matched (same request re-storing it): recency only."""
         self._place(key, nbytes, self._level_of.get(key, 0))

@@ -15,6 +15,7 @@ import msgspec
 
 from omlx.app.api.cache_controller import pin_json
 from omlx.app.api.dashboard.series import RequestSeries
+from omlx.app.api.health import warm_restart_json
 from omlx.app.cache_controls.maintenance import CacheMaintenance
 from omlx.app.cache_controls.service import PinView, TenantUsage
 from omlx.app.cache_controls.tenants import Caller
@@ -185,6 +186,8 @@ def _cache(c: CacheState) -> JsonObject:
         "hot_hits": s.hot_hits,
         "ssd_hits": s.cold_hits,
         "hot": {"blocks": hot.blocks, "bytes": hot.bytes, "max_bytes": hot.max_bytes},
+        # The start's prefetch of the last run's hot set (as on /health).
+        "warm_restart": warm_restart_json(c.warm_restart) if c.warm_restart else None,
     }
 
 

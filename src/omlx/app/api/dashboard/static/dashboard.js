@@ -106,6 +106,7 @@ function modelRow(m, operator) {
   const hot = cache.hot;
   const ssd = m.ssd;
   const images = m.images; // a VLM's image rows: RAM, encoder passes, hits by tier
+  const warm = cache.warm_restart; // the start's prefetch of the last run's hot set
   const hitShare = cache.lookup_tokens ? ` (${pct(cache.hit_tokens / cache.lookup_tokens)})` : "";
   const hits = cache.enabled ? `${int(cache.hit_tokens)} of ${int(cache.lookup_tokens)}${hitShare}` :
     (cache.disabled_reason ? `off (${cache.disabled_reason})` : "–");
@@ -135,6 +136,9 @@ function modelRow(m, operator) {
     el("td", { class: "num" }, m.state === "loaded" ? `${bytes(m.weights_bytes)} + ${bytes(m.kv_bytes)}` : "–"),
     el("td", { class: "num" }, `${m.active} / ${m.queued}`),
     el("td", { class: "num hot" }, hot ? `${int(hot.blocks)} blocks, ${bytes(hot.bytes)}` : "–",
+      warm && warm.state !== "off" && warm.blocks_total ? el("div", { class: "muted warm-restart" },
+        `warm restart ${warm.state}: ${int(warm.blocks)} of ${int(warm.blocks_total)} blocks read back, ` +
+        `${bytes(warm.bytes)} in ${warm.seconds.toFixed(1)} s` + (warm.skipped ? `, ${int(warm.skipped)} skipped` : "")) : null,
       images ? el("div", { class: "muted images-hot" }, `of which ${int(images.images)} images' rows, ${bytes(images.bytes)}`) : null),
     el("td", { class: "num ssd" }, ssd ? `${int(ssd.blocks)} blocks, ${bytes(ssd.bytes)}` : "–",
       ssd && images ? el("div", { class: "muted images-ssd" }, `of which ${int(ssd.image_objects)} images' rows, ${bytes(ssd.image_bytes)}`) : null),

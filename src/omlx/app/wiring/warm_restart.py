@@ -1,0 +1,49 @@
+"""Warm restart's wiring: one model cache's hot set file and its prefetch-and-record thread."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from omlx.app.settings import Settings
+
+if TYPE_CHECKING:
+    from omlx.domain.cache.cold_tier import ColdTier
+    from omlx.domain.cache.prefix_cache import PrefixCache
+    from omlx.domain.cache.warm_restart import WarmRestart
+    from omlx.domain.ports import GenerationEngine
+
+log = logging.getLogger(__name__)
+
+
+def warm_restart_for(
+    settings: Settings,
+    prefix_cache: PrefixCache | None,
+    cold_tier: ColdTier | None,
+    engine: GenerationEngine,
+    *,
+    shared: bool = False,
+) -> WarmRestart | None:
+    """A model cache's warm restart, not started yet; None when it is off (the setting, or
+    no SSD tier to read from). ``shared``: the folder is shared by servers, each keeping
+    its own hot set (named by its ``server_identity``)."""
+    if prefix_cache is None or cold_tier is None:
+        return None
+    if not settings.warm_restart:
+        log.info("warm restart of %s: off (--no-warm-restart)", prefix_cache.namespace.model_name)
+        return None
+    from omlx.adapters.blockfiles.hot_set_file import HotSetFile, hot_set_path
+    from omlx.domain.cache.warm_restart import WarmRestart
+
+    digest = prefix_cache.namespace.digest
+    path = hot_set_path(settings.cache_dir, digest, settings.server_identity if shared else "")
+    return WarmRestart(
+        namespace=digest,
+        hot=prefix_cache.hot,
+        cold=cold_tier,
+        store=HotSetFile(path),
+        nbytes=prefix_cache.codec.nbytes,
+        # Requests first: the prefetch waits while one is queued or running.
+        busy=lambda: bool(engine.active or engine.queued),
+        record_every=settings.warm_restart_record_seconds,
+    )
