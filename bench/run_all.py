@@ -37,6 +37,7 @@ SET: dict[str, tuple[list[str], list[str]]] = {
     "hybrid_loop": ([], ["--families", "gemma3_text"]),
     "agent_trace": ([], ["--models", "long", "--scale", "long=0.1", "--main-turns", "10"]),
     "vision": ([], ["--repeats", "1", "--system-tokens", "600"]),
+    "warm_restart": ([], ["--repeats", "1", "--tokens", "2048"]),
 }
 
 
