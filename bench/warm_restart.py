@@ -137,8 +137,8 @@ def main() -> None:
         s.wait_idle()
     for rep in range(args.repeats):
         with server(f"b{rep}") as s:
-            if rep:  # the turn into RAM (it came back from disk here), then the RAM hit
-                ttft(s.base_url, text)
+            wait_prefetch(s.base_url)  # then the turn once (into RAM whatever), then the hit
+            ttft(s.base_url, text)
             b, usage_b = ttft(s.base_url, text)
             s.wait_idle()
         drop_page_cache()
