@@ -15,7 +15,6 @@ from omlx.app.api.auth import PUBLIC, caller_of
 from omlx.app.ops.status import CacheState, ModelState, ServerState, ServerStatus
 from omlx.domain.json_values import JsonObject
 
-
 # Every answer names the server: ``omlx launch`` tells an omlx already on a port from
 # anything else holding it, before it has a key.
 SERVER = "omlx"
