@@ -25,6 +25,7 @@ from omlx.app.launch.local_server import (
 )
 
 MISTAKE_STATUS = 2  # as `omlx serve` exits on a start-up mistake
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports it
 # Addresses that bind every interface; a client reaches them on loopback.
 _ANY_ADDRESS = {"", "0.0.0.0", "::"}
 
@@ -87,6 +88,8 @@ def launch(plan: LaunchPlan, say: Callable[[str], None]) -> int:
     except LaunchError as exc:
         say(str(exc))
         return MISTAKE_STATUS
+    except KeyboardInterrupt:  # Ctrl-C while a model loads: stop the server, no traceback
+        return INTERRUPTED_STATUS
     finally:
         if server is not None:
             server.stop()
