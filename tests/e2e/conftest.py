@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def agent_clis() -> Path:
-    """The folder of the real ``claude`` and ``codex`` executables (npm), installed into
-    ``.agents/`` on first use by ``scripts/install-agents.sh``."""
+    """The folder of the real ``claude``, ``codex`` and ``opencode`` executables (npm),
+    installed into ``.agents/`` on first use by ``scripts/install-agents.sh``."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip(
             "node and npm are needed to install and run the agent CLIs (Claude Code, Codex)"

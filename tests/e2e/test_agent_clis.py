@@ -14,7 +14,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.agent_model import MODEL_ID, REPLY
+from omlx.app.launch.agent_settings import Endpoint, codex_setup
+from tests.agent_model import CONTEXT, MODEL_ID, REPLY
 from tests.e2e.agent_cli import ClaudeCode, failed_requests, finished_requests, prompt_and_cached
 from tests.server_process import ServerProcess
 from tests.tenant_keys import ALICE, BOB, keys_file
@@ -58,16 +59,11 @@ class Codex:
         self.home, self.project = work / "codex-home", work / "project"
         self.home.mkdir(parents=True, exist_ok=True)
         self.project.mkdir(parents=True, exist_ok=True)
-        (self.home / "config.toml").write_text(
-            f'model = "{MODEL_ID}"\n'
-            'model_provider = "omlx"\n'
-            "model_context_window = 65536\n\n"
-            "[model_providers.omlx]\n"
-            'name = "omlx"\n'
-            f'base_url = "{server.base_url}/v1"\n'
-            'wire_api = "responses"\n'
-        )
-        self.env = {"PATH": os.environ["PATH"], "HOME": str(work), "CODEX_HOME": str(self.home)}
+        # The settings `omlx launch codex` writes (docs/clients/codex.md): one place knows them.
+        setup = codex_setup(Endpoint(server.base_url, "unused", MODEL_ID, CONTEXT), self.home)
+        for path, text in setup.files.items():
+            path.write_text(text)
+        self.env = {"PATH": os.environ["PATH"], "HOME": str(work), **setup.env}
 
     def run(self, *args: str) -> list[dict]:
         done = subprocess.run(
@@ -162,9 +158,7 @@ def test_the_clis_work_as_tenants_and_do_not_share_a_tenant_s_cache(
         prompt_b, cached_b = prompt_and_cached(other.ask("What does this project do?"))
         assert prompt_b > 10_000 and cached_b < 64, (prompt_b, cached_b)  # none of alice's
         codex = Codex(agent_clis, server, tmp_path / "bob-codex")
-        config = codex.home / "config.toml"
-        config.write_text(config.read_text() + 'env_key = "OMLX_KEY"\n')
-        codex.env["OMLX_KEY"] = BOB
+        codex.env["OMLX_API_KEY"] = BOB  # the provider's env_key
         assert _answer(codex.run("What does this project do?")) == REPLY
         log = server.read_log()
         assert "POST /v1/messages?beta=true" in log and "POST /v1/responses" in log

@@ -172,7 +172,11 @@ def test_b_cannot_act_on_the_whole_server(server, alice_was_here, method, path, 
 
 
 def test_health_without_a_key_says_ready_and_nothing_more(server) -> None:
-    assert http(server, "GET", "/health", None).json() == {"status": "ok", "ready": True}
+    assert http(server, "GET", "/health", None).json() == {
+        "status": "ok",
+        "server": "omlx",
+        "ready": True,
+    }
     tenant = http(server, "GET", "/health", BOB).json()
     assert tenant["models"]["tiny-llama"]["state"] == "loaded" and "cache" not in tenant
     assert "restored" in http(server, "GET", "/health", OPS).json()["cache"]

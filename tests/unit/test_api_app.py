@@ -61,6 +61,14 @@ def test_without_a_key_nothing_is_asked():
         assert c.get("/v1/models").status_code == 200
 
 
+def test_models_name_a_loaded_model_s_context_and_health_names_the_server():
+    """What ``omlx launch`` reads: that the port is omlx's, and how long a prompt may be."""
+    with TestClient(create_app(fake_container())) as c:
+        (card,) = [m for m in c.get("/v1/models").json()["data"] if m["id"] == MODEL]
+        assert c.get("/health").json()["server"] == "omlx"
+    assert card["state"] == "loaded" and card["context_length"] == 4096
+
+
 def test_the_key_comes_from_the_environment():
     assert load_settings(env={"OMLX_API_KEY": "from-env"}).api_key == "from-env"
     assert (

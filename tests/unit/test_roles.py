@@ -68,9 +68,10 @@ def test_operator_keys_act_on_the_whole_server(server) -> None:
 
 
 def test_health_tells_readiness_without_a_key_and_the_counters_to_operators(server) -> None:
-    assert server.get("/health").json() == {"status": "ok", "ready": True}
+    assert server.get("/health").json() == {"status": "ok", "server": "omlx", "ready": True}
     assert server.get("/health", headers=key("sk-wrong-0123456789")).json().keys() == {
         "status",
+        "server",
         "ready",
     }
     tenant = server.get("/health", headers=key(BOB)).json()  # the models, not the traffic

@@ -336,6 +336,65 @@ def run(**flags) -> None:
     _serve(**flags)
 
 
+LAUNCH_HELP = """Run an agent CLI (claude, codex or opencode) against omlx, ARGS passed to it.
+
+Uses the omlx already answering on --host/--port, or starts one with the options given here
+(its log in ~/.omlx/logs) and stops it when the agent exits. The agent gets the base URL,
+key, model and context settings of docs/clients/; Codex and opencode get their config from
+~/.omlx/agents/, never from the user's own. Put omlx's options before AGENT: everything
+after it is the agent's."""
+
+
+@main.command(
+    help=LAUNCH_HELP,
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@_serve_options
+@click.argument("agent", type=click.Choice(["claude", "codex", "opencode"]))
+@click.argument("agent_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def launch(ctx: click.Context, agent: str, agent_args: tuple[str, ...], **flags) -> None:
+    from omlx.app.launch import LaunchPlan
+    from omlx.app.launch import launch as launch_agent
+    from omlx.app.settings import load_settings
+
+    picked = {k: flags[k] for k in ("host", "port", "api_key")}
+    try:
+        settings = load_settings(flags["config_file"], flags=picked)
+    except ValueError as exc:
+        _fail(str(exc))
+    plan = LaunchPlan(
+        agent=agent,
+        agent_args=agent_args,
+        host=settings.host,
+        port=settings.port,
+        api_key=settings.api_key,
+        serve_args=tuple(_given_options(ctx, skip={"host", "port"})),
+        home=Path("~/.omlx").expanduser(),
+    )
+    sys.exit(launch_agent(plan, lambda line: click.echo(f"omlx launch: {line}", err=True)))
+
+
+def _given_options(ctx: click.Context, skip: set[str]) -> list[str]:
+    """The options typed on the command line, as typed: what a server started here gets."""
+    from click.core import ParameterSource
+
+    argv: list[str] = []
+    for param in ctx.command.params:
+        name = param.name or ""
+        if not isinstance(param, click.Option) or name in skip:
+            continue
+        if ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+            continue
+        value, flag = ctx.params[name], param.opts[0]
+        if param.is_flag:
+            argv += [flag] if value else []
+        else:
+            for one in value if param.multiple else [value]:
+                argv += [flag, str(one)]
+    return argv
+
+
 @main.command()
 @click.argument("gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))

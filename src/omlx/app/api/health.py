@@ -16,6 +16,10 @@ from omlx.app.ops.status import CacheState, ModelState, ServerState, ServerStatu
 from omlx.domain.cache.prefetch import OFF, PrefetchProgress
 from omlx.domain.json_values import JsonObject
 
+# Every answer names the server: ``omlx launch`` tells an omlx already on a port from
+# anything else holding it, before it has a key.
+SERVER = "omlx"
+
 
 def health_json(state: ServerState) -> JsonObject:
     """``GET /health``: readiness, each model's state and cache, memory, the BLAS in use."""
@@ -24,6 +28,7 @@ def health_json(state: ServerState) -> JsonObject:
     loaded = [m for m in state.models if m.loaded]
     return {
         "status": "ok",
+        "server": SERVER,
         # False while a model named at start is still loading (requests wait for it).
         "ready": state.ready,
         "model": first.id if first is not None else state.models[0].id,
@@ -117,8 +122,8 @@ class HealthController(Controller):
         state = status.read()
         caller = caller_of(request)
         if caller is None:  # no key: what a load balancer needs, nothing of the cache
-            return {"status": "ok", "ready": state.ready}
+            return {"status": "ok", "server": SERVER, "ready": state.ready}
         if not caller.operator:  # a tenant: nothing of the other tenants' traffic
             models = {m.id: {"state": m.state, "task": m.task} for m in state.models}
-            return {"status": "ok", "ready": state.ready, "models": models}
+            return {"status": "ok", "server": SERVER, "ready": state.ready, "models": models}
         return health_json(state)

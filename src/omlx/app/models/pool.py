@@ -143,6 +143,11 @@ class ModelPool:
             return "loaded"
         return "loading" if model_id in self._loading else "available"
 
+    def context_length(self, model_id: str) -> int | None:
+        """A loaded chat model's context (prompt + output tokens); None until it is loaded."""
+        served = self._loaded.get(model_id)
+        return served.model.context_length if served is not None and served.model else None
+
     def loaded(self) -> list[Served]:
         return list(self._loaded.values())
 

@@ -57,6 +57,7 @@ class OpenAIController(Controller):
                 aliases=names.aliases_of(m) or msgspec.UNSET,
                 state=pool.state(m),
                 task=pool.specs[m].task,
+                context_length=pool.context_length(m) or msgspec.UNSET,
             )
             for m in names.served
         ]

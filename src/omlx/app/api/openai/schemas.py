@@ -259,6 +259,8 @@ class ModelCard(Struct):
     alias_of: str | UnsetType = UNSET
     state: str | UnsetType = UNSET  # loaded | loading | available (loaded on its first request)
     task: str | UnsetType = UNSET  # chat | embedding | rerank
+    # A loaded chat model's context (prompt + output tokens): what agents size their windows by
+    context_length: int | UnsetType = UNSET
 
 
 class ModelList(Struct):
