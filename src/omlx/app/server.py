@@ -6,7 +6,9 @@ import errno
 import logging
 import socket
 
+from omlx.app.early_port import EarlyPort
 from omlx.app.settings import Settings
+from omlx.domain.startup import STARTUP
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +52,26 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 
 def run_server(settings: Settings) -> None:
-    import uvicorn
-
-    # The port first: a port in use is one line before seconds of loading, not after.
+    # The port first: a port in use is one line before seconds of loading, not after. It
+    # answers /health at once and holds other requests until the app takes them (early_port).
     listener = bind_listener(settings.host, settings.port)
+    early = EarlyPort(listener, STARTUP.waiting_for).start()
     try:
-        from omlx.app.api.app import create_app
-        from omlx.app.cache_controls.tenants import load_keys
-        from omlx.app.wiring.bootstrap import bootstrap
+        with STARTUP.step("importing the HTTP app"):
+            import uvicorn
+
+            from omlx.app.api.app import create_app
+            from omlx.app.cache_controls.tenants import load_keys
+            from omlx.app.wiring.bootstrap import bootstrap
 
         # The keys before the cache: a mistaken keys file stops the start, touching nothing.
         keys = (
             load_keys(settings.api_keys_file, settings.api_key) if settings.api_keys_file else None
         )
-        container = bootstrap(settings, load_in_background=True)
+        with STARTUP.step("opening the cache"):
+            container = bootstrap(settings, load_in_background=True)
     except BaseException:
+        early.hand_over(listener.getsockname())
         listener.close()
         raise
     app = create_app(container, keys)
@@ -76,6 +83,7 @@ def run_server(settings: Settings) -> None:
     )
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     log.info("serving %s on http://%s:%d", ", ".join(container.pool.specs), host, settings.port)
+    early.hand_over(listener.getsockname())
     try:
         uvicorn.Server(config).run(sockets=[listener])
     finally:

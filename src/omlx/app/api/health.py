@@ -31,6 +31,7 @@ def health_json(state: ServerState) -> JsonObject:
         "server": SERVER,
         # False while a model named at start is still loading (requests wait for it).
         "ready": state.ready,
+        **_waiting(state),
         "model": first.id if first is not None else state.models[0].id,
         "engine": {
             "active": sum(m.active for m in loaded),
@@ -45,6 +46,11 @@ def health_json(state: ServerState) -> JsonObject:
         },
         "blas": state.blas,
     }
+
+
+def _waiting(state: ServerState) -> JsonObject:
+    """While the server is not ready, what it is waiting for (``domain.startup``)."""
+    return {} if state.ready else {"waiting_for": list(state.waiting_for)}
 
 
 def _model(m: ModelState) -> JsonObject:

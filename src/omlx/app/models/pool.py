@@ -29,6 +29,7 @@ from omlx.app.models.model_names import ModelNames
 from omlx.domain.memory import MemoryAccount
 from omlx.domain.ports import ChatModel, ModelWorker
 from omlx.domain.sizes import format_bytes
+from omlx.domain.startup import STARTUP
 
 if TYPE_CHECKING:  # the services import the pool's errors; the pool only holds them
     from omlx.app.cache_controls.service import CacheControls
@@ -40,6 +41,8 @@ if TYPE_CHECKING:  # the services import the pool's errors; the pool only holds 
     from omlx.domain.cache.warm_restart import WarmRestart
 
 log = logging.getLogger(__name__)
+
+WARM_UP_WAIT_S = 60.0  # the longest a start-up load waits for its engine's warm-up
 
 # A model is in use from the moment a request chooses it until that request reaches its
 # engine (rendering and tokenizing come between); a request that fails before it gets
@@ -210,7 +213,13 @@ class ModelPool:
         """
         self.starting.add(spec.id)
         try:
-            await self._load_once(spec)
+            with STARTUP.step(f"loading {spec.id}"):
+                served = await self._load_once(spec)
+                # Ready once the warm-up has paid the first request's one-off costs (a
+                # request that comes first cuts it short, so it never waits for it).
+                wait_warm = getattr(served.engine, "wait_warm", None)
+                if wait_warm is not None:
+                    await anyio.to_thread.run_sync(wait_warm, WARM_UP_WAIT_S)
         except Exception as exc:
             self.load_errors.setdefault(spec.id, str(exc))
             log.error("start-up load of %s failed: %s", spec.id, exc)

@@ -17,6 +17,7 @@ from omlx.domain.cache.cold_tier import ColdTierStats
 from omlx.domain.cache.cold_writes import WriterStats
 from omlx.domain.cache.prefetch import OFF, PrefetchProgress
 from omlx.domain.cache.tally import PrefixCacheStats
+from omlx.domain.startup import STARTUP
 
 if TYPE_CHECKING:
     from omlx.app.models.pool import Served
@@ -64,6 +65,7 @@ class ServerState:
     version: str
     uptime_s: float
     ready: bool  # no model named at start is still loading
+    waiting_for: tuple[str, ...]  # while not ready: the start-up steps under way
     blas: str
     models: tuple[ModelState, ...]
     memory_limit: int | None
@@ -95,6 +97,7 @@ class ServerStatus:
             version=__version__,
             uptime_s=round(time.time() - c.started_at, 1),
             ready=pool.ready and not c.start_loads,
+            waiting_for=tuple(STARTUP.waiting_for()),
             blas=c.blas,
             models=models,
             memory_limit=pool.account.limit_bytes,

@@ -31,6 +31,7 @@ from omlx.domain.cache.image_keys import is_image_id
 from omlx.domain.cache.kv_quant import KVQuant
 from omlx.domain.memory import MemoryAccount
 from omlx.domain.ports import ChatModel, GenerationEngine, GrammarCompiler
+from omlx.domain.startup import STARTUP
 
 if TYPE_CHECKING:  # adapters are imported where they are built, on the loading thread
     from omlx.adapters.blockfiles import BlockWriter
@@ -100,17 +101,19 @@ class ModelLoader:
         raise ValueError(f"{spec.id}: unknown task {spec.task!r}")
 
     def _chat(self, spec: ModelSpec) -> Served:
-        from omlx.adapters.mlx.models.loader import load_model
-        from omlx.app.progress import for_log
-
-        model = load_model(
-            str(spec.path) if spec.path is not None else None,
-            digest_cache=self.digest_cache,
-            model_id=spec.id,
-            progress=lambda label, total: for_log(log, label, total, "bytes"),
-            prepared=self._prepared_weights(),
-        )
-        return self.wire_chat(spec, model)
+        with STARTUP.step(f"{spec.id}: importing mlx-lm"):
+            from omlx.adapters.mlx.models.loader import load_model
+            from omlx.app.progress import for_log
+        with STARTUP.step(f"{spec.id}: reading its weights and tokenizer"):
+            model = load_model(
+                str(spec.path) if spec.path is not None else None,
+                digest_cache=self.digest_cache,
+                model_id=spec.id,
+                progress=lambda label, total: for_log(log, label, total, "bytes"),
+                prepared=self._prepared_weights(),
+            )
+        with STARTUP.step(f"{spec.id}: starting its engine and cache"):
+            return self.wire_chat(spec, model)
 
     def _prepared_weights(self) -> PreparedWeights | None:
         """Where dequantized GGUF copies are kept: in the SSD tier's folder, if it is on."""

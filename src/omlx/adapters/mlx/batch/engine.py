@@ -47,6 +47,7 @@ from omlx.domain.generation import (
 )
 from omlx.domain.memory import KVBudget, MemoryAccount
 from omlx.domain.scheduler import Scheduler, Verdict
+from omlx.domain.startup import STARTUP
 
 if TYPE_CHECKING:
     from omlx.domain.cache.prefix_cache import PrefixCache
@@ -79,6 +80,7 @@ class MLXEngine:
         self._running: dict[int, Job] = {}  # batcher uid -> job
         self._jobs: dict[int, Job] = {}  # job id -> job (waiting or running)
         self._stopping = threading.Event()
+        self._warmed = threading.Event()  # the warm-up ran, or a request cut it short
         self._thread: threading.Thread | None = None
         self._generator: BatchGenerator | None = None
         self._eos = sorted(model.tokenizer.eos_token_ids)
@@ -142,6 +144,10 @@ class MLXEngine:
         """Whether the engine is wholly done with a job, its blocks stored (for tests and tools)."""
         return job_id not in self._jobs
 
+    def wait_warm(self, timeout: float) -> bool:
+        """Wait until the warm-up is over (done, or cut short by a request); False on timeout."""
+        return self._warmed.wait(timeout)
+
     def cancel(self, job_id: int) -> None:
         self._inbox.put(("cancel", job_id))
 
@@ -151,7 +157,9 @@ class MLXEngine:
         self._fresh_cache = exact_caches(self.model, self._features.exact_kv)
         self._generator = self._new_generator()
         if self.config.warm_up:
-            self._warm_up()
+            with STARTUP.step(f"warming up {self.model.model_id}"):
+                self._warm_up()
+        self._warmed.set()
         while not self._stopping.is_set():
             busy = bool(self._running)
             idle = not busy and not self.scheduler.has_waiting

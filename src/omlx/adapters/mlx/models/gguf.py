@@ -19,14 +19,13 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
-from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from omlx.adapters.mlx.models.default_model import (
     default_model_path,  # noqa: F401  (re-exported: callers find it here)
 )
 from omlx.adapters.mlx.models.errors import UnsupportedModelError
 from omlx.adapters.mlx.models.gguf_tokenizer import eos_token_ids, write_tokenizer_files
+from omlx.adapters.mlx.models.tokenizer_loader import load_tokenizer
 from omlx.domain.model_ids import DEFAULT_MODEL_ID  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ class LoadedGGUF:
     """A ready model: evaluated weights, its tokenizer, and where they came from."""
 
     model: nn.Module
-    tokenizer: TokenizerWrapper
+    tokenizer: Any  # mlx-lm's TokenizerWrapper (tokenizer_loader)
     config: dict[str, Any]
     metadata: dict[str, Any]
     weights: dict[str, mx.array]
@@ -253,9 +252,7 @@ def build_model(
     return model, weights
 
 
-def load_gguf_tokenizer(
-    metadata: dict[str, Any], tokenizer_dir: Path | str | None = None
-) -> TokenizerWrapper:
+def load_gguf_tokenizer(metadata: dict[str, Any], tokenizer_dir: Path | str | None = None) -> Any:
     """mlx-lm's tokenizer wrapper for the GGUF vocabulary (files go to a temp dir if none)."""
     eos = eos_token_ids(metadata) or None
     if tokenizer_dir is not None:

@@ -16,8 +16,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.utils import load as mlx_lm_load
 
 from omlx.adapters.mlx.cache.layout import ModelLayout, probe_model
 from omlx.adapters.mlx.models.errors import UnsupportedModelError
@@ -32,6 +30,7 @@ from omlx.adapters.mlx.models.gguf import (
     load_gguf,
 )
 from omlx.adapters.mlx.models.prepared import PreparedWeights
+from omlx.adapters.mlx.models.tokenizer_loader import load_tokenizer
 from omlx.adapters.mlx.vision.loader import PROCESSOR_FILES, is_vision_folder, load_vision
 from omlx.domain.cache.blocks import NamespaceInfo
 from omlx.domain.cache.keys import namespace_digest
@@ -65,7 +64,7 @@ class LoadedModel:
     model_id: str
     path: Path
     model: nn.Module
-    tokenizer: TokenizerWrapper
+    tokenizer: Any  # mlx-lm's TokenizerWrapper (tokenizer_loader)
     config: dict[str, Any]
     context_length: int
     layer_count: int
@@ -215,7 +214,7 @@ def load_model(
             model, tokenizer, config = vision.model, vision.tokenizer, vision.config
             extra["vision"] = vision.prompter
         else:
-            model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+            model, tokenizer, config = _load_folder(path)
         weight_files = sorted(path.glob("*.safetensors"))
         tokenizer_files = [path / n for n in _TOKENIZER_FILES if (path / n).exists()]
         digest = weights_digest(
@@ -260,6 +259,16 @@ def load_model(
             ", ".join(f"{k} {v}" for k, v in generation.items()),
         )
     return loaded_model
+
+
+def _load_folder(path: Path) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """An mlx-lm folder's model, tokenizer and config, as ``mlx_lm.load`` gives them, the
+    tokenizer from ``tokenizer.json`` where it can be (``tokenizer_loader``)."""
+    from mlx_lm.utils import load_model as mlx_lm_load_model
+
+    model, config = mlx_lm_load_model(path)
+    tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    return model, tokenizer, config
 
 
 def _load_gguf(

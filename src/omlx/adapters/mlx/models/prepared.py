@@ -26,7 +26,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from omlx.adapters.blockfiles.format import RawTensor, encode_header
 from omlx.adapters.mlx.models.gguf import LoadedGGUF, build_model
@@ -38,6 +37,7 @@ from omlx.adapters.mlx.models.prepared_folder import (  # noqa: F401  (PREPARED_
     PreparedCopy,
     list_copies,
 )
+from omlx.adapters.mlx.models.tokenizer_loader import load_tokenizer
 
 log = logging.getLogger(__name__)
 
