@@ -149,10 +149,13 @@ class PrefixCache:
     def make_room(self, room: int) -> int:
         """Give RAM back until this cache holds at most ``room`` bytes; the bytes it still holds.
 
-        The kept finished caches go first (the hot tier holds their blocks too), then the
+        Nothing goes while it fits (the engine asks at every admission). Past ``room``,
+        the kept finished caches go first (the hot tier holds their blocks too), then the
         hot tier's least recently used blocks, pinned ones never (a request pins its
         prefix by its ``begin``, before asking room for it).
         """
+        if self.held_bytes() <= room:
+            return self.held_bytes()
         self.drop_kept()
         self._hot.shrink(room)
         return self.held_bytes()
