@@ -4,7 +4,9 @@ One thread per model cache: first the prefetch of the hot set the last run recor
 (``Prefetch``), then a record every ``record_every`` seconds when the hot tier changed,
 and one more at ``close`` (a clean shutdown). So a crash keeps a list at most that old.
 Recording starts only once the prefetch ended: a list written halfway through it would
-drop the conversations not read back yet.
+drop the conversations not read back yet. Then ``prime`` is handed the chain of the
+conversation used last (``prime.latest_conversation``): the wiring has the engine join it
+into a kept cache when idle, so its next turn continues it as on a running server.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from omlx.domain.cache.hot_set import HotSet, hot_set_order
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.ports import ColdSource, HotSetStore
 from omlx.domain.cache.prefetch import RUNNING, Prefetch, PrefetchProgress
+from omlx.domain.cache.prime import latest_conversation
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +40,13 @@ class WarmRestart:
         store: HotSetStore,
         nbytes: Callable[[Any], int],
         busy: Callable[[], bool] = lambda: False,
+        prime: Callable[[Sequence[str]], None] | None = None,
         record_every: float = RECORD_EVERY_S,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.namespace = namespace
         self._hot, self._cold, self._store = hot, cold, store
-        self._nbytes, self._busy = nbytes, busy
+        self._nbytes, self._busy, self._prime = nbytes, busy, prime
         self._record_every = record_every
         self._wall_clock = wall_clock
         self._stop = threading.Event()
@@ -120,6 +124,9 @@ class WarmRestart:
         )
         self._prefetch = prefetch
         done = prefetch.run(self._stop)
+        latest = latest_conversation(saved.entries)
+        if self._prime is not None and latest and not self._stop.is_set():
+            self._prime([e.key for e in latest])
         if saved.entries:
             log.info(
                 "warm restart: %d of %d blocks (%d of %d bytes) read back into RAM in %.2f s; "

@@ -95,6 +95,7 @@ class MLXEngine:
         self._buffers_held = False  # MLX holds freed buffers worth releasing when idle
         # A fresh request's cache, in exact mode (set on the engine thread); None: mlx-lm's.
         self._fresh_cache: Callable[[], list[Any]] | None = None
+        self._idle_tasks: list[Callable[[], None]] = []  # ``when_idle``'s, run after the drain
         # An M-RoPE model's rows, each told its request's position plan (``row_plans``).
         needs_plans = getattr(model.model, "needs_row_plans", False)
         self._plans = PlannedRows(model.model) if needs_plans else None
@@ -145,6 +146,12 @@ class MLXEngine:
     def cancel(self, job_id: int) -> None:
         self._inbox.put(("cancel", job_id))
 
+    def when_idle(self, task: Callable[[], None]) -> None:
+        """Run ``task`` once on the engine thread if it is idle when the task's turn comes:
+        no request running, waiting or in the inbox. Otherwise it is dropped: a request
+        that arrives first always goes first. One that arrives while it runs waits for it."""
+        self._inbox.put(("idle", task))
+
     # ---- engine thread ----------------------------------------------------
 
     def _run(self) -> None:
@@ -158,6 +165,8 @@ class MLXEngine:
             if idle:
                 self._release_buffers_if_idle()
             self._drain_inbox(block=idle)
+            if self._idle_tasks:
+                self._run_idle_tasks()
             self._admit_waiting()
             if not self._running:
                 continue
@@ -218,10 +227,28 @@ class MLXEngine:
                 job = self._jobs.get(arg)
                 if job is not None and not job.done:
                     self._cancel(job)
+            elif kind == "idle":
+                self._idle_tasks.append(arg)
             try:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _run_idle_tasks(self) -> None:
+        """``when_idle``'s tasks, each only while no request runs, waits or has arrived."""
+        tasks, self._idle_tasks = self._idle_tasks, []
+        for task in tasks:
+            if self._running or self.scheduler.has_waiting or not self._inbox.empty():
+                log.debug("engine busy: an idle task is dropped")
+                continue
+            try:
+                task()
+            except Exception:
+                log.exception("an idle task failed")
+            # What it made (a kept cache) is as fresh as a finished request's.
+            self.last_step_at = time.monotonic()
+            self._buffers_held = True
+            self._report_memory()
 
     def _admit_waiting(self) -> None:
         """Start what the scheduler lets leave the queue (FCFS, within the KV memory)."""
