@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+PRIME_WAIT_S = 600.0  # a request may hold the engine; then the priming is dropped anyway
+
 
 def warm_restart_for(
     settings: Settings,
@@ -64,6 +66,10 @@ def _primer(
         return None
 
     def run(keys: Sequence[str]) -> None:
+        if not when_idle(partial(prime, keys)).result(timeout=PRIME_WAIT_S):
+            log.info("warm restart: a request came first; the latest conversation not primed")
+
+    def prime(keys: Sequence[str]) -> None:
         started = time.perf_counter()
         outcome = prefix_cache.prime(keys)
         log.info(
@@ -73,4 +79,4 @@ def _primer(
             time.perf_counter() - started,
         )
 
-    return lambda keys: when_idle(partial(run, keys))
+    return run

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from omlx.domain.cache.hot_set import HotSet, hot_set_order
@@ -50,6 +51,7 @@ class WarmRestart:
         self._record_every = record_every
         self._wall_clock = wall_clock
         self._stop = threading.Event()
+        self._priming = threading.Event()  # set while ``prime`` runs
         self._thread: threading.Thread | None = None
         self._prefetch: Prefetch | None = None
         self._recorded_version: int | None = None
@@ -65,9 +67,13 @@ class WarmRestart:
         return self
 
     def progress(self) -> PrefetchProgress:
-        """The prefetch's progress (running until the saved hot set is loaded)."""
+        """The prefetch's progress (running until the saved hot set is loaded and the
+        latest conversation primed or dropped)."""
         prefetch = self._prefetch
-        return prefetch.progress() if prefetch is not None else PrefetchProgress(RUNNING)
+        if prefetch is None:
+            return PrefetchProgress(RUNNING)
+        p = prefetch.progress()
+        return replace(p, state=RUNNING) if self._priming.is_set() else p
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the prefetch to end (tests); whether it did."""
@@ -122,11 +128,17 @@ class WarmRestart:
         prefetch = Prefetch(
             saved, hot=self._hot, cold=self._cold, nbytes=self._nbytes, busy=self._busy
         )
-        self._prefetch = prefetch
-        done = prefetch.run(self._stop)
         latest = latest_conversation(saved.entries)
-        if self._prime is not None and latest and not self._stop.is_set():
-            self._prime([e.key for e in latest])
+        primes = self._prime is not None and bool(latest)
+        if primes:
+            self._priming.set()  # before the prefetch can say done: /health waits for both
+        self._prefetch = prefetch
+        try:
+            done = prefetch.run(self._stop)
+            if primes and not self._stop.is_set():
+                self._prime([e.key for e in latest])  # type: ignore[misc]
+        finally:
+            self._priming.clear()
         if saved.entries:
             log.info(
                 "warm restart: %d of %d blocks (%d of %d bytes) read back into RAM in %.2f s; "
