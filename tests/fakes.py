@@ -560,8 +560,8 @@ class FakeColdSource:
 class FakeKeptCaches:
     """Finished list caches, the last ``entries`` of them; ``take`` cuts a copy at the prefix."""
 
-    def __init__(self, entries: int = 2) -> None:
-        self.entries = entries
+    def __init__(self, entries: int = 2, max_bytes: int = 1 << 30) -> None:
+        self.entries, self.max_bytes = entries, max_bytes
         self.kept: list[tuple[tuple[int, ...], list[int]]] = []
         self.taken = 0
 
@@ -580,6 +580,9 @@ class FakeKeptCaches:
     def keep(self, tokens: Sequence[int], cache: list[int]) -> None:
         if self.entries > 0 and len(cache) == len(tokens):
             self.kept = [*self.kept, (tuple(tokens), list(cache))][-self.entries :]
+
+    def fits(self, nbytes: int) -> bool:
+        return self.entries > 0 and nbytes <= self.max_bytes
 
     def clear(self) -> None:
         self.kept.clear()

@@ -152,6 +152,8 @@ def test_a_plain_layout_stores_every_block_and_continues_a_kept_cache() -> None:
     assert second.restore() == follow_up[:106] and second.continued
     assert pc.stats().continued_requests == 1 and kept.taken == 1
     second.close()
+    held = pc.held_bytes()
+    assert pc.make_room(held) == held and kept.kept  # it fits: nothing goes
     assert pc.make_room(0) == 0 and kept.kept == []  # kept caches first, then the hot tier
 
 

@@ -92,6 +92,11 @@ class HotTier:
             self._mark_locked(key)
             return block
 
+    def peek(self, key: str) -> HotBlock | None:
+        """The block, or None; counts no hit, moves no LRU order (priming reads it)."""
+        with self._lock:
+            return self._blocks.get(key)
+
     def sizes(self, keys: Iterable[str]) -> dict[str, int]:
         """The bytes of those of ``keys`` held; counts no hit, moves no LRU order."""
         with self._lock:

@@ -105,6 +105,10 @@ class KeptCaches(Protocol):
         """Keep a finished request's cache, which holds exactly ``tokens``; may decline it."""
         ...
 
+    def fits(self, nbytes: int) -> bool:
+        """Whether a cache of ``nbytes`` would be kept (keeping on, within its budget)."""
+        ...
+
     def clear(self) -> None:
         """Forget every kept cache (memory is wanted, or the engine was reset)."""
         ...

@@ -22,6 +22,7 @@ from omlx.domain.cache.layout import CacheLayout
 from omlx.domain.cache.matcher import PrefixMatcher
 from omlx.domain.cache.pins import DEFAULT_PIN_SHARE, PinBook
 from omlx.domain.cache.ports import ColdSource, KeptCaches, KVCodec
+from omlx.domain.cache.prime import prime
 from omlx.domain.cache.probe import CachedPrefix, probe
 from omlx.domain.cache.session import CacheSession
 from omlx.domain.cache.tally import PrefixCacheStats, Tally, TenantTally
@@ -149,13 +150,28 @@ class PrefixCache:
     def make_room(self, room: int) -> int:
         """Give RAM back until this cache holds at most ``room`` bytes; the bytes it still holds.
 
-        The kept finished caches go first (the hot tier holds their blocks too), then the
+        Nothing goes while it fits (the engine asks at every admission). Past ``room``,
+        the kept finished caches go first (the hot tier holds their blocks too), then the
         hot tier's least recently used blocks, pinned ones never (a request pins its
         prefix by its ``begin``, before asking room for it).
         """
+        if self.held_bytes() <= room:
+            return self.held_bytes()
         self.drop_kept()
         self._hot.shrink(room)
         return self.held_bytes()
+
+    def prime(self, keys: Sequence[str]) -> str:
+        """Join the chain ``keys`` from RAM into a kept cache, as its finished request kept
+        it (warm restart, on the engine thread while idle; ``prime.prime``); what it did."""
+        return prime(
+            keys,
+            hot=self._hot,
+            codec=self._codec,
+            kept=self._kept,
+            layout=self.layout,
+            block_size=self.block_size,
+        )
 
     def drop_kept(self) -> None:
         """Forget the kept finished caches (idle, or the engine was reset)."""

@@ -4,7 +4,9 @@ One thread per model cache: first the prefetch of the hot set the last run recor
 (``Prefetch``), then a record every ``record_every`` seconds when the hot tier changed,
 and one more at ``close`` (a clean shutdown). So a crash keeps a list at most that old.
 Recording starts only once the prefetch ended: a list written halfway through it would
-drop the conversations not read back yet.
+drop the conversations not read back yet. Then ``prime`` is handed the chain of the
+conversation used last (``prime.latest_conversation``): the wiring has the engine join it
+into a kept cache when idle, so its next turn continues it as on a running server.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from omlx.domain.cache.hot_set import HotSet, hot_set_order
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.ports import ColdSource, HotSetStore
 from omlx.domain.cache.prefetch import RUNNING, Prefetch, PrefetchProgress
+from omlx.domain.cache.prime import latest_conversation
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +41,17 @@ class WarmRestart:
         store: HotSetStore,
         nbytes: Callable[[Any], int],
         busy: Callable[[], bool] = lambda: False,
+        prime: Callable[[Sequence[str]], None] | None = None,
         record_every: float = RECORD_EVERY_S,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.namespace = namespace
         self._hot, self._cold, self._store = hot, cold, store
-        self._nbytes, self._busy = nbytes, busy
+        self._nbytes, self._busy, self._prime = nbytes, busy, prime
         self._record_every = record_every
         self._wall_clock = wall_clock
         self._stop = threading.Event()
+        self._priming = threading.Event()  # set while ``prime`` runs
         self._thread: threading.Thread | None = None
         self._prefetch: Prefetch | None = None
         self._recorded_version: int | None = None
@@ -61,9 +67,13 @@ class WarmRestart:
         return self
 
     def progress(self) -> PrefetchProgress:
-        """The prefetch's progress (running until the saved hot set is loaded)."""
+        """The prefetch's progress (running until the saved hot set is loaded and the
+        latest conversation primed or dropped)."""
         prefetch = self._prefetch
-        return prefetch.progress() if prefetch is not None else PrefetchProgress(RUNNING)
+        if prefetch is None:
+            return PrefetchProgress(RUNNING)
+        p = prefetch.progress()
+        return replace(p, state=RUNNING) if self._priming.is_set() else p
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the prefetch to end (tests); whether it did."""
@@ -118,8 +128,17 @@ class WarmRestart:
         prefetch = Prefetch(
             saved, hot=self._hot, cold=self._cold, nbytes=self._nbytes, busy=self._busy
         )
+        latest = latest_conversation(saved.entries)
+        primes = self._prime is not None and bool(latest)
+        if primes:
+            self._priming.set()  # before the prefetch can say done: /health waits for both
         self._prefetch = prefetch
-        done = prefetch.run(self._stop)
+        try:
+            done = prefetch.run(self._stop)
+            if primes and not self._stop.is_set():
+                self._prime([e.key for e in latest])  # type: ignore[misc]
+        finally:
+            self._priming.clear()
         if saved.entries:
             log.info(
                 "warm restart: %d of %d blocks (%d of %d bytes) read back into RAM in %.2f s; "

@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +98,9 @@ class MLXEngine:
         self._buffers_held = False  # MLX holds freed buffers worth releasing when idle
         # A fresh request's cache, in exact mode (set on the engine thread); None: mlx-lm's.
         self._fresh_cache: Callable[[], list[Any]] | None = None
+        self._idle_tasks: list[
+            tuple[Callable[[], None], Future[bool]]
+        ] = []  # ``when_idle``'s, run after the drain
         # An M-RoPE model's rows, each told its request's position plan (``row_plans``).
         needs_plans = getattr(model.model, "needs_row_plans", False)
         self._plans = PlannedRows(model.model) if needs_plans else None
@@ -131,6 +135,13 @@ class MLXEngine:
         self._inbox.put(("wake", None))
         if self._thread is not None:
             self._thread.join(timeout)
+        while True:  # idle tasks it never read: dropped
+            try:
+                kind, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "idle" and not arg[1].done():
+                arg[1].set_result(False)
 
     def submit(self, request: GenerationRequest, emit: Emit) -> int:
         """Queue a request; returns its id for ``cancel``."""
@@ -151,6 +162,15 @@ class MLXEngine:
     def cancel(self, job_id: int) -> None:
         self._inbox.put(("cancel", job_id))
 
+    def when_idle(self, task: Callable[[], None]) -> Future[bool]:
+        """Run ``task`` once on the engine thread if it is idle when the task's turn comes:
+        no request running, waiting or in the inbox. Otherwise it is dropped: a request
+        that arrives first always goes first. One that arrives while it runs waits for it.
+        The future: True once it ran, False when dropped (or the engine stopped)."""
+        done: Future[bool] = Future()
+        self._inbox.put(("idle", (task, done)))
+        return done
+
     # ---- engine thread ----------------------------------------------------
 
     def _run(self) -> None:
@@ -166,6 +186,8 @@ class MLXEngine:
             if idle:
                 self._release_buffers_if_idle()
             self._drain_inbox(block=idle)
+            if self._idle_tasks:
+                self._run_idle_tasks()
             self._admit_waiting()
             if not self._running:
                 continue
@@ -176,6 +198,8 @@ class MLXEngine:
                 self._fail_all(f"generation failed: {exc}")
         for job in list(self._jobs.values()):
             self._finish(job, "cancelled", cache=None, tokens=None)
+        for _, done in self._idle_tasks:
+            done.set_result(False)
 
     def _warm_up(self) -> None:
         """One tiny generation before the first request (``warm_up.warm_up``)."""
@@ -226,10 +250,30 @@ class MLXEngine:
                 job = self._jobs.get(arg)
                 if job is not None and not job.done:
                     self._cancel(job)
+            elif kind == "idle":
+                self._idle_tasks.append(arg)
             try:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _run_idle_tasks(self) -> None:
+        """``when_idle``'s tasks, each only while no request runs, waits or has arrived."""
+        tasks, self._idle_tasks = self._idle_tasks, []
+        for task, done in tasks:
+            if self._running or self.scheduler.has_waiting or not self._inbox.empty():
+                log.debug("engine busy: an idle task is dropped")
+                done.set_result(False)
+                continue
+            try:
+                task()
+            except Exception:
+                log.exception("an idle task failed")
+            done.set_result(True)
+            # What it made (a kept cache) is as fresh as a finished request's.
+            self.last_step_at = time.monotonic()
+            self._buffers_held = True
+            self._report_memory()
 
     def _admit_waiting(self) -> None:
         """Start what the scheduler lets leave the queue (FCFS, within the KV memory)."""

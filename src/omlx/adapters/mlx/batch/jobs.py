@@ -135,15 +135,17 @@ def _log_summary(job: Job, reason: str, model_id: str) -> None:
     ttft = f"{first - job.submitted:.3f} s" if first is not None else "-"
     waited = f"{t['admitted'] - job.submitted:.3f} s" if "admitted" in t else "-"
     lost = job.session.lost_tokens if job.session is not None else 0
+    kept = job.session is not None and job.session.continued and job.cached_tokens
     prompt = len(job.request.prompt_tokens)
     cut_short = first is None and job.prefilled < prompt - 1
     log.info(
-        "request %d (%s) %s: prompt %d tokens, %d cached%s, %d generated; queued %s, first token %s%s",
+        "request %d (%s) %s: prompt %d tokens, %d cached%s%s, %d generated; queued %s, first token %s%s",
         job.id,
         model_id,
         reason,
         prompt,
         job.cached_tokens,
+        " (a kept cache)" if kept else "",
         f" ({lost} matched past the deepest restore point)" if lost else "",
         job.completion_tokens,
         waited,

@@ -17,11 +17,14 @@ class FinishedCaches:
     from the hot tier's blocks copies all of it into fresh arrays first, while the
     finished request's own cache already holds it. A request whose restored prefix (as
     the prefix cache matched it: blocks pinned, capture keyed as usual) lies within a
-    kept cache gets views of that cache's arrays cut at the prefix: the batcher copies
-    them into its batch without writing to them, so the kept cache stays whole for a
-    later turn (a replay, a sibling branch). Plain KV layouts only: a state cache cannot
-    be cut at a prefix. Exact mode's quantized rows (``ExactKVCache``) are cut alike: the
-    views share their codes, which the batcher copies as it copies plain KV.
+    kept cache takes that cache's arrays, cut at the prefix. Plain KV rows are handed
+    over (``RestoredKVCache``: a lone row joins the batch without a copy and its tail is
+    written in place; views cost the batcher's copy and then the batch cache's growth,
+    two copies of the prefix, more than a restore from blocks): the entry leaves, and the
+    request's own cache, which holds it, is kept when it finishes. Exact mode's quantized
+    rows (``ExactKVCache``) are views sharing their codes, which the batcher copies: that
+    entry stays whole for a later turn (a replay, a sibling branch). Plain KV layouts
+    only: a state cache cannot be cut at a prefix.
     """
 
     def __init__(self, entries: int = 2, max_bytes: int = 2 << 30) -> None:
@@ -45,18 +48,39 @@ class FinishedCaches:
         while len(self._kept) > self.entries or self.nbytes > self.max_bytes:
             self._kept.pop(0)
 
+    def fits(self, nbytes: int) -> bool:
+        return self.entries > 0 and nbytes <= self.max_bytes
+
     def take(self, prompt: Sequence[int], prefix: int) -> list[Any] | None:
-        """Views of a kept cache holding ``prompt[:prefix]``, cut there; None when none does."""
+        """A kept cache holding ``prompt[:prefix]``, cut there; None when none does."""
         wanted = tuple(prompt[:prefix])
         for i in range(len(self._kept) - 1, -1, -1):
             tokens, cache, _ = self._kept[i]
             if len(tokens) >= prefix and tokens[:prefix] == wanted:
-                self._kept.append(self._kept.pop(i))  # most recently used last
-                return [_view(layer, prefix) for layer in cache]
+                entry = self._kept.pop(i)
+                if _exact(cache):
+                    self._kept.append(entry)  # most recently used last
+                    return [_view(layer, prefix) for layer in cache]
+                return [_handed_over(layer, prefix) for layer in cache]
         return None
 
     def clear(self) -> None:
         self._kept.clear()
+
+
+def _exact(cache: list[Any]) -> bool:
+    from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import ExactKVCache
+
+    return any(isinstance(c, ExactKVCache) for c in cache)
+
+
+def _handed_over(layer: Any, prefix: int) -> Any:
+    """A restored cache over ``layer``'s arrays holding its first ``prefix`` positions."""
+    from omlx.adapters.mlx.cache.restored_cache import with_room
+
+    cache = with_room(layer.keys, layer.values, prefix)
+    layer.keys = layer.values = None  # the batch holds the only reference: writes in place
+    return cache
 
 
 def _view(layer: Any, prefix: int) -> Any:
@@ -77,7 +101,8 @@ def _view(layer: Any, prefix: int) -> Any:
 def _cuttable(cache: list[Any]) -> bool:
     from mlx_lm.models.cache import KVCache
 
+    from omlx.adapters.mlx.cache.restored_cache import RestoredKVCache
     from omlx.adapters.mlx.mlx_lm_private.quantized_batch_cache import ExactKVCache
 
-    kinds = (KVCache, ExactKVCache)
+    kinds = (KVCache, RestoredKVCache, ExactKVCache)
     return bool(cache) and all(type(c) in kinds and c.keys is not None for c in cache)
