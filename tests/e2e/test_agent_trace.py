@@ -67,7 +67,9 @@ def test_every_main_turn_restores_what_it_shares_with_the_previous_one(model_dir
         "count": count,
         "n_ctx": 4096,
         "floor": False,
-        "extra": {"omlx": ["--hot-cache-max-size", str(budget)]},
+        # Warm restart off: this trace checks the restart's turn restored from disk (the
+        # warm restart's own read back into RAM is tests/e2e/test_warm_restart.py's).
+        "extra": {"omlx": ["--hot-cache-max-size", str(budget), "--no-warm-restart"]},
     }
 
     run = agent_trace.run_trace("omlx", 0, target, steps, ctx)
