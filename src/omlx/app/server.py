@@ -56,6 +56,7 @@ def run_server(settings: Settings) -> None:
     # answers /health at once and holds other requests until the app takes them (early_port).
     listener = bind_listener(settings.host, settings.port)
     early = EarlyPort(listener, STARTUP.waiting_for).start()
+    starting = STARTUP.begin("starting the HTTP server")  # until the app takes the port
     try:
         with STARTUP.step("importing the HTTP app"):
             import uvicorn
@@ -71,6 +72,7 @@ def run_server(settings: Settings) -> None:
         with STARTUP.step("opening the cache"):
             container = bootstrap(settings, load_in_background=True)
     except BaseException:
+        STARTUP.end(starting)
         early.hand_over(listener.getsockname())
         listener.close()
         raise
@@ -83,6 +85,7 @@ def run_server(settings: Settings) -> None:
     )
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     log.info("serving %s on http://%s:%d", ", ".join(container.pool.specs), host, settings.port)
+    STARTUP.end(starting)
     early.hand_over(listener.getsockname())
     try:
         uvicorn.Server(config).run(sockets=[listener])

@@ -22,17 +22,25 @@ class StartupSteps:
         self._steps: dict[int, tuple[str, float]] = {}
         self._next = 0
 
-    @contextmanager
-    def step(self, name: str) -> Iterator[None]:
+    def begin(self, name: str) -> int:
+        """Mark a step begun; ``end`` it with the number this returns."""
         with self._lock:
             key = self._next
             self._next += 1
             self._steps[key] = (name, self._clock())
+            return key
+
+    def end(self, key: int) -> None:
+        with self._lock:
+            self._steps.pop(key, None)
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        key = self.begin(name)
         try:
             yield
         finally:
-            with self._lock:
-                self._steps.pop(key, None)
+            self.end(key)
 
     def waiting_for(self) -> list[str]:
         now = self._clock()

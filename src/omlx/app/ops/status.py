@@ -97,7 +97,8 @@ class ServerStatus:
             version=__version__,
             uptime_s=round(time.time() - c.started_at, 1),
             ready=pool.ready and not c.start_loads,
-            waiting_for=tuple(STARTUP.waiting_for()),
+            # A load named at start and not begun yet is a step too.
+            waiting_for=tuple(STARTUP.waiting_for() or [f"loading {s.id}" for s in c.start_loads]),
             blas=c.blas,
             models=models,
             memory_limit=pool.account.limit_bytes,
