@@ -25,6 +25,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import free_port
+from summary import write_json
 
 LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)")
 
@@ -94,8 +95,21 @@ def main() -> None:
         f"-X importtime's own overhead included); spawn -> ready {statistics.median(readies):.2f} s"
     )
     print(f"transformers imported: {runs[-1][2]}")
-    for name, seconds in sorted(last.items(), key=lambda kv: -kv[1])[:10]:
+    largest = sorted(last.items(), key=lambda kv: -kv[1])[:10]
+    for name, seconds in largest:
         print(f"  {seconds:6.3f} s  {name}")
+    verdict = "transformers not imported: met" if not runs[-1][2] else "transformers imported"
+    write_json(
+        "import_time",
+        {
+            "source": str(args.src or "."),
+            "imports_s": statistics.median(totals),
+            "ready_s": statistics.median(readies),
+            "transformers": runs[-1][2],
+            "largest": dict(largest),
+            "verdicts": [verdict],
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -254,9 +254,8 @@ def main() -> None:
         )
     for v in verdicts:
         print(v)
-    if args.json:
-        result = {p: [s.__dict__ for s in v] for p, v in starts.items()}
-        write_json("morning_after", result | {"verdicts": verdicts}, args.json)
+    result = {p: [s.__dict__ for s in v] for p, v in starts.items()}
+    write_json("morning_after", result | {"verdicts": verdicts}, args.json)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     else:

@@ -38,6 +38,8 @@ SET: dict[str, tuple[list[str], list[str]]] = {
     "agent_trace": ([], ["--models", "long", "--scale", "long=0.1", "--main-turns", "10"]),
     "vision": ([], ["--repeats", "1", "--system-tokens", "600"]),
     "warm_restart": ([], ["--repeats", "1", "--tokens", "2048"]),
+    "morning_after": ([], ["--repeats", "1", "--context-tokens", "2000"]),
+    "import_time": ([], ["--repeats", "1"]),
 }
 
 
