@@ -58,8 +58,9 @@ def draw_screenshot(path, width: int, height: int) -> None:
 
 
 def serve(model, tmp_path, name: str) -> ServerProcess:
+    # Warm restart off: the turn after a restart reads the picture's blocks from disk.
     return ServerProcess(
-        "--model", str(model), "--log-level", "debug",
+        "--model", str(model), "--log-level", "debug", "--no-warm-restart",
         cache_dir=tmp_path / "cache", log_path=tmp_path / f"{name}.log",
     )  # fmt: skip
 

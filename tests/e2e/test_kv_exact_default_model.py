@@ -29,7 +29,14 @@ PROMPTS = {
 def served(cache_dir: Path, bits: int):
     settings = load_settings(
         env={},
-        flags={"paged_ssd_cache_dir": str(cache_dir), "kv_bits": str(bits), "kv_mode": "exact"},
+        # Warm restart off: the restart's hit must come from the block files (a prefetch
+        # that won the race would make it a RAM hit).
+        flags={
+            "paged_ssd_cache_dir": str(cache_dir),
+            "kv_bits": str(bits),
+            "kv_mode": "exact",
+            "warm_restart": False,
+        },
     )
     container = bootstrap(settings)
     (name,) = container.pool.specs
