@@ -15,9 +15,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
-from mlx_lm.models.cache import BatchKVCache, TokenBuffer
-
-from omlx.adapters.mlx.cache.restored_cache import RestoredKVCache, with_room
+from mlx_lm.models.cache import BatchKVCache, KVCache, TokenBuffer
 
 
 class HandOverLoneRow:
@@ -27,8 +25,8 @@ class HandOverLoneRow:
     arrays (``BatchKVCache.extract``), and the batch drops them right after: for an 8B
     model's 8k-token turn a 1.6 GB copy into fresh memory before a one-token reply is
     sent (4 s of page faults on the bench VM's first turn after a start). A lone row's
-    arrays are its cache already; handed over with their room past the row's end
-    (``RestoredKVCache``), the next turn's tokens are written in place too.
+    arrays are its cache already; handed over with their room past the row's end, the
+    next turn that continues it (``FinishedCaches``) writes its tokens in place too.
     """
 
     def extract_cache(self, idx: int) -> list[Any]:
@@ -36,10 +34,12 @@ class HandOverLoneRow:
         return handed if handed is not None else super().extract_cache(idx)  # type: ignore[misc]
 
 
-def lone_row_caches(batch: GenerationBatch) -> list[RestoredKVCache] | None:
-    """A one-row batch's plain caches over its arrays as they are; None where it is not
-    one unpadded row of ``BatchKVCache`` layers (the arrays are shared until the batch
-    drops the row: MLX copies a shared array it writes to, so sharing is always safe)."""
+def lone_row_caches(batch: GenerationBatch) -> list[KVCache] | None:
+    """A one-row batch's caches: ``KVCache``s over its arrays as they are, room past
+    ``offset`` included; None unless it is one unpadded row of ``BatchKVCache`` layers.
+
+    The arrays are shared until the batch drops the row (MLX copies a shared array it
+    writes to: sharing is always safe, only a copy's cost is saved)."""
     layers = batch.prompt_cache
     if len(batch.uids) != 1 or not layers:
         return None
@@ -48,7 +48,13 @@ def lone_row_caches(batch: GenerationBatch) -> list[RestoredKVCache] | None:
     padding = mx.concatenate([c.left_padding for c in layers])
     if padding.max().item() != 0:
         return None
-    return [with_room(c.keys, c.values, c._idx) for c in layers]
+    return [_over(c.keys, c.values, c._idx) for c in layers]
+
+
+def _over(keys: mx.array, values: mx.array, offset: int) -> KVCache:
+    cache = KVCache()
+    cache.keys, cache.values, cache.offset = keys, values, offset
+    return cache
 
 
 class HandingOverGeneration(HandOverLoneRow, GenerationBatch):
