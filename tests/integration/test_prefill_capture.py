@@ -91,6 +91,7 @@ def test_another_mlx_lm_turns_each_private_feature_off_with_one_line(tiny, monke
                 "exact KV",
                 "the fused final chunk",
                 "in-order decode",
+                "the copy-free move to decoding",
                 "uncopied block cuts",
                 "the copy-free merge",
             ]

@@ -91,6 +91,9 @@ def features_for(
         wanted.append(("the fused final chunk", "a prompt's last token runs as a pass of its own"))
     if in_order:
         wanted.append(("in-order decode", "mlx-lm's pipelined steps hand tokens out a pass late"))
+    wanted.append(
+        ("the copy-free move to decoding", "a row's cache is copied to decode and when it ends")
+    )
     if caching:
         wanted.append(("uncopied block cuts", "blocks are cut through extract_cache, a copy"))
         wanted.append(("the copy-free merge", "a restored prefix is copied into the batch"))

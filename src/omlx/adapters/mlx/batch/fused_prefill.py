@@ -47,7 +47,7 @@ from omlx.adapters.mlx.batch.speculation import Speculation
 from omlx.adapters.mlx.batch.speculative import SpeculativeGeneration, SpeculativeInOrder
 from omlx.adapters.mlx.mlx_lm_private import batcher
 from omlx.adapters.mlx.mlx_lm_private.batcher import HookedBatchGenerator, SplitRememberingBatch
-from omlx.adapters.mlx.mlx_lm_private.decode import InOrderGeneration
+from omlx.adapters.mlx.mlx_lm_private.decode import HandingOverGeneration, InOrderGeneration
 
 FUSE_MAX_TOKENS = 64
 
@@ -176,7 +176,6 @@ class FusingBatchGenerator(HookedBatchGenerator):
         super().__init__(model, **kwargs)
         self.fuse = fuse
         self._plan = _FusionPlan(self.prefill_step_size)
-        generation = None
         prompt = _FusingPromptBatch.empty(
             self.model, self.sampler, prefill_step_size=self.prefill_step_size
         )
@@ -185,8 +184,9 @@ class FusingBatchGenerator(HookedBatchGenerator):
             kind = SpeculativeInOrder if in_order else SpeculativeGeneration
             generation = kind.empty(self.model, self.sampler)
             generation.speculation = speculation
-        elif in_order:
-            generation = InOrderGeneration.empty(self.model, self.sampler)
+        else:
+            kind = InOrderGeneration if in_order else HandingOverGeneration
+            generation = kind.empty(self.model, self.sampler)
         batcher.install_batches(self, prompt, generation)
         self.fused_rows = 0  # rows whose last token ran with their final chunk (tests, stats)
 

@@ -311,7 +311,7 @@ class SpeculativeInOrder(SpeculativeSteps, decode.InOrderGeneration):
     in_order = True
 
 
-class SpeculativeGeneration(SpeculativeSteps, GenerationBatch):
+class SpeculativeGeneration(SpeculativeSteps, decode.HandingOverGeneration):
     """mlx-lm's pipelined decode steps (Metal, CUDA), speculative where it pays."""
 
 

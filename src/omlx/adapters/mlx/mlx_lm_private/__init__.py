@@ -13,11 +13,13 @@ are refused at load (``vision.loader``).
   a copy (it writes ``BatchKVCache._idx``);
 - ``batcher``: ``BatchGenerator._prompt_batch``, ``._generation_batch`` and
   ``._currently_processing``, and a hook after ``BatchGenerator._next``; the requests a
-  forward pass's rows run, from the batch whose cache list it is given;
+  forward pass's rows run, from the batch whose cache list it is given; a split of every
+  row of a prompt batch through ``PromptProcessingBatch._copy``, without its gather;
 - ``decode``: ``GenerationBatch._step`` (in-order decode) and the per-row fields a
   speculative step keeps (``_next_tokens``, ``_next_logprobs``, ``_current_tokens``,
   ``_current_logprobs``, ``_token_context`` and its ``TokenBuffer._size``,
-  ``_num_tokens``, ``_matchers``);
+  ``_num_tokens``, ``_matchers``); a lone finishing row's arrays handed over
+  (``BatchKVCache._idx``);
 - ``quantized_batch_cache``: exact mode's batch cache, a subclass of ``_BaseCache`` that
   mirrors ``BatchKVCache``'s ``_idx``.
 
@@ -35,4 +37,7 @@ Upstream wish list: each public hook would delete a side door.
    ``rows.decode_row`` and ``kv_slice``'s reads of write indices.
 7. Each row's uid passed to the model with a forward pass (or a per-row model argument):
    ``batcher.uids_of``, which M-RoPE models' positions need.
+8. Rows moved to decoding, and a finished lone row's cache returned, without a copy
+   (``split`` and ``extract_cache`` gather and copy even when every row goes):
+   ``SplitRememberingBatch.split`` and ``decode.HandOverLoneRow``.
 """

@@ -48,8 +48,19 @@ class SplitRememberingBatch(PromptProcessingBatch):
     split_off: PromptProcessingBatch | None = None
 
     def split(self, indices: list[int]) -> PromptProcessingBatch:
-        self.split_off = super().split(indices)
-        return self.split_off
+        """mlx-lm's split; when every row leaves, their caches go along uncopied.
+
+        mlx-lm filters the split-off copy to the rows asked for, a gather into fresh
+        arrays (``BatchKVCache.filter``) even when that is all of them: a lone 8k-token
+        row of an 8B model was a 1.6 GB copy on its way to decoding.
+        """
+        if sorted(indices) != list(range(len(self.uids))):
+            self.split_off = super().split(indices)
+            return self.split_off
+        moved = self._copy()  # a deep copy of MLX arrays shares their buffers
+        self.filter([])  # the batch lets go of them: the moved rows write in place
+        self.split_off = moved
+        return moved
 
 
 def install_batches(
