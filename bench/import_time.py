@@ -37,7 +37,10 @@ def one_start(src: Path | None, cache: Path) -> tuple[float, dict[str, float], b
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = str(src)
+    err_path = cache.parent / "serve.err"  # a file: a pipe left unread fills and stalls the server
+    cache.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    err_file = open(err_path, "w")  # noqa: SIM115 (closed below, after the process ends)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -53,8 +56,7 @@ def one_start(src: Path | None, cache: Path) -> tuple[float, dict[str, float], b
         ],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        stderr=err_file,
     )
     ready = None
     try:
@@ -66,7 +68,9 @@ def one_start(src: Path | None, cache: Path) -> tuple[float, dict[str, float], b
                 time.sleep(0.02)
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        err_file.close()
+    err = err_path.read_text(errors="replace")
     top: dict[str, float] = {}
     names = set()
     for m in LINE.finditer(err):

@@ -147,8 +147,16 @@ def main() -> None:
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (logs)")
+    parser.add_argument(
+        "--before-src",
+        type=Path,
+        default=None,
+        help="another checkout's src: its omlx runs too, as 'omlx before' (its own cache folder)",
+    )
     args = parser.parse_args()
     peers = [p for p in args.peers.split(",") if p]
+    if args.before_src is not None:
+        peers.insert(1, "omlx before")
     if "llama.cpp" in peers and llama_cpp_python() is None:
         print("note: llama.cpp's server is not built (scripts/install-llama-cpp.sh): left out")
         peers.remove("llama.cpp")
@@ -167,6 +175,10 @@ def main() -> None:
             return omlx_server(free_port(), omlx_cache, log)
         if peer == "omlx --no-warm-restart":
             return omlx_server(free_port(), omlx_cache, log, ["--no-warm-restart"])
+        if peer == "omlx before":
+            server = omlx_server(free_port(), work / "before-cache", log)
+            server.env = {"PYTHONPATH": str(args.before_src)}
+            return server
         if peer == "llama.cpp":
             return llama_cpp_server(free_port(), gguf, log, llama_home)
         return mlx_lm_server(free_port(), folder, log)
@@ -178,7 +190,7 @@ def main() -> None:
 
     # Yesterday: the turn computed once by the peers that keep it across a restart. omlx
     # is started twice more so its prepared weights copy exists, as on any later morning.
-    for peer in [p for p in peers if p in ("omlx", "llama.cpp")]:
+    for peer in [p for p in peers if p in ("omlx", "omlx before", "llama.cpp")]:
         with make(peer, f"yesterday-{peer}") as s:
             r = stream_chat(s.base_url, model_of(peer, s), turn, 8)
             print(f"yesterday {peer}: TTFT {r.ttft:.2f} s, prompt {r.prompt_tokens}", flush=True)
