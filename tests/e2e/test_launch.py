@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from omlx.app.launch.local_server import probe
 from tests.agent_model import MODEL_ID, REPLY
@@ -68,6 +69,7 @@ def test_launch_claude_runs_a_turn_on_a_server_it_starts_and_stops(
     assert "POST /v1/messages?beta=true" in log
 
 
+@pytest.mark.slow  # a real CLI's turn each (the default run keeps claude's)
 def test_launch_codex_exec_runs_a_turn_with_its_config_private(
     agent_clis, agent_model_dir, tmp_path
 ):
@@ -82,6 +84,7 @@ def test_launch_codex_exec_runs_a_turn_with_its_config_private(
     assert not (home / ".codex").exists()  # the user's Codex folder is never made or read
 
 
+@pytest.mark.slow  # a real CLI's turn each (the default run keeps claude's)
 def test_launch_opencode_run_runs_a_turn(agent_clis, agent_model_dir, tmp_path):
     out, log = _started(
         agent_clis, agent_model_dir, tmp_path, "opencode", "run", "What does this project do?"

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.server_process import ServerProcess
 from tests.storage_checks import assert_cache_invariants
@@ -89,6 +90,7 @@ def test_the_first_turn_after_a_restart_is_a_ram_hit(tiny_model_dir, tmp_path):
     assert_cache_invariants(cache)
 
 
+@pytest.mark.slow  # two more starts; the default run keeps the clean-stop test
 def test_a_crash_after_the_periodic_record_still_prefetches(tiny_model_dir, tmp_path: Path):
     cache = tmp_path / "cache"
     args = ("--model", str(tiny_model_dir), "--block-size", "16")
