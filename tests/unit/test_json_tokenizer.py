@@ -11,6 +11,7 @@ templates).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,7 +85,15 @@ TOOLS = [
         },
     }
 ]
-TEXTS = ["", "Hello world", "  two  spaces\n\ttab", "naïve café ✓ 日本語 🙂", "x = 1234567 + 89"]
+TEXTS = [
+    "",
+    "Hello world",
+    " leading space",
+    "  two  spaces\n\ttab",
+    "naïve café ✓ 日本語 🙂",
+    "x = 1234567 + 89",
+    "Don't stop . , ! ?",
+]
 
 
 def _with_template(folder: Path, template: object) -> Path:
@@ -126,6 +135,14 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     tools.mkdir()
     build_agent_tokenizer(tools, 1024)
     out["tools"] = _with_template(tools, TOOLS_TEMPLATE)
+    # The same vocabulary under the other tokenizer classes read from tokenizer.json alone.
+    for cls in ("GPT2TokenizerFast", "Qwen2Tokenizer", "CodeGenTokenizerFast", "TokenizersBackend"):
+        folder = root / cls
+        shutil.copytree(smollm, folder)
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config["tokenizer_class"] = cls
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+        out[cls] = folder
     named = root / "named"
     named.mkdir()
     build_agent_tokenizer(named, 1024)
@@ -139,7 +156,10 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-@pytest.mark.parametrize("name", ["smollm2", "tiny", "agent", "tools", "named"])
+CLASSES = ["GPT2TokenizerFast", "Qwen2Tokenizer", "CodeGenTokenizerFast", "TokenizersBackend"]
+
+
+@pytest.mark.parametrize("name", ["smollm2", "tiny", "agent", "tools", "named", *CLASSES])
 def test_encode_decode_vocab_and_special_tokens_equal_transformers(folders, name):
     folder = folders[name]
     assert (

@@ -19,6 +19,9 @@ then on, and its own classes (``TokenizerWrapper``, the detokenizers) stay the o
 everybody holds. The stand-in classes are never instantiated.
 
 Where ``transformers`` is imported already (a test, a library user), nothing is stood in.
+While mlx-lm's package runs (a third of a second), another thread's ``import transformers``
+would get the stand-ins: nothing in omlx imports it on another thread then (the model
+loading thread is the one importing mlx-lm; the HTTP stack never imports transformers).
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ from omlx.adapters.mlx.models.json_tokenizer import JsonTokenizer, read_json
 log = logging.getLogger(__name__)
 
 # Tokenizer classes whose transformers implementation is the ``tokenizer.json`` as it is:
-# no post-processor rebuilt from config flags, no text rewritten before or after.
+# no post-processor rebuilt from config flags, no text rewritten before or after (each is
+# held to transformers in tests/unit/test_json_tokenizer.py).
 PLAIN_CLASSES = frozenset(
     {
         "",
@@ -56,6 +57,8 @@ def why_not_json(folder: Path, config: Mapping[str, Any], extra: Mapping[str, An
         return "custom tokenizer code or template type"
     if config.get("add_bos_token") or config.get("add_eos_token"):
         return "add_bos_token/add_eos_token set (transformers rebuilds the post-processor)"
+    if "add_prefix_space" in config:
+        return "add_prefix_space set (transformers rebuilds the pre-tokenizer)"
     return ""
 
 
