@@ -28,7 +28,15 @@ from PIL import Image
 from tests.server_process import ServerProcess
 from tests.vlm_models import build_vlm
 
-FAMILIES = ["llava", "gemma3", "idefics3", "qwen2_vl", "qwen2_5_vl"]
+# The default run serves a sliding-window family and an M-RoPE one end to end; the other
+# three run with -m slow (tests/integration/test_vlm_engine.py drives all five every run).
+FAMILIES = [
+    pytest.param("llava", marks=pytest.mark.slow),
+    "gemma3",
+    pytest.param("idefics3", marks=pytest.mark.slow),
+    "qwen2_vl",
+    pytest.param("qwen2_5_vl", marks=pytest.mark.slow),
+]
 SYSTEM = "You describe screenshots for a developer, briefly. " * 6
 
 
