@@ -95,17 +95,7 @@ class Server:
 
     def start(self, timeout: float = 300.0, idle: bool = True) -> Server:
         """Spawn, wait for a 200 from ``ready_path`` (``started_s``), then for idle (``idle_s``)."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        self.spawned_at = time.time()
-        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(
-                self.argv,
-                env={**os.environ, **self.env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.cwd,
-            )
+        t0 = self.spawn()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -132,6 +122,21 @@ class Server:
         raise TimeoutError(
             f"{self.name} did not answer {self.ready_path} in {timeout}s:\n{self.log_tail()}"
         )
+
+    def spawn(self) -> float:
+        """Start the process, its output to ``log_path``; the ``perf_counter`` at the spawn."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        self.spawned_at = time.time()
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(
+                self.argv,
+                env={**os.environ, **self.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.cwd,
+            )
+        return t0
 
     def wait_idle(self, quiet: float = 0.05, window: float = 1.0, timeout: float = 60.0) -> None:
         """Wait until the process burns under ``quiet`` CPU seconds per ``window`` (model loaded).

@@ -19,10 +19,8 @@ Targets (issue 36): omlx <= 1.0x llama.cpp; omlx's time to ready (spawn -> /heal
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -96,16 +94,7 @@ class Watch:
 
 def timed_start(server: Server, model: str, messages: list[dict]) -> Start:
     """Spawn ``server`` and send ``messages`` at once (again while the port refuses)."""
-    server.log_path.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with open(server.log_path, "ab") as log:
-        server.proc = subprocess.Popen(
-            server.argv,
-            env={**os.environ, **server.env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=server.cwd,
-        )
+    t0 = server.spawn()
     watch = Watch(server.base_url + server.ready_path, t0)
     thread = threading.Thread(target=watch.run, daemon=True)
     thread.start()
