@@ -8,7 +8,7 @@ import logging
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from omlx.app.chat.templates import ChatRenderer, fold_system_messages
+from omlx.app.chat.templates import ChatRenderer
 from tests.tiny_model import build_tokenizer
 
 # Like Qwen's and Llama's: a system message anywhere but first raises.
@@ -50,7 +50,7 @@ def test_a_strict_template_renders_later_system_messages_folded(tmp_path, caplog
         "<|im_start|>system\nYou are an agent.<|im_end|>\n"
         "<|im_start|>user\nsay hi\n\n# Environment\ncwd: /tmp<|im_end|>\n<|im_start|>assistant\n"
     )
-    assert "accepts only a leading system message" in caplog.text
+    assert "refuses system messages after the first user message" in caplog.text
     # the next turn folds the same way, so it starts with the first turn's prompt and answer
     second = renderer.render(
         [
@@ -69,16 +69,6 @@ def test_a_template_that_accepts_them_renders_them_where_they_are(tmp_path):
     assert text.endswith(
         "<|im_start|>system\n# Environment\ncwd: /tmp<|im_end|>\n<|im_start|>assistant\n"
     )
-
-
-def test_folding_without_a_user_turn_joins_the_leading_system_message():
-    assert fold_system_messages(
-        [
-            {"role": "system", "content": "a"},
-            {"role": "system", "content": "b"},
-            {"role": "user", "content": "u"},
-        ]
-    ) == [{"role": "system", "content": "a\n\nb"}, {"role": "user", "content": "u"}]
 
 
 def test_a_template_that_drops_earlier_reasoning_is_reported_once(tmp_path, caplog):

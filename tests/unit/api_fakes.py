@@ -142,13 +142,15 @@ class FakeEngine:
         self.cancelled.append(job_id)
 
 
-def fake_container(engine: FakeEngine | None = None, **settings: Any) -> Container:
+def fake_container(
+    engine: FakeEngine | None = None, model: FakeModel | None = None, **settings: Any
+) -> Container:
     settings.setdefault("max_queued_requests", 4)
     settings.setdefault("default_max_tokens", 16)
     settings.setdefault("allowed_hosts", (TEST_CLIENT_HOST,))
     return bootstrap(
         Settings(**settings),
-        model=FakeModel(),
+        model=model or FakeModel(),
         engine=engine or FakeEngine(),
         grammars=FakeGrammarCompiler(),
         # An engine that runs a real prefix cache (the cache-control tests) shares it.

@@ -1,21 +1,22 @@
 """Chat templates as omlx uses them: API-neutral chat messages in, prompt text and tokens out.
 
 A conversation's next turn should start with exactly the tokens of its previous turn plus
-what the model produced (DESIGN §1: that prefix is what the cache restores). Two things
+what the model produced (DESIGN §1: that prefix is what the cache restores). Three things
 templates do not do by themselves, and this module does:
 
-- *System messages after the first.* Claude Code sends its environment block as a system
-  message after the first user turn; templates that accept only a leading system message
-  raise on it. Such messages are then folded into the user message before them (or into
-  the leading system message): the same fold every turn, so the next turn's prefix holds.
+- *Messages a strict template refuses.* Claude Code and Codex send system messages after
+  the first turn and user text right after tool results; Mistral's, Gemma's and Qwen's
+  templates raise on some of these. What a template refuses is probed once per model and
+  such messages are reshaped (``template_fit``) inside the run of messages that came with
+  them, the same way every turn, so no earlier turn's rendering changes.
 - *Reasoning of earlier assistant turns.* A template that renders ``reasoning_content`` gets
   it there; for one that does not, it is put back inline between the model's own think
   markers, as the model wrote it.
+- *Tools a template does not render*: omlx's fallback (``tool_calls.fallback``) shows them
+  in the system turn, logged once per model.
 
 Templates that rewrite history themselves (e.g. drop earlier reasoning) are detected once
-per model with a probe conversation and reported in the log. So are templates that render
-no ``tools``: those get omlx's fallback (``tool_calls.fallback``), which shows the tools in
-the system turn, logged once per model.
+per model with a probe conversation and reported in the log.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from omlx.app.chat.template_fit import TemplateLimits, fit, probe_limits
 from omlx.app.chat.tool_calls import fallback
 from omlx.app.errors import InvalidRequest
 from omlx.domain.json_values import JsonObject
@@ -37,31 +39,6 @@ class RenderedPrompt:
 
     text: str
     tokens: list[int]
-
-
-def fold_system_messages(messages: list[JsonObject]) -> list[JsonObject]:
-    """Leading system messages merged into one; each later one appended to the user turn before it.
-
-    With no user turn before it, a later system message joins the leading system message.
-    """
-    out: list[JsonObject] = []
-    for message in messages:
-        if message.get("role") != "system":
-            out.append(dict(message))
-            continue
-        text = _text(message.get("content"))
-        target = next((m for m in reversed(out) if m.get("role") == "user"), None)
-        if target is None and out and out[0].get("role") == "system":
-            target = out[0]
-        if target is None:
-            out.insert(0, {"role": "system", "content": text})
-            continue
-        if isinstance(target.get("content"), list):  # a turn with images: parts kept
-            target["content"] = [*target["content"], {"type": "text", "text": f"\n\n{text}"}]
-            continue
-        joined = _text(target.get("content"))
-        target["content"] = f"{joined}\n\n{text}" if joined else text
-    return out
 
 
 def _text(content: Any) -> str:
@@ -82,7 +59,7 @@ class ChatRenderer:
         think = (getattr(tokenizer, "think_start", None), getattr(tokenizer, "think_end", None))
         has_thinking = getattr(tokenizer, "has_thinking", False) and all(think)
         self.think: tuple[str, str] | None = think if has_thinking else None  # type: ignore[assignment]
-        self._fold_system = False  # learned once: the template rejects a later system message
+        self._limits: TemplateLimits | None = None  # learned once, by probes
         self._probed = False
         self._renders_tools: bool | None = None  # learned once, by a probe
 
@@ -115,29 +92,44 @@ class ChatRenderer:
             self._probed = True
             self._report_history_rewrites()
         kwargs: JsonObject = {**(template_kwargs or {}), "add_generation_prompt": True}
+        prepared = self._prepared(messages, tools, kwargs)
+        return self._apply(fit(prepared, self.limits()), kwargs)
+
+    def limits(self) -> TemplateLimits:
+        """What this template refuses (probed at first use; the log says what, once)."""
+        if self._limits is None:
+            self._limits = probe_limits(self._probe)
+            if self._limits.strict:
+                log.info(
+                    "the chat template of %s refuses %s: omlx joins such messages to their "
+                    "neighbours in the same turn, the same way every turn (docs/api.md, strict "
+                    "chat templates)",
+                    self.model_id,
+                    "; ".join(self._limits.refused()),
+                )
+        return self._limits
+
+    def _probe(self, messages: list[JsonObject]) -> str | None:
+        kwargs: JsonObject = {"add_generation_prompt": True}
+        try:
+            return self._apply(self._prepared(messages, None, kwargs), kwargs)
+        except InvalidRequest:
+            return None
+
+    def _prepared(
+        self, messages: list[JsonObject], tools: list[JsonObject] | None, kwargs: JsonObject
+    ) -> list[JsonObject]:
+        """``messages`` with reasoning and tools where this template shows them (``tools``
+        go into ``kwargs`` where the template renders them itself)."""
         messages = [self._inline_reasoning(m) for m in messages]
         if tools and not self.renders_tools():
-            messages = fallback.with_tools_in_system(fallback.inline_calls(messages), tools)
-        elif tools:
+            return fallback.with_tools_in_system(fallback.inline_calls(messages), tools)
+        if tools:
             kwargs["tools"] = tools
-        elif not self.renders_tools():
-            messages = fallback.inline_calls(messages)
-        folded = fold_system_messages(messages) if _has_later_system(messages) else messages
-        if self._fold_system and folded is not messages:
-            return self._apply(folded, kwargs)
-        try:
-            return self._apply(messages, kwargs)
-        except InvalidRequest:
-            if folded is messages:
-                raise
-        text = self._apply(folded, kwargs)
-        self._fold_system = True
-        log.info(
-            "the chat template of %s accepts only a leading system message: later system "
-            "messages are folded into the user turn before them",
-            self.model_id,
-        )
-        return text
+            return messages
+        if not self.renders_tools():
+            return fallback.inline_calls(messages)
+        return messages
 
     def _apply(self, messages: list[JsonObject], kwargs: JsonObject) -> str:
         try:
@@ -193,14 +185,3 @@ class ChatRenderer:
 
     def render_raw(self, messages: list[JsonObject]) -> str:
         return self._apply(messages, {"add_generation_prompt": True})
-
-
-def _has_later_system(messages: list[JsonObject]) -> bool:
-    seen_other = False
-    for message in messages:
-        if message.get("role") != "system":
-            seen_other = True
-        elif seen_other:
-            return True
-    # Several leading system messages: some templates accept only one.
-    return sum(1 for m in messages if m.get("role") == "system") > 1
