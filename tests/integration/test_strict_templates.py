@@ -6,7 +6,7 @@ Claude Code's shapes over /v1/messages: system blocks with its billing header, i
 environment as a system message after the first user turn, tool_use and tool_result,
 <system-reminder> text in user turns beside tool results, a late system message after a
 tool result and one after an answer. OpenAI-shaped system messages mid-conversation over
-/v1/chat/completions. The engine is a fake that records the prompt tokens it is given.
+/v1/chat/completions; Codex's developer messages over /v1/responses. The engine is a fake that records the prompt tokens it is given.
 """
 
 from __future__ import annotations
@@ -153,6 +153,47 @@ OPENAI_TOOLS = [
 ]
 
 
+def fc(n: int, name: str) -> dict:
+    return {
+        "type": "function_call",
+        "call_id": f"call_{n:02d}Xq7Lm2Pz",
+        "name": name,
+        "arguments": "{}",
+    }
+
+
+def fc_out(n: int, output: str) -> dict:
+    return {"type": "function_call_output", "call_id": f"call_{n:02d}Xq7Lm2Pz", "output": output}
+
+
+def said(role: str, t: str) -> dict:
+    kind = "output_text" if role == "assistant" else "input_text"
+    return {"type": "message", "role": role, "content": [{"type": kind, "text": t}]}
+
+
+# Codex's shape over /v1/responses: developer messages first and mid-session, its environment
+# as a second user message, calls and their outputs.
+CODEX = [
+    (
+        None,
+        [
+            said("developer", "<permissions>workspace-write</permissions>"),
+            said("user", "<environment_context>cwd /w</environment_context>"),
+            said("user", "Fix the test"),
+        ],
+    ),
+    (fc(1, "shell"), [fc_out(1, "1 failed")]),
+    (fc(2, "shell"), [fc_out(2, "def add"), said("developer", "Approval policy: never")]),
+    (said("assistant", "Fixed."), [said("developer", "<turn_aborted/>"), said("user", "Docs")]),
+    (fc(3, "apply_patch"), [fc_out(3, "Success")]),
+    (said("assistant", "Done."), [said("user", "Thanks")]),
+]
+CODEX_TOOLS = [
+    {"type": "function", "name": n, "parameters": {"type": "object"}}
+    for n in ("shell", "apply_patch")
+]
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory):
     folder = template_folder(tmp_path_factory.mktemp(request.param), request.param)
@@ -174,6 +215,7 @@ def run(family, send) -> list[list[int]]:
 
 
 def conversation(turns, k: int) -> list[dict]:
+    """Turn ``k``'s messages: every turn's new messages, each after the model's answer."""
     messages: list[dict] = []
     for answer, new in turns[: k + 1]:
         if answer is not None:
@@ -230,4 +272,25 @@ def test_openai_system_messages_mid_conversation_each_extend_the_previous_prompt
     assert len(prompts) == len(OPENAI)
     texts = ["You are a coding agent.", "cwd: /w", "Note", "hurry", "Approval mode: never"]
     texts += ["Now the docs", "Session ends", "b.py"]
+    assert_each_turn_extends_the_previous(prompts, family[1], texts)
+
+
+def test_codex_developer_messages_mid_session_each_extend_the_previous_prompt(family):
+    def send(client, k):
+        if k == len(CODEX):
+            return None
+        body = {
+            "model": family[0],
+            "instructions": "You are Codex.",
+            "input": conversation(CODEX, k),
+            "tools": CODEX_TOOLS,
+            "max_output_tokens": 8,
+            "store": False,
+        }
+        return client.post("/v1/responses", json=body)
+
+    prompts = run(family, send)
+    assert len(prompts) == len(CODEX)
+    texts = ["You are Codex.", "workspace-write", "cwd /w", "Approval policy: never"]
+    texts += ["<turn_aborted/>", "Docs", "Success", "Thanks"]
     assert_each_turn_extends_the_previous(prompts, family[1], texts)
