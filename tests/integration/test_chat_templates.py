@@ -82,6 +82,22 @@ def test_a_template_that_drops_earlier_reasoning_is_reported_once(tmp_path, capl
     assert "drops the reasoning of earlier turns" in caplog.text
 
 
+def test_a_template_that_moves_the_tools_to_the_latest_user_message_is_reported(tmp_path, caplog):
+    # Like Mistral Small 3.1's: the tools go right before the last user message.
+    moving = (
+        "{% for message in messages %}"
+        "{% if message['role'] == 'user' and loop.last and tools %}"
+        "{{ '[TOOLS]' + tools | tojson + '[/TOOLS]' }}{% endif %}"
+        "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    with caplog.at_level(logging.WARNING, logger="omlx.app.chat.templates"):
+        ChatRenderer(tokenizer(tmp_path, moving), "moving").render(
+            [{"role": "user", "content": "hi"}]
+        )
+    assert "moves the tools to the latest user message" in caplog.text
+
+
 @pytest.mark.parametrize("template", [STRICT, FORGETFUL])
 def test_reasoning_goes_back_inline_for_templates_without_reasoning_content(tmp_path, template):
     tok = tokenizer(tmp_path, template)

@@ -175,13 +175,27 @@ class ChatRenderer:
             problem = "does not render the previous answer after the previous prompt"
         elif self.think is not None and "hmm" not in second:
             problem = "drops the reasoning of earlier turns"
+        elif self.renders_tools() and not self._keeps_tools_in_place(ask, answer):
+            problem = "moves the tools to the latest user message"
         if problem:
             log.warning(
                 "the chat template of %s rewrites history: it %s; a follow-up turn's cached "
-                "prefix ends where the previous answer begins",
+                "prefix ends where the rewrite begins",
                 self.model_id,
                 problem,
             )
+
+    def _keeps_tools_in_place(self, ask: JsonObject, answer: JsonObject) -> bool:
+        """Whether a follow-up renders the tools where the previous turn had them (Mistral
+        Small 3.1's template shows them before the latest user message instead)."""
+        kwargs: JsonObject = {"add_generation_prompt": True, "tools": fallback.probe_tools()}
+        again = {"role": "user", "content": "again"}
+        try:
+            first = self._apply([ask], kwargs)
+            second = self._apply([ask, self._inline_reasoning(answer), again], kwargs)
+        except InvalidRequest:
+            return True  # nothing to report of a template this probe does not suit
+        return second.startswith(first)
 
     def render_raw(self, messages: list[JsonObject]) -> str:
         return self._apply(messages, {"add_generation_prompt": True})
