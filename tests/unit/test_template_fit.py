@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from omlx.app.chat.template_fit import TemplateLimits, fit, probe_limits
 
-NO_LATE_SYSTEM = TemplateLimits(late_system=False)
+NO_LATE = TemplateLimits(late_system=False)
 STRICTEST = TemplateLimits(
     system_role=False, late_system=False, tool_role=False, adjacent_user=False
 )
@@ -56,7 +56,7 @@ def test_a_late_system_message_after_a_tool_result_joins_that_result_not_the_use
         tool("1 failed"),
         system("Tool loaded."),
     ]
-    assert fit(messages, NO_LATE_SYSTEM) == [
+    assert fit(messages, NO_LATE) == [
         system("rules"),
         user("fix it\n\nenv"),
         call("toolu_0001"),
@@ -66,18 +66,18 @@ def test_a_late_system_message_after_a_tool_result_joins_that_result_not_the_use
 
 def test_after_an_answer_a_late_system_message_joins_the_message_after_it():
     messages = [system("rules"), user("q"), assistant("a"), system("note"), user("q2")]
-    assert fit(messages, NO_LATE_SYSTEM)[-1] == user("note\n\nq2")
+    assert fit(messages, NO_LATE)[-1] == user("note\n\nq2")
     # with nothing after it (the request ends there), it is a user turn of its own,
     # as it stays once the model's answer follows it
     ends = [system("rules"), user("q"), assistant("a"), system("note"), system("more")]
-    assert fit(ends, NO_LATE_SYSTEM)[-1] == user("note\n\nmore")
-    answered = fit([*ends, assistant("b")], NO_LATE_SYSTEM)
+    assert fit(ends, NO_LATE)[-1] == user("note\n\nmore")
+    answered = fit([*ends, assistant("b")], NO_LATE)
     assert answered[-2:] == [user("note\n\nmore"), assistant("b")]
 
 
 def test_leading_system_messages_become_one_and_join_the_first_user_turn_without_a_system_role():
     messages = [system("a"), system("b"), user("u"), system("env")]
-    assert fit(messages, NO_LATE_SYSTEM) == [system("a\n\nb"), user("u\n\nenv")]
+    assert fit(messages, NO_LATE) == [system("a\n\nb"), user("u\n\nenv")]
     assert fit(messages, STRICTEST) == [user("a\n\nb\n\nu\n\nenv")]
     assert fit([system("a"), assistant("hi")], STRICTEST) == [user("a"), assistant("hi")]
 
@@ -118,6 +118,8 @@ _LIMITS = [TemplateLimits(*flags) for flags in itertools.product([True, False], 
 
 @settings(max_examples=300, deadline=None)
 @given(lead=st.integers(0, 2), runs=_RUNS, limits=st.sampled_from(_LIMITS))
+@example(lead=1, runs=[(["user", "system"], False), (["system"], True)], limits=NO_LATE)
+@example(lead=2, runs=[(["user"], False), (["tool", "user", "system"], True)], limits=STRICTEST)
 def test_no_turn_rewrites_what_the_previous_turn_was_given(lead, runs, limits):
     texts = (f"<{i}>" for i in itertools.count())
     messages = [system(next(texts)) for _ in range(lead)]
@@ -166,3 +168,29 @@ def test_the_probes_find_what_a_template_refuses():
     assert gathered == TemplateLimits(late_system=False)
     # one that refuses even a lone user message teaches nothing: messages go as they are
     assert probe_limits(lambda ms: None) == TemplateLimits()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lead=st.integers(0, 2),
+    runs=_RUNS,
+    more=st.sampled_from(["user", "system"]),
+    limits=st.sampled_from(_LIMITS),
+)
+@example(lead=0, runs=[(["user"], False), (["system"], False)], more="user", limits=NO_LATE)
+@example(lead=1, runs=[(["user", "tool"], True)], more="user", limits=STRICTEST)
+def test_a_turn_sent_again_with_a_new_message_changes_only_the_end_of_its_last_message(
+    lead, runs, more, limits
+):
+    # A cancelled turn resent with a new user message or note: the run grows unanswered.
+    messages = [system(f"<s{i}>") for i in range(lead)]
+    for k, (roles, calls) in enumerate(runs):
+        if k:
+            messages.append(call(f"<a{k}>") if calls else assistant(f"<a{k}>"))
+        messages += [{"role": r, "content": f"<{k}.{j}>"} for j, r in enumerate(roles)]
+    before = fit(messages, limits)
+    after = fit([*messages, {"role": more, "content": "<more>"}], limits)
+    assert after[: len(before) - 1] == before[:-1]
+    last, grown = before[-1], after[len(before) - 1]
+    assert {**grown, "content": None} == {**last, "content": None}
+    assert grown["content"].startswith(last["content"])
