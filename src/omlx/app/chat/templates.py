@@ -110,9 +110,11 @@ class ChatRenderer:
         return self._limits
 
     def _probe(self, messages: list[JsonObject]) -> str | None:
+        # With tools where the template renders them, as agents' requests come.
+        tools = fallback.probe_tools() if self.renders_tools() else None
         kwargs: JsonObject = {"add_generation_prompt": True}
         try:
-            return self._apply(self._prepared(messages, None, kwargs), kwargs)
+            return self._apply(self._prepared(messages, tools, kwargs), kwargs)
         except InvalidRequest:
             return None
 
