@@ -401,6 +401,7 @@ def test_computed_by_is_read_back_everywhere_a_row_is_and_goes_on_downgrade(
     assert index.children(first.key, 4) == [named]
     assert index.nearest_children(first.key, tokens1, 2) == [(named, tuple(tokens1))]
     assert index.lru_blocks(2) == [old, named]
+    assert index.usage_by_computer() == [("studio-1", 1, named.nbytes), (None, 1, old.nbytes)]
     index.close()
 
     command.downgrade(alembic_config(index_url), "0018")
