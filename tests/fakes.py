@@ -391,6 +391,7 @@ class FakeBlockSink:
             now,
             now,
             kind=meta.kind,
+            computed_by=meta.computed_by or None,
         )
         self.index.upsert_namespace(namespace)
         # Tokens recorded as the real writer does (the index ranks siblings by them).
@@ -532,6 +533,7 @@ class FakeColdSource:
             0.0,
             0.0,
             kind=meta.kind,
+            computed_by=meta.computed_by or None,
         )
 
     def present(self, keys: Sequence[str]) -> set[str]:

@@ -118,7 +118,8 @@ def check_claude_code_pins(claude: ClaudeCode, agent_server: ServerProcess) -> N
     assert all(p["held_blocks"] >= p["blocks"] - 1 for p in marked)
     claude.ask("--continue", "And where are the tests?")
     lines = re.findall(
-        r"cache: (cached=\d+; tier=\w+(?:; diverged_at=\d+; message=\d+; role=\w+)?)",
+        r"cache: (cached=\d+; tier=\w+(?:; computed_by=[^;\s]+)?"
+        r"(?:; diverged_at=\d+; message=\d+; role=\w+)?)",
         agent_server.read_log(),
     )
     assert len(lines) >= 2, lines

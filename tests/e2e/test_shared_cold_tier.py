@@ -60,6 +60,34 @@ def chat(server: ServerProcess, user: str, system: str = SYSTEM, max_tokens: int
     )
 
 
+def reported(server: ServerProcess, messages: list[dict[str, str]], session: str):
+    """A chat turn sent under a session key, with its ``x-omlx-cache`` header as fields."""
+    client = openai.OpenAI(
+        base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=120
+    )
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny-llama",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=8,
+        temperature=0,
+        extra_headers={"X-Session-ID": session},
+    )
+    header = dict(part.split("=", 1) for part in raw.headers["x-omlx-cache"].split("; "))
+    return raw.parse(), header
+
+
+def hit_tokens(server: ServerProcess) -> dict[tuple[str, str], float]:
+    """``omlx_cache_hit_tokens_total`` by (tier, origin)."""
+    return {
+        (tier, origin): _metric(
+            server,
+            f'omlx_cache_hit_tokens_total{{model="tiny-llama",origin="{origin}",tier="{tier}"}}',
+        )
+        for tier in ("hot", "ssd")
+        for origin in ("self", "peer", "unknown")
+    }
+
+
 def rows(url: str) -> int:
     index = connect_index(url, migrate=False)
     try:
@@ -133,9 +161,30 @@ def test_b_restores_the_prefix_a_computed(
         first = chat(a, "List the files.")
         assert first.usage.prompt_tokens_details.cached_tokens == 0
         settle(pg_url, at_least=first.usage.prompt_tokens // 16)
-        replay = chat(b, "List the files.")  # B's RAM is empty: every block comes from A's files
-        assert replay.usage.prompt_tokens_details.cached_tokens == replay.usage.prompt_tokens - 1
+        turn = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "List the files."},
+        ]
+        # B's RAM is empty: every block comes from A's files, and the report says whose.
+        replay, header = reported(b, turn, "session-1")
+        restored = replay.usage.prompt_tokens_details.cached_tokens
+        assert restored == replay.usage.prompt_tokens - 1
         assert replay.choices[0].message.content == first.choices[0].message.content
+        assert (header["tier"], header["computed_by"]) == ("ssd", "a")
+        assert hit_tokens(b)[("ssd", "peer")] == restored
+        # The session's next turn on B: A's blocks are in B's RAM now. B's greedy answer is
+        # A's, so the block that holds its first tokens has A's key: B kept its own copy
+        # only if its restore took A's partial block rather than A's whole one.
+        answer = {"role": "assistant", "content": replay.choices[0].message.content or ""}
+        follow = [*turn, answer, {"role": "user", "content": "Now the tests."}]
+        after, header = reported(b, follow, "session-1")
+        hits = hit_tokens(b)
+        assert header["tier"] == "hot"
+        assert header["computed_by"] == ("b" if hits[("hot", "self")] else "a")
+        assert hits[("hot", "peer")] >= first.usage.prompt_tokens // 16 * 16  # A's whole blocks
+        assert sum(hits.values()) == restored + after.usage.prompt_tokens_details.cached_tokens
+        assert hits[("ssd", "self")] == hits[("ssd", "unknown")] == hits[("hot", "unknown")] == 0
+        assert "session 'session-1'" in b.read_log()
         assert "cache folder reconciled" in a.read_log() + b.read_log()
         clean_logs(a, b)
     assert (

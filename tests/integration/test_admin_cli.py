@@ -59,6 +59,12 @@ def test_stats_and_json(tmp_path: Path) -> None:
 
     ns, other = make_namespace("alpha"), make_namespace("beta")
     a, b = _populate(tmp_path, ns, 3), _populate(tmp_path, other, 2, seed=1)
+    index = open_index(tmp_path)  # alpha's blocks computed by one server, beta's unrecorded
+    with index.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE blocks SET computed_by = 'studio-1' WHERE namespace = ?", (ns.digest,)
+        )
+    index.close()
     result = _run("cache", "stats", "--cache-dir", str(tmp_path))
     assert result.exit_code == 0
     assert "alpha" in result.output and "beta" in result.output and "5 blocks" in result.output
@@ -72,6 +78,13 @@ def test_stats_and_json(tmp_path: Path) -> None:
         x.nbytes for x in a + b
     )
     assert report["index"]["revision"] == head_revision() and report["server_pid"] is None
+    assert [(c["server"], c["blocks"]) for c in report["computed_by"]] == [
+        ("studio-1", 3),
+        (None, 2),
+    ]
+    assert (
+        "computed by:  studio-1 3 blocks" in result.output and "; unknown 2 blocks" in result.output
+    )
     with CacheDirLock(tmp_path):
         report = json.loads(_run("cache", "stats", "--json", "--cache-dir", str(tmp_path)).stdout)
         assert report["server_pid"] == os.getpid()

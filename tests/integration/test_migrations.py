@@ -371,3 +371,45 @@ def test_image_rows_show_in_their_view_count_in_cache_usage_go_with_their_block_
     engine.dispose()
     upgrade(index_url)
     assert current_revision(index_url) == head_revision()
+
+
+def test_computed_by_is_read_back_everywhere_a_row_is_and_goes_on_downgrade(
+    tmp_path: Path, index_url: str
+) -> None:
+    from dataclasses import replace
+
+    from alembic import command
+
+    from omlx.adapters.sqlindex.migrate import alembic_config
+
+    index, store = connect_index(index_url), FileBlockStore(tmp_path)
+    ns = make_namespace()
+    index.upsert_namespace(ns)
+    (first, _, data0), (second, tokens1, data1) = make_chain(ns, 2)
+    old = record_block(store, index, ns, first, data0)  # as a writer before 0019: no name
+    checksum = hashlib.sha256(data1).hexdigest()
+    rel = store.relpath(ns, second.key, checksum)
+    store.write(rel, data1)
+    size = second.token_count
+    named = StoredBlock(
+        second.key, ns.digest, first.key, size, len(data1), checksum, rel, 2.0, 2.0,
+        computed_by="studio-1",
+    )  # fmt: skip
+    assert index.add_block(named, tokens1)
+    assert index.get_blocks([old.key, named.key]) == {old.key: old, named.key: named}
+    assert old.computed_by is None
+    assert index.children(first.key, 4) == [named]
+    assert index.nearest_children(first.key, tokens1, 2) == [(named, tuple(tokens1))]
+    assert index.lru_blocks(2) == [old, named]
+    assert index.usage_by_computer() == [("studio-1", 1, named.nbytes), (None, 1, old.nbytes)]
+    index.close()
+
+    command.downgrade(alembic_config(index_url), "0018")
+    engine = _engine(index_url)
+    assert "computed_by" not in {c["name"] for c in inspect(engine).get_columns("blocks")}
+    engine.dispose()
+    upgrade(index_url)
+    index = connect_index(index_url)
+    assert index.get_blocks([named.key]) == {named.key: replace(named, computed_by=None)}
+    index.close()
+    assert_cache_invariants(tmp_path, index_url=index_url)

@@ -8,6 +8,7 @@ cache held, and no-store's "keeps nothing" is checked on the cold tier's writes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -31,7 +32,9 @@ class CachingEngine:
 
     def __init__(self, block_size: int = 8, hot_bytes: int = 1 << 30, cold: bool = True) -> None:
         self.cold = FakeColdSource()
-        self.prefix_cache = make(block_size, hot_bytes, cold=self.cold if cold else None)
+        self.prefix_cache = make(
+            block_size, hot_bytes, cold=self.cold if cold else None, server_id="here"
+        )
         self.submitted: list[GenerationRequest] = []
         self.active = self.queued = 0
         self.kv_token_capacity: int | None = None
@@ -131,12 +134,21 @@ def test_a_cold_turn_then_a_follow_up_name_where_the_prompt_left_the_cache(app) 
     }
     follow = fields(chat(client, TURN2).headers["x-omlx-cache"])
     assert follow["tier"] == "hot" and int(follow["cached"]) > 40
+    assert follow["computed_by"] == "here"  # this server's own blocks
     # The first turn's prompt ended with the generation prompt "<assistant>": the cache
     # holds it, and the new assistant message is where the prompt goes on.
     assert (follow["message"], follow["role"]) == ("2", "assistant")
     assert follow["diverged_at"] == follow["cached"]
     again = fields(chat(client, TURN2).headers["x-omlx-cache"])
-    assert again == {"cached": str(int(again["cached"])), "tier": "hot"}  # a full hit
+    assert again == {"cached": again["cached"], "tier": "hot", "computed_by": "here"}  # full hit
+    hits = {
+        line.split("{")[1].split("}")[0]: float(line.split()[-1])
+        for line in client.get("/metrics").text.splitlines()
+        if line.startswith("omlx_cache_hit_tokens_total{")
+    }
+    restored = int(follow["cached"]) + int(again["cached"])
+    assert hits[f'model="{MODEL}",origin="self",tier="hot"'] == restored
+    assert sum(hits.values()) == restored  # no peer's, none from disk
 
 
 @pytest.mark.parametrize(
@@ -287,3 +299,64 @@ def test_recent_reports_are_listed_newest_first_for_a_dashboard(app) -> None:
     assert [r["route"] for r in recent] == ["/v1/chat/completions"] * 2
     assert recent[0]["model"] == MODEL and recent[0]["role"] == "assistant"
     assert recent[1]["cached_tokens"] == 0 and recent[1]["tier"] == "none"
+
+
+def test_the_session_a_request_names_is_reported_never_acted_on(app) -> None:
+    client, engine = app
+    chat(client, FIRST)
+    named = client.post(
+        "/v1/chat/completions",
+        headers={"X-Session-ID": "conv-7", "X-SMG-Routing-Key": "r-9"},
+        json={"model": MODEL, "messages": TURN2, "prompt_cache_key": "p-1"},
+    )
+    plain = chat(client, TURN2, prompt_cache_key="p-1")
+    assert named.json()["choices"] == plain.json()["choices"]
+    assert "conv-7" not in named.headers["x-omlx-cache"]  # a client's value stays out of it
+    assert engine.submitted[1].session == "conv-7" and engine.submitted[2].session == "p-1"
+    timed = [replace(r, render_seconds=0.0, grammar_seconds=0.0) for r in engine.submitted[1:]]
+    assert timed[0] == timed[1]  # the same request but for its session (never compared)
+    client.post(
+        "/v1/messages",
+        json={
+            "model": MODEL,
+            "max_tokens": 8,
+            "metadata": {"user_id": "user_abc_session_42"},
+            "messages": FIRST[1:],
+        },
+    )
+    recent = client.get("/v1/cache/recent").json()["data"]
+    assert [(r["session"], r["session_source"]) for r in recent[:3]] == [
+        ("user_abc_session_42", "metadata.user_id"),
+        ("p-1", "prompt_cache_key"),
+        ("conv-7", "x-session-id"),
+    ]
+    assert recent[1]["computed_by"] == "here" and recent[3]["session"] is None
+    explained = client.post(
+        "/v1/cache/explain",
+        headers={"x-smg-routing-key": "r-9"},
+        json={"model": MODEL, "messages": TURN2},
+    ).json()
+    assert (explained["session"], explained["computed_by"]) == ("r-9", "here")
+    requests = client.get("/v1/dashboard/state").json()["requests"]
+    assert [r["session"] for r in requests] == ["user_abc_session_42", "p-1", "conv-7", ""]
+
+
+def test_a_malformed_session_key_is_a_400_naming_its_source(app) -> None:
+    client, engine = app
+    r = client.post(
+        "/v1/chat/completions",
+        headers={"x-session-id": "s" * 600},
+        json={"model": MODEL, "messages": FIRST},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "x-session-id"
+    r = client.post(
+        "/v1/messages",
+        json={
+            "model": MODEL,
+            "max_tokens": 8,
+            "metadata": {"user_id": "a\nb"},
+            "messages": FIRST[1:],
+        },
+    )
+    assert r.status_code == 400 and "metadata.user_id" in r.json()["error"]["message"]
+    assert engine.submitted == []

@@ -206,6 +206,15 @@ def test_children_are_this_namespaces_rows_only(rig: Rig) -> None:
     assert [c.key for c in rig.tier.children(root)] == [rig.chain[1][0].key]
 
 
+def test_rows_and_children_name_the_server_that_computed_each_block(rig: Rig) -> None:
+    named = replace(rig.row(1), computed_by="studio-2")
+    rig.index.blocks[named.key] = named
+    root, key = rig.chain[0][0].key, rig.chain[1][0].key
+    assert [c.computed_by for c in rig.tier.children(root)] == ["studio-2"]
+    assert [c.computed_by for c in rig.tier.children(root, rig.chain[1][1])] == ["studio-2"]
+    assert rig.tier.rows([rig.chain[0][0].key, key])[key].computed_by == "studio-2"
+
+
 def test_a_long_chain_asks_the_index_for_its_head_first() -> None:
     """A new 40-block prompt costs one small query; a stored one is served whole in two."""
     rig = _rig(40)

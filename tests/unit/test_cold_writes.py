@@ -11,6 +11,7 @@ import errno
 import hashlib
 import inspect
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -106,6 +107,17 @@ def test_the_file_comes_first_and_an_existing_key_is_skipped() -> None:
     assert rig.writes.admit(block[0], NS, SIZE) is WriteOutcome.EXISTING  # before any file
     assert len(rig.store.files) == 1
     assert_invariant(rig.store, rig.index, rig.budget.max_bytes)
+
+
+def test_a_row_names_the_server_that_computed_its_block_and_first_writer_wins() -> None:
+    a = _rig(shared=True)
+    b = Rig(a.store, a.index, a.budget, a.clock, shared=True)
+    (meta, data), (unnamed, data1) = _chain(2)
+    assert a.write((replace(meta, computed_by="a"), data)) is WriteOutcome.WRITTEN
+    assert b.file((replace(meta, computed_by="b"), data)) is WriteOutcome.LOST_RACE
+    assert a.write((unnamed, data1)) is WriteOutcome.WRITTEN  # an import: nobody named
+    assert [r.computed_by for r in a.index.blocks.values()] == ["a", None]
+    assert_invariant(a.store, a.index, a.budget.max_bytes)
 
 
 def test_the_budget_evicts_least_recently_used_first() -> None:

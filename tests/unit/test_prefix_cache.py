@@ -364,6 +364,9 @@ def test_a_failing_lookup_is_a_miss_and_leaks_no_pins() -> None:
         def get(self, key: str, parent_key: str):  # type: ignore[override]
             raise RuntimeError("bug in the cold tier")
 
+        def rows(self, keys):  # type: ignore[override]
+            raise RuntimeError("bug in the cold tier")
+
     bs = 16
     pc = make(bs, cold=ExplodingCold())
     prompt = seq(3 * bs + 1)

@@ -95,6 +95,9 @@ class GenerationRequest:
     # chain keys and the index's answer): the engine's lookup starts from it instead of
     # hashing the prompt and asking the index again.
     cache_probe: CachedPrefix | None = field(default=None, compare=False)
+    # The session the client or its proxy named (``X-Session-ID``, ...): logged with the
+    # request's summary line, never acted on.
+    session: str | None = field(default=None, compare=False)
     # The prompt's images, in the order of their places in the rendered prompt (a VLM's).
     images: tuple[PromptImage, ...] = field(default=(), compare=False)
 

@@ -31,6 +31,7 @@ BLOCK_COLUMNS = (  # in StoredBlock's field order
     _B.last_access,
     _B.hit_count,
     _B.kind,
+    _B.computed_by,
 )
 _COLUMNS = ", ".join(c.name for c in BLOCK_COLUMNS)
 _ORDER_CHILDREN = "ORDER BY last_access DESC, created_at DESC, key LIMIT"

@@ -81,6 +81,8 @@ class BlockRow(Base):
     # kv: a block's KV; state / window: a restore point's snapshot or window KV; external:
     # a library caller's block; image: a VLM's image rows (domain.keys)
     kind: Mapped[str] = mapped_column(String(8), nullable=False, server_default="kv")
+    # The server_id of the server that computed it (NULL: written before 0019, or imported).
+    computed_by: Mapped[str | None] = mapped_column(String, nullable=True)
 
 
 class BlockHeadRow(Base):

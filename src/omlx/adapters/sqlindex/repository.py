@@ -307,6 +307,17 @@ class SqlBlockIndex:
         with self._available.guard(), self._read() as session:
             return [NamespaceUsage(*row) for row in session.execute(stmt)]
 
+    def usage_by_computer(self) -> list[tuple[str | None, int, int]]:
+        """(``computed_by``, blocks, bytes) per server that computed blocks (None: not
+        recorded), most bytes first: each server's share of a shared cold tier."""
+        stmt = (
+            select(_B.computed_by, func.count(), func.coalesce(func.sum(_B.nbytes), 0))
+            .group_by(_B.computed_by)
+            .order_by(func.sum(_B.nbytes).desc(), _B.computed_by.nulls_last())
+        )
+        with self._available.guard(), self._read() as session:
+            return [(by, int(n), int(nbytes)) for by, n, nbytes in session.execute(stmt)]
+
     def all_relpaths(self) -> set[str]:
         with self._available.guard(), self._read() as session:
             return set(session.scalars(select(_B.relpath)))

@@ -38,6 +38,7 @@ from omlx.app.cache_controls.service import (
     PinView,
     TenantUsage,
 )
+from omlx.app.cache_controls.session_key import choose_session_key
 from omlx.app.chat.pipeline import ChatRequest
 from omlx.app.errors import InvalidRequest, NotFound, TooLarge
 from omlx.app.models.pool import ModelPool, Served
@@ -62,6 +63,9 @@ class CachePrompt(msgspec.Struct, kw_only=True):
     response_id: str | None = None
     messages: list[Any] | None = None
     system: Any = None
+    # The session it names, reported as a chat request's would be (``session_key``).
+    prompt_cache_key: str | None = None
+    metadata: Any = None
 
     @property
     def anthropic(self) -> bool:
@@ -167,6 +171,9 @@ async def prompt_of(
     """The served model, its controls, the prompt's tokens and its report (the tenant's cache)."""
     served = await pool.acquire(body.model)
     controls, tenant = served.controls, tenant_of(request)
+    session = choose_session_key(
+        request.headers, prompt_cache_key=body.prompt_cache_key, metadata=body.metadata
+    )
     if controls is None or not controls.enabled:
         raise InvalidRequest(f"{served.id} has no prefix cache", param="model")
     if body.prompt is not None:
@@ -178,10 +185,10 @@ async def prompt_of(
             served.generation.check_token_ids(tokens)
         else:
             raise InvalidRequest("prompt must be a string or a list of token ids", param="prompt")
-        report = await anyio.to_thread.run_sync(controls.explain, tokens, tenant)
+        report = await anyio.to_thread.run_sync(controls.explain, tokens, tenant, session)
         return served, controls, tokens, report
     chat = await chat_of(body, await request.body(), served, translate, responses)
-    tokens, report = await served.chat.explain(chat, tenant)
+    tokens, report = await served.chat.explain(chat, tenant, session)
     assert report is not None  # a model with a prefix cache always reports
     return served, controls, tokens, report
 

@@ -20,6 +20,7 @@ from omlx.app.api.auth import tenant_of
 from omlx.app.cache_controls.controls import TurnControls
 from omlx.app.cache_controls.hints import Breakpoint
 from omlx.app.cache_controls.report import HEADER, CacheReport
+from omlx.app.cache_controls.session_key import choose_session_key
 from omlx.app.errors import InvalidRequest
 from omlx.app.ops.request_log import current_report
 from omlx.domain.json_values import JsonObject
@@ -30,9 +31,6 @@ NO_STORE = "no-store"
 _STATE_KEY = "omlx_cache_report"
 RECENT_KEY = "omlx_cache_recent"  # the app state's last reports, for a dashboard
 RECENT_LIMIT = 100
-# A client's name for its conversation is an id, not a document: bounded, so a session
-# table of them stays small whatever a client sends.
-MAX_SESSION_KEY_CHARS = 512
 
 
 def no_store(request: Request, field: str | None) -> bool:
@@ -60,27 +58,28 @@ def turn_controls(
     retention: float | None = None,
     session_key: str | None = None,
     breakpoints: Sequence[Breakpoint] = (),
+    metadata: object = None,
 ) -> TurnControls:
-    """The turn's cache controls: the key's tenant, no-store, and the body's cache hints.
+    """The turn's cache controls: the key's tenant, no-store, the body's cache hints, and
+    the session it names (its headers, ``session_key`` = ``prompt_cache_key``, Anthropic
+    ``metadata``).
 
-    The tenant is noted for the request log too, so the dashboard shows each tenant its own.
+    The tenant and the session are noted for the request log too, so the dashboard shows
+    each tenant its own.
     """
-    if session_key is not None and len(session_key) > MAX_SESSION_KEY_CHARS:
-        raise InvalidRequest(
-            f"prompt_cache_key is {len(session_key)} characters; at most "
-            f"{MAX_SESSION_KEY_CHARS} are accepted",
-            param="prompt_cache_key",
-        )
+    session = choose_session_key(request.headers, prompt_cache_key=session_key, metadata=metadata)
     tenant = tenant_of(request)
     slot = current_report.get()
     if slot is not None:
         slot["tenant"] = tenant or ""
+        slot["session"] = session.value if session is not None else ""
     return TurnControls(
         tenant=tenant,
         store=not no_store(request, field),
         retention=retention,
         session_key=session_key,
         breakpoints=tuple(breakpoints),
+        session=session,
     )
 
 

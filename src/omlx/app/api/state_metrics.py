@@ -11,6 +11,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from omlx.app.ops.status import ServerState, ServerStatus
+from omlx.domain.cache.blocks import HOT, SSD
+from omlx.domain.cache.origins import ORIGINS
 from omlx.domain.cache.prefetch import OFF, RUNNING
 
 
@@ -65,7 +67,12 @@ _FAMILIES = {
         "Prompt tokens looked up in the prefix cache",
         (),
     ),
-    "omlx_cache_hit_tokens": (CounterMetricFamily, "Prompt tokens found in the prefix cache", ()),
+    "omlx_cache_hit_tokens": (
+        CounterMetricFamily,
+        "Prompt tokens found in the prefix cache, by the tier that held them and who computed "
+        "them: origin self (this server), peer (another server on the shared index), unknown",
+        ("tier", "origin"),
+    ),
     "omlx_cache_block_hits": (
         CounterMetricFamily,
         "Blocks a lookup matched, by the tier that held them",
@@ -204,7 +211,11 @@ def _cache_families(state: ServerState) -> Iterator[Metric]:
         m, s = model.id, model.cache.stats
         put("omlx_cache_lookups", s.lookups, m)
         put("omlx_cache_lookup_tokens", s.lookup_tokens, m)
-        put("omlx_cache_hit_tokens", s.hit_tokens, m)
+        for tier in (HOT, SSD):
+            for origin in ORIGINS:
+                put(
+                    "omlx_cache_hit_tokens", s.hit_tokens_by.get((tier, origin), 0), m, tier, origin
+                )
         put("omlx_cache_block_hits", s.hot_hits, m, "hot")
         put("omlx_cache_block_hits", s.cold_hits, m, "ssd")
         put("omlx_cache_blocks_written", s.stored_blocks, m, "hot")

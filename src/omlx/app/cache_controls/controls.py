@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from omlx.app.cache_controls.hints import Breakpoint
+from omlx.app.cache_controls.session_key import SessionKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +18,8 @@ class TurnControls:
     ``session_key``: the client's name for the conversation (``prompt_cache_key``): its
     previous turn is what a cache miss is compared with, and its pins' group.
     ``breakpoints``: Anthropic ``cache_control`` marks, each pinning a prefix.
+    ``session``: the session as the client or its proxy names it (``session_key``: a
+    header, ``prompt_cache_key`` or Anthropic ``metadata.user_id``), only reported.
     """
 
     tenant: str | None = None
@@ -24,3 +27,4 @@ class TurnControls:
     retention: float | None = None
     session_key: str | None = None
     breakpoints: tuple[Breakpoint, ...] = ()
+    session: SessionKey | None = None

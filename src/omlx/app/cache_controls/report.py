@@ -3,7 +3,9 @@
 The prefix cache's ``probe`` says how many prompt tokens it holds and in which tier,
 changing nothing (``CacheControls.look``); this module turns the token where that prefix ends into the message
 it falls in (index and role, from the rendered template's message boundaries), with a
-short excerpt of the prompt and of what the cache holds there. Every chat response
+short excerpt of the prompt and of what the cache holds there. It names the server that
+computed the deepest block restored (servers sharing a cold tier: whose work this was) and,
+in the JSON, the session the request named (``session_key``). Every chat response
 carries it as a header, ``POST /v1/cache/explain`` returns it whole, and the debug
 line logs it, so a user can see why a turn was slow.
 """
@@ -25,6 +27,7 @@ HEADER = "x-omlx-cache"
 ImageDigest = Callable[[int], str | None]
 EXCERPT_TOKENS = 24
 DIGEST_CHARS = 12  # of an image's SHA-256 in the header (the JSON report has all 64)
+UNKNOWN_SERVER = "unknown"  # restored blocks whose rows predate the record, or imported
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +50,22 @@ class CacheReport:
     # not been sent since it started; None: text there).
     image: str | None = None
     cached_image: str | None = None
+    # The server that computed the deepest block restored (``UNKNOWN_SERVER``: not recorded);
+    # None when nothing is.
+    computed_by: str | None = None
+    session: str | None = None  # the session the request named (``session_key``)
+    session_source: str | None = None  # the header or field that named it
 
     @property
     def diverged_at(self) -> int | None:
         return None if self.full_hit else self.cached
 
     def header(self) -> str:
-        """``cached=N; tier=T; diverged_at=D; message=K; role=R`` (the last three absent on a full hit)."""
+        """``cached=N; tier=T; computed_by=S; diverged_at=D; message=K; role=R`` (``computed_by``
+        absent when nothing is restored, the last three on a full hit)."""
         fields = [f"cached={self.cached}", f"tier={self.tier}"]
+        if self.computed_by is not None:
+            fields.append(f"computed_by={self.computed_by}")
         if not self.full_hit:
             fields.append(f"diverged_at={self.cached}")
             if self.message is not None:
@@ -70,6 +81,7 @@ class CacheReport:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached,
             "tier": self.tier,
+            "computed_by": self.computed_by,
             "full_hit": self.full_hit,
             "diverged_at": self.diverged_at,
             "message": self.message,
@@ -77,6 +89,8 @@ class CacheReport:
             "part": self.part,
             "image": self.image,
             "cached_image": self.cached_image,
+            "session": self.session,
+            "session_source": self.session_source,
             "excerpt": {
                 "before": self.before,
                 "prompt": self.prompt_next,
@@ -160,8 +174,9 @@ def report(
     """``found`` (the prefix cache's probe of ``prompt``) as a report naming where it ends.
 
     ``image_digest(key_id)``: the image a VLM prompt's key id belongs to, when known."""
+    computed_by = (found.computed_by or UNKNOWN_SERVER) if found.tokens else None
     if found.full_hit:
-        return CacheReport(len(prompt), found.tokens, found.tier, True)
+        return CacheReport(len(prompt), found.tokens, found.tier, True, computed_by=computed_by)
     at = found.tokens
     message = role = part = None
     messages, labels = parts.messages, parts.labels
@@ -193,6 +208,7 @@ def report(
         cached_image=_image_named(
             found.stored_next[0] if found.stored_next else None, image_digest
         ),
+        computed_by=computed_by,
     )
     log.debug(
         "cache: %s (part %s); the prompt goes on %r where the cache holds %r",

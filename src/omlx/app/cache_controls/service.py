@@ -17,6 +17,7 @@ from typing import IO
 from omlx.app.cache_controls.controls import TurnControls
 from omlx.app.cache_controls.hints import breakpoint_ends
 from omlx.app.cache_controls.report import CacheReport, ImageDigest, PromptParts, report
+from omlx.app.cache_controls.session_key import SessionKey
 from omlx.app.cache_controls.transfer import (
     Archive,
     ExportStream,
@@ -104,21 +105,27 @@ class CacheControls:
         parts: PromptParts | None = None,
         *,
         store: bool = True,
+        session: SessionKey | None = None,
     ) -> CacheReport | None:
-        """``found`` in words: where the prompt leaves the cache, and in which message."""
+        """``found`` in words: where the prompt leaves the cache, and in which message;
+        ``session``: the one the request named, reported with it."""
         if found is None:
             return None
         made = report(found, prompt, self._decode, parts or PromptParts(), self._image_digest)
         if not self._excerpts:
             made = replace(made, before="", prompt_next="", cached_next="", cached_image=None)
+        if session is not None:
+            made = replace(made, session=session.value, session_source=session.source)
         return made if store else replace(made, no_store=True)
 
-    def explain(self, prompt: Sequence[int], tenant: str | None) -> CacheReport:
+    def explain(
+        self, prompt: Sequence[int], tenant: str | None, session: SessionKey | None = None
+    ) -> CacheReport:
         """The report of a raw prompt (no messages to name); nothing is run or changed."""
         found = self.look(prompt, tenant)
         if found is None:
             raise NoPrefixCache("this model has no prefix cache")
-        made = self.report(found, prompt)
+        made = self.report(found, prompt, session=session)
         assert made is not None
         return made
 
@@ -128,7 +135,11 @@ class CacheControls:
         """``request`` as its controls ask: its tenant, no-store, and the probe's lookup, so the
         engine does not hash the prompt and ask the index again."""
         return replace(
-            request, cache_tenant=controls.tenant, cache_store=controls.store, cache_probe=found
+            request,
+            cache_tenant=controls.tenant,
+            cache_store=controls.store,
+            cache_probe=found,
+            session=controls.session.value if controls.session is not None else None,
         )
 
     # ---- pins ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import anyio
 from omlx.app.cache_controls.controls import TurnControls
 from omlx.app.cache_controls.report import CacheReport, PromptParts, tools_span_of
 from omlx.app.cache_controls.service import CacheControls
+from omlx.app.cache_controls.session_key import SessionKey
 from omlx.app.chat.constraints import ResponseFormat, forced_format, output_grammar
 from omlx.app.chat.diagnostics import Fingerprint, FingerprintStore, compare, fingerprint
 from omlx.app.chat.observers import CacheMissObserver
@@ -216,16 +217,17 @@ class ChatPipeline:
         return self.native_format
 
     async def explain(
-        self, chat: ChatRequest, tenant: str | None
+        self, chat: ChatRequest, tenant: str | None, session: SessionKey | None = None
     ) -> tuple[list[int], CacheReport | None]:
-        """``chat``'s prompt, and what ``tenant``'s cache holds of it and where it leaves it;
-        nothing is run or remembered (``POST /v1/cache/explain``)."""
+        """``chat``'s prompt, and what ``tenant``'s cache holds of it and where it leaves it
+        (``session``: the one the request named); nothing is run or remembered
+        (``POST /v1/cache/explain``)."""
         self.check_images(chat)
         prompt, fp = await anyio.to_thread.run_sync(self._render, chat, tenant)
         previous = self.fingerprints.closest(tenant, fp)
         divergence = compare(previous, fp) if previous is not None else None
         changed = divergence.part if divergence is not None else None
-        controls = TurnControls(tenant=tenant)
+        controls = TurnControls(tenant=tenant, session=session)
         _, cache = await anyio.to_thread.run_sync(
             self._report, chat, prompt.tokens, changed, controls
         )
@@ -269,7 +271,9 @@ class ChatPipeline:
             changed_part,
             tools_span if chat.tools else None,
         )
-        return found, self.controls.report(found, tokens, parts, store=controls.store)
+        return found, self.controls.report(
+            found, tokens, parts, store=controls.store, session=controls.session
+        )
 
     def _budget(self, tokens: int, opened: bool, fmt: OutputFormat) -> ReasoningBudget:
         start, end = fmt.think

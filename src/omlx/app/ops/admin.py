@@ -117,6 +117,12 @@ def stats_command(cache_dir: Path, index_url: str | None, as_json: bool) -> None
         f"total:        {count(total['blocks'], 'block')}, {count(total['tokens'], 'token')}, "
         f"{format_bytes(total['nbytes'])}"
     )
+    if report["computed_by"]:
+        shares = (
+            f"{c['server'] or 'unknown'} {count(c['blocks'], 'block')} {format_bytes(c['nbytes'])}"
+            for c in report["computed_by"]
+        )
+        click.echo(f"computed by:  {'; '.join(shares)}")
     prepared = report["prepared_weights"]
     if prepared["copies"]:
         click.echo(
@@ -203,6 +209,11 @@ def _stats(target: Target, index: SqlBlockIndex | None) -> JsonObject:
         },
         "namespaces": namespaces,
         "total": {k: sum(ns[k] for ns in namespaces) for k in ("blocks", "tokens", "nbytes")},
+        # Which server computed the blocks (None: rows from before that was kept, imports).
+        "computed_by": [
+            {"server": by, "blocks": n, "nbytes": nbytes}
+            for by, n, nbytes in (index.usage_by_computer() if index is not None else ())
+        ],
         "prepared_weights": _prepared_weights(cache_dir.expanduser()),
         "disk": disk,
     }

@@ -26,8 +26,9 @@ DEFAULT_CAPACITY = 200
 # The API family and route of the HTTP request being served ("openai", "/v1/chat/completions");
 # empty off HTTP.
 current_api: ContextVar[tuple[str, str]] = ContextVar("omlx_current_api", default=("", ""))
-# A per-request slot ({"report": CacheReport, "tenant": str}) the middleware opens: a mutable
-# holder, so what the handler notes is seen where the generation ends, whichever task that is.
+# A per-request slot ({"report": CacheReport, "tenant": str, "session": str}) the middleware
+# opens: a mutable holder, so what the handler notes is seen where the generation ends,
+# whichever task that is.
 current_report: ContextVar[JsonObject | None] = ContextVar("omlx_current_report", default=None)
 
 
@@ -68,6 +69,7 @@ class RequestRecord:
     tokens_per_s: float | None  # decode rate after the first token; None: too few tokens
     divergence: Divergence | None = None  # None: a full hit, or no cache report (no prefix cache)
     tenant: str = ""  # the key's tenant ("": the default one)
+    session: str = ""  # the session the request named (``session_key``; "": none)
 
     @property
     def cached_share(self) -> float:
@@ -113,6 +115,7 @@ class RequestLog:
                 tokens_per_s=rate,
                 divergence=divergence,
                 tenant=slot.get("tenant") or "",
+                session=slot.get("session") or "",
             )
             self._ring.append(record)
         return record

@@ -309,6 +309,7 @@ class ModelLoader:
             layout=layout,
             kept=kept,
             block_bytes=per_token * settings.block_size,
+            server_id=settings.server_identity,  # who computed a block, in its row
         )
         vision = model.extra.get("vision")
         if vision is not None:  # a VLM: its image rows in these tiers too (their budgets)

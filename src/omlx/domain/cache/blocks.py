@@ -53,6 +53,9 @@ class BlockMeta:
     tokens: tuple[int, ...] = ()
     # An ``image`` object's image: kept in the index's ``images`` table beside its row.
     image: ImageInfo | None = None
+    # The server that computed it (its ``server_id``), carried into its index row and, for a
+    # block read back, from that row: which server's work a restore used. "": not known.
+    computed_by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ class StoredBlock:
     last_access: float
     hit_count: int = 0
     kind: str = "kv"
+    computed_by: str | None = None  # the writing server's id; None: written before it was kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +192,9 @@ class CachedPrefix:
     stored_next: tuple[int, ...] = ()
     # What was hashed and asked of the index to find it: the request's lookup reuses it.
     chain: PromptChain | None = None
+    # The server that computed the deepest block of ``tokens`` ("": nothing held, or a
+    # block whose row predates the record of it).
+    computed_by: str = ""
 
     @property
     def tier(self) -> str:

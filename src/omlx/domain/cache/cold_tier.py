@@ -47,6 +47,18 @@ CHAIN_HEAD = 16
 NEAREST_LIMIT = 4
 
 
+def _child(row: StoredBlock, tokens: tuple[int, ...] = ()) -> BlockMeta:
+    """A KV child as the index lists it, with who computed it (kept in RAM if promoted)."""
+    return BlockMeta(
+        row.key,
+        row.parent_key,
+        row.namespace,
+        row.token_count,
+        tokens=tokens,
+        computed_by=row.computed_by or "",
+    )
+
+
 class RecencyBuffer:
     """Hits kept in memory and written to the index in one batch (not one write per hit).
 
@@ -375,13 +387,13 @@ class ColdTier:
             return []
         ns = self.namespace.digest
         found = {
-            r.key: BlockMeta(r.key, r.parent_key, r.namespace, r.token_count, tokens=tokens)
+            r.key: _child(r, tokens)
             for r, tokens in near
             if r.namespace == ns and len(tokens) == r.token_count
         }
         for r in recent:
             if r.namespace == ns and r.key not in found:
-                found[r.key] = BlockMeta(r.key, r.parent_key, r.namespace, r.token_count)
+                found[r.key] = _child(r)
         return list(found.values())
 
     def touch(self, keys: Sequence[str]) -> None:

@@ -130,6 +130,7 @@ class ColdWrites:
             created_at=now,
             last_access=now,
             kind=meta.kind,
+            computed_by=meta.computed_by or None,
         )
         try:
             recorded = self._add_row(namespace, block, meta)

@@ -73,11 +73,13 @@ class BlockKeeper:
         cold: ColdSource | None,
         known: KnownKeys,
         tally: Tally,
+        server_id: str = "",
     ) -> None:
         self.namespace = namespace
         self.block_size = namespace.block_size
         self._codec, self._hot, self._cold = codec, hot, cold
         self._known, self._tally = known, tally
+        self.server_id = server_id  # recorded with each object as the server that computed it
 
     def holds(self, key: str) -> bool:
         """Whether ``key`` is in RAM (touched: a request is using it again); skips cutting it."""
@@ -85,14 +87,18 @@ class BlockKeeper:
 
     def kv(self, key: str, parent: str, tokens: Sequence[int], payload: Any) -> NewObject:
         """A KV block (full, or a request's trailing partial one) to keep."""
-        meta = BlockMeta(key, parent, self.namespace.digest, len(tokens))
+        meta = BlockMeta(
+            key, parent, self.namespace.digest, len(tokens), computed_by=self.server_id
+        )
         return NewObject(meta, tuple(tokens), payload)
 
     def point_object(
         self, kind: str, key: str, parent: str, tokens: Sequence[int], payload: Any
     ) -> NewObject:
         """A restore point's ``kind`` object, ``key`` = ``object_key(kind, anchor)``."""
-        meta = BlockMeta(key, parent, self.namespace.digest, len(tokens), kind)
+        meta = BlockMeta(
+            key, parent, self.namespace.digest, len(tokens), kind, computed_by=self.server_id
+        )
         return NewObject(meta, tuple(tokens), payload)
 
     def keep(self, obj: NewObject) -> bool:

@@ -19,11 +19,12 @@ from contextlib import closing
 from dataclasses import replace
 from typing import Any
 
-from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo, PrefixHit, PromptChain
+from omlx.domain.cache.blocks import HOT, SSD, BlockMeta, NamespaceInfo, PrefixHit, PromptChain
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.keeper import KnownKeys
 from omlx.domain.cache.keys import chain_keys, iter_chain_keys
 from omlx.domain.cache.layout import CacheLayout
+from omlx.domain.cache.origins import RestoredTokens, origin_of
 from omlx.domain.cache.partial_match import PartialMatch, best_child
 from omlx.domain.cache.point_finder import FoundPoint, RestorePointFinder
 from omlx.domain.cache.ports import ColdSource, KVCodec
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 # queued no longer). Past it the keys are reused and the index asked again: a block
 # written meanwhile (by another server on a shared index) would be missed otherwise.
 PROBE_FRESH_S = 2.0
+
+# Where each matched block came from: its tier and the server that computed it.
+Source = tuple[str, str]
 
 
 class PrefixMatcher:
@@ -52,8 +56,11 @@ class PrefixMatcher:
         known: KnownKeys,
         tally: Tally,
         clock: Clock,
+        server_id: str = "",
     ) -> None:
         self.namespace = namespace
+        self.server_id = server_id
+        self.restored = RestoredTokens()  # hit tokens by tier and origin
         self.block_size = namespace.block_size
         self.layout = layout
         self._codec, self._hot, self._cold = codec, hot, cold
@@ -100,6 +107,7 @@ class PrefixMatcher:
         max_blocks = max((len(tokens) - 1) // bs, 0)
         keys: list[str] = []
         payloads: list[Any] = []
+        sources: list[Source] = []  # one per key
         hot_keys: list[str] = []
         cold_hits = 0
         partial = 0
@@ -113,11 +121,12 @@ class PrefixMatcher:
                 if block is None:
                     break
                 self._take(key, block.payload, keys, payloads)
+                sources.append((HOT, block.meta.computed_by))
                 hot_keys.append(key)
                 parent = key
             if len(keys) < max_blocks and self._cold is not None:
                 cold_hits = self._walk_cold(
-                    tokens, max_blocks, parent, keys, payloads, hot_keys, store, known
+                    tokens, max_blocks, parent, keys, payloads, sources, hot_keys, store, known
                 )
                 parent = keys[-1] if keys else parent
             n_hot = len(hot_keys)
@@ -127,6 +136,7 @@ class PrefixMatcher:
                 payloads.append(self._codec.truncate(match.payload, partial))
                 self._hot.pin((match.meta.key,))
                 keys.append(match.meta.key)
+                sources.append((HOT if match.from_hot else SSD, match.meta.computed_by))
                 if match.from_hot:
                     hot_keys.append(match.meta.key)
             n_full = len(keys) - (1 if match is not None else 0)
@@ -136,6 +146,7 @@ class PrefixMatcher:
                 keys, payloads, partial, n_hot, cold_hits = self._points.clamp(
                     point, keys, payloads, partial, n_hot, cold_hits
                 )
+                del sources[len(keys) :]
         except BaseException:
             self._hot.unpin(keys)  # no lease was handed out: do not leak the pins
             raise
@@ -145,9 +156,23 @@ class PrefixMatcher:
         hit = self._record_hit(
             len(tokens), keys, payloads, n_hot, cold_hits, partial, point, matched
         )
+        self._count_sources(sources, partial)
         if partial and match is not None and not match.from_hot:
             hit = replace(hit, partial_from_disk=True)
         return hit
+
+    def _count_sources(self, sources: Sequence[Source], partial: int) -> None:
+        """Count the restored tokens by tier and origin: a whole block each, the partly
+        used last one its ``partial`` tokens (together: the hit's ``cached_tokens``)."""
+        last = len(sources) - 1
+        self.restored.add(
+            (
+                tier,
+                origin_of(by, self.server_id),
+                partial if partial and i == last else self.block_size,
+            )
+            for i, (tier, by) in enumerate(sources)
+        )
 
     def _usable(self, chain: PromptChain | None, root: str, max_blocks: int) -> PromptChain | None:
         """``chain`` if it is this prompt's from this root and asked recently enough that the
@@ -240,6 +265,7 @@ class PrefixMatcher:
         parent: str,
         keys: list[str],
         payloads: list[Any],
+        sources: list[Source],
         hot_keys: list[str],
         store: bool = True,
         known: PromptChain | None = None,
@@ -249,6 +275,8 @@ class PrefixMatcher:
         The rest of the chain is asked of the cold source in one batch (read ahead
         while this thread decodes); blocks RAM still holds are taken from RAM. The
         walk ends at the first block neither has. ``known``: the probe's keys and rows.
+        The rows (the probe's, else asked here, as the batch would ask) say who computed
+        each block read.
         """
         assert self._cold is not None
         bs = self.block_size
@@ -262,26 +290,33 @@ class PrefixMatcher:
         rows = None
         if known is not None and known.rows is not None and start >= known.asked_from:
             rows = known.rows  # the probe asked the index for every key from here on
+        elif wanted:
+            rows = self._cold.rows([k for k, _ in wanted])
+            if rows is None:  # the index did not answer: a miss, as the batch's would be
+                return 0
         cold_hits = planned = 0
         with closing(self._cold.get_many(wanted, touch=store, rows=rows)) as batch:
             for j, (key, parent_key) in enumerate(zip(rest, parents, strict=True)):
                 block_tokens = tuple(tokens[(start + j) * bs : (start + j + 1) * bs])
+                row = rows.get(key) if rows is not None else None
+                computed_by = (row.computed_by or "") if row is not None else ""
                 if planned < len(wanted) and wanted[planned][0] == key:
                     planned += 1
                     found = self._next(batch, key)
-                    payload = self._promote(key, parent_key, block_tokens, found, store)
                 else:
                     block = self._hot.get(key)
                     if block is not None:
                         self._take(key, block.payload, keys, payloads)
+                        sources.append((HOT, block.meta.computed_by))
                         hot_keys.append(key)
                         continue
                     # Left RAM since the batch was planned (a promotion evicted it).
                     found = self._read_cold(key, parent_key, touch=store)
-                    payload = self._promote(key, parent_key, block_tokens, found, store)
+                payload = self._promote(key, parent_key, block_tokens, found, store, computed_by)
                 if payload is None:
                     break
                 self._take(key, payload, keys, payloads)
+                sources.append((SSD, computed_by))
                 cold_hits += 1
         return cold_hits
 
@@ -320,10 +355,12 @@ class PrefixMatcher:
         block_tokens: tuple[int, ...],
         found: tuple[tuple[int, ...], Any] | None,
         store: bool = True,
+        computed_by: str = "",
     ) -> Any | None:
         """Put a block read from the cold source into RAM; its payload, or None on a miss.
 
-        Not for a no-store request (``store=False``): it only uses the payload.
+        Not for a no-store request (``store=False``): it only uses the payload. In RAM it
+        keeps ``computed_by`` (its row's), so a later hit on it still says whose it is.
         """
         if found is None:
             return None
@@ -340,6 +377,7 @@ class PrefixMatcher:
             parent_key=parent,
             namespace=self.namespace.digest,
             token_count=len(block_tokens),
+            computed_by=computed_by,
         )
         self._hot.put(meta, block_tokens, payload, self._codec.nbytes(payload), reused=True)
         self._known.remember(key)

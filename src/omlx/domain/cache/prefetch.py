@@ -138,9 +138,16 @@ class Prefetch:
         full = len(wanted) + held < len(batch)
         added = 0
         try:
-            for entry, (tokens, payload) in zip(wanted, self._fetch(wanted), strict=False):
+            for entry, (tokens, payload, computed_by) in zip(
+                wanted, self._fetch(wanted), strict=False
+            ):
                 meta = BlockMeta(
-                    entry.key, entry.parent_key, self._set.namespace, len(tokens), entry.kind
+                    entry.key,
+                    entry.parent_key,
+                    self._set.namespace,
+                    len(tokens),
+                    entry.kind,
+                    computed_by=computed_by,
                 )
                 size = self._nbytes(payload)
                 outcome = self._hot.fill(meta, tuple(tokens), payload, size)
@@ -159,18 +166,23 @@ class Prefetch:
             self._count(skipped=len(wanted) - added)
         return not full
 
-    def _fetch(self, wanted: Sequence[HotSetEntry]) -> Iterator[tuple[Sequence[int], Any]]:
+    def _fetch(self, wanted: Sequence[HotSetEntry]) -> Iterator[tuple[Sequence[int], Any, str]]:
+        """Each entry's tokens and payload, to the first miss, with the server that computed
+        it (its row's; a restore point's object: not asked)."""
         if not wanted:
             return
         if len(wanted) == 1 and wanted[0].kind != KV:
             found = self._cold.get(wanted[0].key, wanted[0].parent_key, touch=False)
             if found is not None:
-                yield found
+                yield found[0], found[1], ""
             return
         # No recency touched on disk: a prefetch is no use of the blocks.
         chain = [(e.key, e.parent_key) for e in wanted]
-        with closing(self._cold.get_many(chain, touch=False)) as reads:
-            yield from reads
+        rows = self._cold.rows([key for key, _ in chain]) or {}  # the batch's one question
+        with closing(self._cold.get_many(chain, touch=False, rows=rows)) as reads:
+            for (key, _), (tokens, payload) in zip(chain, reads, strict=False):
+                row = rows.get(key)
+                yield tokens, payload, (row.computed_by or "") if row is not None else ""
 
     def _count(self, *, blocks: int = 0, nbytes: int = 0, held: int = 0, skipped: int = 0) -> None:
         with self._lock:

@@ -45,7 +45,10 @@ class PrefixCache:
         kept: KeptCaches | None = None,
         pin_share: float = DEFAULT_PIN_SHARE,
         block_bytes: int = 0,
+        server_id: str = "",
     ) -> None:
+        """``server_id``: this server's name among those sharing a cold tier, recorded with
+        every block it computes ("": none recorded; a library's cache)."""
         self.namespace = namespace
         self.block_size = namespace.block_size
         self.layout = layout if layout is not None else CacheLayout()
@@ -71,9 +74,16 @@ class PrefixCache:
             known=known,
             tally=self._tally,
             clock=clock,
+            server_id=server_id,
         )
         self._keeper = BlockKeeper(
-            namespace=namespace, codec=codec, hot=hot, cold=cold, known=known, tally=self._tally
+            namespace=namespace,
+            codec=codec,
+            hot=hot,
+            cold=cold,
+            known=known,
+            tally=self._tally,
+            server_id=server_id,
         )
 
     def begin(
@@ -213,6 +223,7 @@ class PrefixCache:
         return self._tally.read_as(
             PrefixCacheStats,
             active_leases=self._matcher.active_leases,
+            hit_tokens_by=self._matcher.restored.read(),
             kept_bytes=self._kept.nbytes if self._kept is not None else 0,
             hot=self._hot.stats(),
         )

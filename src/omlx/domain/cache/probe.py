@@ -48,6 +48,8 @@ def probe(
 
     ``namespace``: the chain's root (a tenant's, or the namespace's digest). The keys it
     hashed and the index's rows travel in the answer's ``chain`` for the lookup to reuse.
+    The answer names the server that computed the deepest block it counts (RAM blocks
+    remember it; disk blocks' rows record it).
     """
     limit = max(len(tokens) - 1, 0)
     keys = chain_keys(namespace, tokens[: (limit // block_size) * block_size], block_size)
@@ -75,21 +77,30 @@ def probe(
             best, shared = child, n
     if best is not None:
         stored_next = _stored_after(hot, best, shared)
-    disk_shared = 0
+    disk_shared, disk_child = 0, None
     if cold is not None and shared < len(want):
         # A disk child wholly shared is known by its key alone (``upper_bound``): no read.
         for meta in kids:
             n = meta.token_count
-            if shared < n <= len(want) and upper_bound(meta, want) == n:
-                disk_shared = max(disk_shared, n)
-    if disk_shared > shared:
+            if max(shared, disk_shared) < n <= len(want) and upper_bound(meta, want) == n:
+                disk_shared, disk_child = n, meta
+    if disk_child is not None:
         return CachedPrefix(
             tokens=matched + disk_shared,
             prompt_tokens=len(tokens),
             hot_tokens=n_hot * block_size,
             ssd_tokens=n_ssd * block_size + disk_shared,
             chain=chain,
+            computed_by=disk_child.computed_by,
         )
+    deepest = ""
+    if best is not None and shared:
+        deepest = best.meta.computed_by
+    elif n_ssd:
+        deepest = (rows or {})[keys[n_hot + n_ssd - 1]].computed_by or ""
+    elif n_hot:
+        held = hot.peek(keys[n_hot - 1])  # None: evicted since it was counted
+        deepest = held.meta.computed_by if held is not None else ""
     return CachedPrefix(
         tokens=matched + shared,
         prompt_tokens=len(tokens),
@@ -97,4 +108,5 @@ def probe(
         ssd_tokens=n_ssd * block_size,
         stored_next=tuple(stored_next),
         chain=chain,
+        computed_by=deepest,
     )

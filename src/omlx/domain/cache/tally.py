@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from omlx.domain.cache.hot_tier import HotTierStats
@@ -108,3 +108,6 @@ class PrefixCacheStats:
     dropped_restores: int = 0
     kept_bytes: int = 0
     hot: HotTierStats | None = None  # the RAM tier now
+    # ``hit_tokens`` by (tier, origin): ("hot" | "ssd", "self" | "peer" | "unknown"), the
+    # tier each restored block came from and who computed it (``origins``).
+    hit_tokens_by: dict[tuple[str, str], int] = field(default_factory=dict)

@@ -129,7 +129,8 @@ def describe(s: SpeculationSummary) -> str:
 
 
 def _log_summary(job: Job, reason: str, model_id: str) -> None:
-    """One line per request: what it cost, what the cache saved, how long it waited."""
+    """One line per request: what it cost, what the cache saved, how long it waited, and the
+    session it named (``X-Session-ID``, ...: which conversation a proxy routed here)."""
     t = job.times
     first = t.get("first_token")
     ttft = f"{first - job.submitted:.3f} s" if first is not None else "-"
@@ -138,8 +139,9 @@ def _log_summary(job: Job, reason: str, model_id: str) -> None:
     kept = job.session is not None and job.session.continued and job.cached_tokens
     prompt = len(job.request.prompt_tokens)
     cut_short = first is None and job.prefilled < prompt - 1
+    session = job.request.session
     log.info(
-        "request %d (%s) %s: prompt %d tokens, %d cached%s%s, %d generated; queued %s, first token %s%s",
+        "request %d (%s) %s: prompt %d tokens, %d cached%s%s, %d generated; queued %s, first token %s%s%s",
         job.id,
         model_id,
         reason,
@@ -151,6 +153,7 @@ def _log_summary(job: Job, reason: str, model_id: str) -> None:
         waited,
         ttft,
         f"; prefill stopped at {job.prefilled} tokens" if cut_short and "admitted" in t else "",
+        f"; session {session!r}" if session else "",
     )
 
 

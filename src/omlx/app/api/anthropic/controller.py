@@ -117,7 +117,9 @@ class AnthropicController(Controller):
         chat = translate.anthropic(served.chat).chat_request(data, served.id)
         await translate.read_images(chat)
         breakpoints = anthropic_breakpoints(data, chat.labels)
-        controls = turn_controls(request, data.omlx_cache_control, breakpoints=breakpoints)
+        controls = turn_controls(
+            request, data.omlx_cache_control, breakpoints=breakpoints, metadata=data.metadata
+        )
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         previous = data.diagnostics.previous_message_id if data.diagnostics is not None else None
         turn = await served.chat.start(chat, mid, controls, previous)

@@ -111,10 +111,13 @@ def _tenant_model(model: JsonObject, usage: dict[str, TenantUsage]) -> JsonObjec
 
 
 def _without_others_excerpts(record: JsonObject, tenant: str) -> JsonObject:
-    divergence = record.get("divergence")
-    if divergence is None or record.get("tenant", "") == tenant:
+    """Another tenant's record without its prompt excerpts or its session's name."""
+    if record.get("tenant", "") == tenant:
         return record
-    return {**record, "divergence": {**divergence, "prompt": "", "cached": ""}}
+    divergence = record.get("divergence")
+    if divergence is not None:
+        divergence = {**divergence, "prompt": "", "cached": ""}
+    return {**record, "divergence": divergence, "session": ""}
 
 
 def pins_json(pins: dict[str, list[PinView]]) -> dict[str, list[JsonObject]]:

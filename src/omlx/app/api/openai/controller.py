@@ -123,7 +123,8 @@ class OpenAIController(Controller):
         edge = turn_controls(request, data.omlx_cache_control)
         found = await anyio.to_thread.run_sync(controls.look, tokens, edge.tenant)
         gen = controls.apply(gen, edge, found)
-        note(request, controls.report(found, tokens, store=edge.store), served.id)
+        report = controls.report(found, tokens, store=edge.store, session=edge.session)
+        note(request, report, served.id)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         prefix = prompt if (data.echo and isinstance(prompt, str)) else ""
         token_text = service.token_text if gen.logprobs is not None else None
