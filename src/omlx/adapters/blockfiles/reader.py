@@ -41,7 +41,9 @@ def verified_read(read: Callable[[str], bytes], block: StoredBlock) -> BlockRead
     except FileNotFoundError:
         return BlockRead(block, None, ReadFailure.MISSING)
     except (OSError, ValueError) as exc:  # ValueError: a relpath that escapes the folder
-        return BlockRead(block, None, ReadFailure.UNREADABLE, str(exc))
+        # A store that names its fault (an object store down) has logged it once already.
+        failure = ReadFailure.UNAVAILABLE if getattr(exc, "fault", None) else ReadFailure.UNREADABLE
+        return BlockRead(block, None, failure, str(exc))
     if len(data) != block.nbytes:
         return BlockRead(
             block, None, ReadFailure.MISMATCH, f"{len(data)} bytes, row says {block.nbytes}"
