@@ -23,6 +23,7 @@ from typing import Protocol
 from omlx.adapters.blockfiles.budget import DiskBudget, SizeBudget
 from omlx.adapters.blockfiles.reader import ReadAhead, verified_read
 from omlx.adapters.blockfiles.store import FileBlockStore
+from omlx.adapters.private_files import make_private_dir
 from omlx.domain.cache.blocks import BlockRead, NamespaceInfo, ReadFailure, StoredBlock
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class ReadThroughStore:
         self._nbytes = 0
         self._counts = {"local_hits": 0, "remote_reads": 0, "kept": 0, "evicted": 0, "corrupt": 0}
         self._reader = ReadAhead(self._read_one, read_threads)
+        make_private_dir(local.root)
         self._load()
 
     # --- the BlockStore port -----------------------------------------------------------
