@@ -152,6 +152,7 @@ class SeaweedServer:
             f"-s3.port.grpc={p['s3'] + 10000}",
             f"-s3.port.iceberg={p['iceberg']}",
             "-s3.port.lance=0",
+            "-s3.cacheCapacityMB=0",  # no chunk cache of its own: a read after a cache drop is cold
             "-webdav=false",
             "-admin.ui=false",
             f"-admin.port={p['admin']}",

@@ -99,8 +99,13 @@ def test_b_restores_the_prefix_a_computed_from_the_bucket(
         assert "blocks in object store " + s3_url in log_b
         assert "cache folder reconciled" in a.read_log() + log_b
         clean_logs(a, b)
-        copies = tmp_path / "local-b" / ".read-through"
-        assert sum(1 for p in copies.rglob("*.safetensors")) >= replay.usage.prompt_tokens // 16
+        copies = tmp_path / "local-b" / ".read-through"  # B keeps what it fetched
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (
+            sum(1 for _ in copies.rglob("*.safetensors")) < replay.usage.prompt_tokens // 16
+        ):
+            time.sleep(0.1)
+        assert sum(1 for _ in copies.rglob("*.safetensors")) >= replay.usage.prompt_tokens // 16
     keys = Counter(key_of(rel) for rel in bucket(seaweedfs, s3_url).iter_relpaths())
     assert keys and max(keys.values()) == 1  # one object per key: 0 duplicates
     assert_store_invariants(bucket(seaweedfs, s3_url), pg_url, 4 * 10**6)

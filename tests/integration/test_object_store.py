@@ -94,6 +94,7 @@ def test_a_second_read_comes_from_the_local_copy(
     store = ReadThroughStore(remote, FileBlockStore(tmp_path / "copies", durable=False), 10**9)
     assert all(r.data is not None for r in store.read_many(rows))
     assert remote.requests == 10  # one GET per block, issued in parallel
+    assert store.drain()  # the copies are written off the restore's path
     assert all(r.data is not None for r in store.read_many(rows))
     assert remote.requests == 10  # none more: every block from its local copy
     stats = store.stats()
@@ -105,6 +106,7 @@ def test_a_second_read_comes_from_the_local_copy(
     assert remote.requests == 10 and again.stats().local_hits == 10
     # Blocks written through it are kept as they go up: read back with no GET.
     written = _record(again, idx, make_namespace("other/model"), 3, seed=5)
+    assert again.drain()
     assert all(r.data is not None for r in again.read_many(written))
     assert remote.requests == 10
     store.close()
@@ -121,11 +123,9 @@ def test_the_local_copies_keep_their_budget_least_recently_used_first(
     per_block = rows[0].nbytes
     copies = FileBlockStore(tmp_path / "copies", durable=False)
     store = ReadThroughStore(remote, copies, 3 * per_block)
-    for row in rows[:3]:
+    for row in [*rows[:3], rows[0], *rows[3:5]]:  # block 0 used again: the newest of the three
         assert next(store.read_many([row])).data is not None
-    assert next(store.read_many([rows[0]])).data is not None  # block 0 used again: newest
-    for row in rows[3:5]:
-        assert next(store.read_many([row])).data is not None
+        assert store.drain()
     on_disk = set(copies.iter_relpaths())
     assert on_disk == {rows[0].relpath, rows[3].relpath, rows[4].relpath}  # 1 and 2 went
     assert (
@@ -147,6 +147,7 @@ def test_a_corrupt_local_copy_is_deleted_and_fetched_again(
     copies = FileBlockStore(tmp_path / "copies", durable=False)
     store = ReadThroughStore(remote, copies, 10**9)
     assert all(r.data is not None for r in store.read_many(rows))
+    assert store.drain()
     path = copies.path(rows[1].relpath)
     damaged = bytearray(path.read_bytes())
     damaged[100] ^= 0xFF
@@ -156,6 +157,7 @@ def test_a_corrupt_local_copy_is_deleted_and_fetched_again(
     assert all(r.data is not None for r in reads)  # the remote object, not the bad copy
     assert hashlib.sha256(reads[1].data or b"").hexdigest() == rows[1].checksum
     assert remote.requests == before + 1 and store.stats().corrupt_copies == 1
+    assert store.drain()
     assert hashlib.sha256(path.read_bytes()).hexdigest() == rows[1].checksum  # copy replaced
     store.close()
     assert_store_invariants(remote, url)

@@ -5,8 +5,9 @@ store's format and layout under their own byte budget, least recently used first
 so a server fetches a block once. A read checks the local copy against the row (size
 and SHA-256) first; a copy that fails is deleted and the block fetched again. The copies
 are a cache of the remote store, never its truth: they are written without fsync (a
-torn copy fails its checksum and is refetched), the index does not know them, and
-listings, sweeps and deletes answer for the remote store.
+torn copy fails its checksum and is refetched) by a thread of their own, off the
+restore's path (a block waiting for its copy is served from memory), the index does not
+know them, and listings, sweeps and deletes answer for the remote store.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from omlx.adapters.private_files import make_private_dir
 from omlx.domain.cache.blocks import BlockRead, NamespaceInfo, ReadFailure, StoredBlock
 
 log = logging.getLogger(__name__)
+
+# Bytes of blocks waiting for their local copy; past it a block is not kept this time (its
+# next read fetches it again), so a burst of restores never holds much more memory.
+COPY_QUEUE_BYTES = 512 * 2**20
 
 
 class RemoteStore(Protocol):
@@ -52,6 +57,7 @@ class LocalCopyStats:
     kept: int
     evicted: int
     corrupt_copies: int
+    not_kept: int  # blocks the copy queue had no room for
     nbytes: int
     max_bytes: int
 
@@ -75,7 +81,15 @@ class ReadThroughStore:
         self._lock = threading.Lock()
         self._copies: OrderedDict[str, int] = OrderedDict()  # relpath -> bytes, oldest first
         self._nbytes = 0
-        self._counts = {"local_hits": 0, "remote_reads": 0, "kept": 0, "evicted": 0, "corrupt": 0}
+        self._counts = dict.fromkeys(
+            ("local_hits", "remote_reads", "kept", "evicted", "corrupt", "not_kept"), 0
+        )
+        # Copies to write: relpath -> bytes (verified), oldest first, for the copier thread.
+        self._queued: OrderedDict[str, bytes] = OrderedDict()
+        self._queued_bytes = 0
+        self._changed = threading.Condition(self._lock)
+        self._copier: threading.Thread | None = None
+        self._closing = False
         self._reader = ReadAhead(self._read_one, read_threads)
         make_private_dir(local.root)
         self._load()
@@ -103,8 +117,22 @@ class ReadThroughStore:
         return self._reader.read_many(blocks)
 
     def close(self) -> None:
+        """Stop the reads and the copier; copies not yet written are dropped (only a cache)."""
         self._reader.close()
+        with self._lock:
+            self._closing = True
+            self._queued.clear()
+            self._queued_bytes = 0
+            copier, self._copier = self._copier, None
+            self._changed.notify_all()
+        if copier is not None:
+            copier.join()
         self.remote.close()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Wait until every queued copy is written (tests, a bench); False on timeout."""
+        with self._lock:
+            return self._changed.wait_for(lambda: not self._queued, timeout)
 
     def delete(self, relpath: str) -> None:
         self._forget(relpath)
@@ -143,6 +171,7 @@ class ReadThroughStore:
             c["kept"],
             c["evicted"],
             c["corrupt"],
+            c["not_kept"],
             nbytes,
             self.max_bytes,
         )
@@ -151,6 +180,12 @@ class ReadThroughStore:
 
     def _read_one(self, block: StoredBlock) -> BlockRead:
         """The local copy if it matches the row, else the remote object (kept if it does)."""
+        queued = self._queued.get(block.relpath)
+        if queued is not None:  # fetched or written just now, its copy not yet on disk
+            read = verified_read(lambda _: queued, block)
+            if read.data is not None:
+                self._count(local_hits=1)
+                return read
         if block.relpath in self._copies:
             local = verified_read(self.local.read, block)
             if local.data is not None:
@@ -188,10 +223,41 @@ class ReadThroughStore:
             )
 
     def _keep(self, relpath: str, data: bytes) -> None:
+        """Queue ``data`` for a local copy (the copier writes it); never waits."""
+        size = len(data)
+        with self._lock:
+            if size > self.max_bytes or relpath in self._copies or relpath in self._queued:
+                return
+            if self._queued_bytes + size > COPY_QUEUE_BYTES:
+                self._counts["not_kept"] += 1
+                return
+            self._queued[relpath] = data
+            self._queued_bytes += size
+            if self._copier is None:
+                self._closing = False
+                self._copier = threading.Thread(
+                    target=self._copy_queued, name="omlx-read-through-copies", daemon=True
+                )
+                self._copier.start()
+            self._changed.notify_all()
+
+    def _copy_queued(self) -> None:
+        """The copier thread: write each queued copy, oldest first, until closed."""
+        while True:
+            with self._lock:
+                self._changed.wait_for(lambda: self._queued or self._closing)
+                if self._closing:
+                    return
+                relpath, data = next(iter(self._queued.items()))
+            self._write_copy(relpath, data)
+            with self._lock:
+                if self._queued.pop(relpath, None) is not None:
+                    self._queued_bytes -= len(data)
+                self._changed.notify_all()
+
+    def _write_copy(self, relpath: str, data: bytes) -> None:
         """Copy ``data`` locally, making room first; a copy that fails is only a later refetch."""
         size = len(data)
-        if size > self.max_bytes or relpath in self._copies:
-            return
         self._shrink(size)
         try:
             self.local.write(relpath, data)
@@ -231,6 +297,9 @@ class ReadThroughStore:
             size = self._copies.pop(relpath, None)
             if size is not None:
                 self._nbytes -= size
+            queued = self._queued.pop(relpath, None)
+            if queued is not None:
+                self._queued_bytes -= len(queued)
         with contextlib.suppress(OSError, ValueError):
             self.local.delete(relpath)
 
