@@ -34,7 +34,7 @@ def batch_budget(blocks: Sequence[StoredBlock]) -> float:
     return min(BUDGET_CAP_S, BUDGET_BASE_S + BUDGET_PER_1K_TOKENS_S * tokens / 1000)
 
 
-def verified_read(read: Callable[[str], bytes], block: StoredBlock) -> BlockRead:
+def verified_read(read: Callable[[str], bytes | memoryview], block: StoredBlock) -> BlockRead:
     """``block``'s file through ``read``, checked against the row's size and SHA-256."""
     try:
         data = read(block.relpath)

@@ -42,6 +42,7 @@ class RemoteStore(Protocol):
     def relpath(self, namespace: NamespaceInfo, key: str, checksum: str) -> str: ...
     def write(self, relpath: str, data: bytes) -> None: ...
     def read(self, relpath: str) -> bytes: ...
+    def read_buffer(self, relpath: str) -> memoryview: ...
     def delete(self, relpath: str) -> None: ...
     def close(self) -> None: ...
     def iter_relpaths(self) -> Iterator[str]: ...
@@ -85,7 +86,7 @@ class ReadThroughStore:
             ("local_hits", "remote_reads", "kept", "evicted", "corrupt", "not_kept"), 0
         )
         # Copies to write: relpath -> bytes (verified), oldest first, for the copier thread.
-        self._queued: OrderedDict[str, bytes] = OrderedDict()
+        self._queued: OrderedDict[str, bytes | memoryview] = OrderedDict()
         self._queued_bytes = 0
         self._changed = threading.Condition(self._lock)
         self._copier: threading.Thread | None = None
@@ -196,7 +197,7 @@ class ReadThroughStore:
                 self._count(corrupt=1)
             self._forget(block.relpath)
         self._count(remote_reads=1)
-        remote = verified_read(self.remote.read, block)
+        remote = verified_read(self.remote.read_buffer, block)
         if remote.data is not None:
             self._keep(block.relpath, remote.data)
         return remote
@@ -222,7 +223,7 @@ class ReadThroughStore:
                 self.max_bytes / 1e6,
             )
 
-    def _keep(self, relpath: str, data: bytes) -> None:
+    def _keep(self, relpath: str, data: bytes | memoryview) -> None:
         """Queue ``data`` for a local copy (the copier writes it); never waits."""
         size = len(data)
         with self._lock:
@@ -255,7 +256,7 @@ class ReadThroughStore:
                     self._queued_bytes -= len(data)
                 self._changed.notify_all()
 
-    def _write_copy(self, relpath: str, data: bytes) -> None:
+    def _write_copy(self, relpath: str, data: bytes | memoryview) -> None:
         """Copy ``data`` locally, making room first; a copy that fails is only a later refetch."""
         size = len(data)
         self._shrink(size)

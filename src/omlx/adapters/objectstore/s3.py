@@ -130,6 +130,11 @@ class S3BlockStore:
 
     def read(self, relpath: str) -> bytes:
         """The object's bytes; ``FileNotFoundError`` when it is gone, else ``ObjectStoreError``."""
+        return bytes(self.read_buffer(relpath))
+
+    def read_buffer(self, relpath: str) -> memoryview:
+        """``read`` without copying obstore's buffer (a restore's blocks are megabytes, and a
+        fresh page costs a fault); what checked reads and the read-through tier use."""
         import obstore as obs
 
         name = self._name(relpath)
@@ -140,7 +145,7 @@ class S3BlockStore:
         try:
             with self._lock:
                 self.requests += 1
-            data = bytes(obs.get(self._store, name).bytes())
+            data = memoryview(obs.get(self._store, name).bytes())
         except Exception as exc:
             error = store_error(exc, f"GET {name}")
             if isinstance(error, ObjectStoreError):
@@ -228,7 +233,7 @@ class S3BlockStore:
     # --- helpers ------------------------------------------------------------------------
 
     def _verified_read(self, block: StoredBlock) -> BlockRead:
-        return verified_read(self.read, block)
+        return verified_read(self.read_buffer, block)
 
     def _name(self, relpath: str) -> str:
         if not is_block_relpath(relpath):
