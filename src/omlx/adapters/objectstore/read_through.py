@@ -5,9 +5,10 @@ store's format and layout under their own byte budget, least recently used first
 so a server fetches a block once. A read checks the local copy against the row (size
 and SHA-256) first; a copy that fails is deleted and the block fetched again. The copies
 are a cache of the remote store, never its truth: they are written without fsync (a
-torn copy fails its checksum and is refetched) by a thread of their own, off the
-restore's path (a block waiting for its copy is served from memory), the index does not
-know them, and listings, sweeps and deletes answer for the remote store.
+torn copy fails its checksum and is refetched) by a thread of their own at a low
+priority, between restores (a restore's GETs and checks have the CPU first; a block
+waiting for its copy is served from memory), the index does not know them, and
+listings, sweeps and deletes answer for the remote store.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 # Bytes of blocks waiting for their local copy; past it a block is not kept this time (its
 # next read fetches it again), so a burst of restores never holds much more memory.
 COPY_QUEUE_BYTES = 512 * 2**20
+COPIER_NICE = 10  # the copies' thread yields the CPU to requests (and to the store's GETs)
 
 
 class RemoteStore(Protocol):
@@ -91,6 +93,7 @@ class ReadThroughStore:
         self._changed = threading.Condition(self._lock)
         self._copier: threading.Thread | None = None
         self._closing = False
+        self._batches = 0  # restores reading now: the copier waits for none
         self._reader = ReadAhead(self._read_one, read_threads)
         make_private_dir(local.root)
         self._load()
@@ -115,7 +118,14 @@ class ReadThroughStore:
         return self.remote.read(relpath)
 
     def read_many(self, blocks: Sequence[StoredBlock]) -> Generator[BlockRead, None, None]:
-        return self._reader.read_many(blocks)
+        with self._lock:
+            self._batches += 1
+        try:
+            yield from self._reader.read_many(blocks)
+        finally:
+            with self._lock:
+                self._batches -= 1
+                self._changed.notify_all()
 
     def close(self) -> None:
         """Stop the reads and the copier; copies not yet written are dropped (only a cache)."""
@@ -243,10 +253,15 @@ class ReadThroughStore:
             self._changed.notify_all()
 
     def _copy_queued(self) -> None:
-        """The copier thread: write each queued copy, oldest first, until closed."""
+        """The copier thread: write each queued copy, oldest first, between restores, until
+        closed."""
+        with contextlib.suppress(OSError, AttributeError):  # Linux: this thread's own nice
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COPIER_NICE)
         while True:
             with self._lock:
-                self._changed.wait_for(lambda: self._queued or self._closing)
+                self._changed.wait_for(
+                    lambda: (self._queued and not self._batches) or self._closing
+                )
                 if self._closing:
                     return
                 relpath, data = next(iter(self._queued.items()))
