@@ -118,15 +118,12 @@ class S3BlockStore:
             obs.put(self._store, name, data, mode=self._put_mode(), use_multipart=False)
         except (obx.AlreadyExistsError, obx.PreconditionError):
             return  # the same name holds the same bytes: written already
-        except obx.NotSupportedError:
-            self._no_conditional_puts()
-            self.write(relpath, data)
         except Exception as exc:
-            if "status code: 501" in str(exc) and self._conditional:
-                self._no_conditional_puts()
-                self.write(relpath, data)
-                return
-            raise store_error(exc, f"PUT {name}") from None
+            unsupported = isinstance(exc, obx.NotSupportedError) or "status code: 501" in str(exc)
+            if not (unsupported and self._conditional):
+                raise store_error(exc, f"PUT {name}") from None
+            self._no_conditional_puts()  # a store without If-None-Match: plain PUTs from now
+            self.write(relpath, data)
 
     def read(self, relpath: str) -> bytes:
         """The object's bytes; ``FileNotFoundError`` when it is gone, else ``ObjectStoreError``."""
