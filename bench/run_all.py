@@ -33,6 +33,7 @@ SET: dict[str, tuple[list[str], list[str]]] = {
     "decode": ([], ["--rounds", "1", "--tokens", "64"]),
     "decode_spec": (["--tokens", "160", "--batched"], ["--rounds", "1", "--tokens", "96"]),
     "restore": ([], ["--rounds", "1", "--tokens", "1024"]),
+    "object_store": ([], ["--rounds", "1", "--tokens", "1024"]),
     "index_scale": ([], ["--rows", "10000,100000", "--reps", "50", "--no-orphans"]),
     "hybrid_loop": ([], ["--families", "gemma3_text"]),
     "agent_trace": ([], ["--models", "long", "--scale", "long=0.1", "--main-turns", "10"]),

@@ -1,4 +1,4 @@
-"""Shared fixtures: the optimized BLAS before mlx, the tiny test model, PostgreSQL."""
+"""Shared fixtures: the optimized BLAS before mlx, the tiny test model, PostgreSQL, SeaweedFS."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from omlx.adapters.mlx.models.blas import load_optimized_blas
 from omlx.adapters.sqlindex.urls import sqlite_url
 from tests.postgres import PostgresServer, find_bindir
+from tests.seaweedfs import SeaweedServer, find_weed
 
 # Must run before any test module imports mlx (DESIGN §5).
 load_optimized_blas()
@@ -56,3 +57,39 @@ def index_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return sqlite_url(tmp_path / "index.db")
     return request.getfixturevalue("pg_url")
+
+
+# --- SeaweedFS: one S3-compatible store per session, a fresh key prefix per test ---------
+
+
+@pytest.fixture(scope="session")
+def seaweedfs() -> Iterator[SeaweedServer]:
+    """A real ``weed mini`` (tests/seaweedfs.py); skips, saying why, where the binary cannot run."""
+    weed, why = find_weed()
+    if weed is None:
+        pytest.skip(why)
+    server = SeaweedServer(weed)
+    try:
+        server.start()
+    except BaseException:
+        server.close()
+        raise
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def s3_url(seaweedfs: SeaweedServer) -> str:
+    """``s3://bucket/prefix`` of a prefix no other test uses, on the session's store."""
+    return seaweedfs.new_prefix()
+
+
+@pytest.fixture
+def own_seaweedfs(tmp_path: Path) -> Iterator[SeaweedServer]:
+    """A store this test may stop and start again (the session's one serves other tests)."""
+    weed, why = find_weed()
+    if weed is None:
+        pytest.skip(why)
+    server = SeaweedServer(weed, tmp_path / "weed").start()
+    yield server
+    server.close()

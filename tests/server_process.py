@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -13,10 +14,38 @@ from pathlib import Path
 import httpx
 
 
-def free_port() -> int:
+def free_port(span: int = 0) -> int:
+    """A loopback port free now, below the kernel's ephemeral range when it can be.
+
+    A port the kernel hands out for ``bind(0)`` is one it also hands to outgoing
+    connections; seconds later, when the server binds it, a client of PostgreSQL or
+    SeaweedFS may hold it. ``span``: ``port + span`` must be free too (SeaweedFS puts
+    its gRPC ports 10000 above).
+    """
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10000, max(10001, low - span))
+        if all(_bindable(p) for p in {port, port + span}):
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; macOS's range starts at 49152
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class ServerProcess:

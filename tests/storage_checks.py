@@ -144,3 +144,28 @@ def _namespace_stub(relpath: str, digest: str) -> NamespaceInfo:
     folder = relpath.split("/", 1)[0]
     model = folder[: -len(digest[:12]) - 1]
     return NamespaceInfo(digest, model, "", 0, "", 0)
+
+
+def assert_store_invariants(store: object, index_url: str, max_bytes: int | None = None) -> None:
+    """The invariant over any listable store (a folder, a bucket): rows <=> complete
+    objects whose bytes match their rows, usage within ``max_bytes``."""
+    index = connect_index(index_url, migrate=False)
+    try:
+        blocks = list(index.iter_blocks())
+        total = index.total_bytes()
+    finally:
+        index.close()
+    rows = {b.relpath: b for b in blocks}
+    assert len(rows) == len(blocks), "two rows share an object"
+    listed = {rel: size for rel, size, _ in store.iter_objects()}  # type: ignore[attr-defined]
+    assert set(listed) == set(rows), (
+        f"objects without rows: {sorted(set(listed) - set(rows))[:3]}; "
+        f"rows without objects: {sorted(set(rows) - set(listed))[:3]}"
+    )
+    for rel, block in rows.items():
+        data = store.read(rel)  # type: ignore[attr-defined]
+        assert len(data) == block.nbytes == listed[rel], f"{rel}: size differs from its row"
+        assert hashlib.sha256(data).hexdigest() == block.checksum, f"{rel}: checksum differs"
+    assert total == sum(b.nbytes for b in blocks)
+    if max_bytes is not None:
+        assert total <= max_bytes, f"{total} bytes indexed, budget {max_bytes}"

@@ -1,10 +1,11 @@
 """A cache folder opened for the cold tier, wired one way for the server and the library.
 
 The folder lock, the index (embedded SQLite, or a PostgreSQL one shared by servers), the
-block store, and the one writer thread with its budget and batched recency: what
+block store (the folder's files, or an object store's bucket with local copies under
+the folder), and the one writer thread with its budget and batched recency: what
 ``app.bootstrap`` opens for every model of a server and ``omlx.cache``'s ``DiskTier`` for
 one library namespace. Both may import it; it imports only adapters and the domain. Each
-caller words a locked folder or an unreachable index its own way.
+caller words a locked folder, an unreachable index or a refused bucket its own way.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from omlx.adapters.blockfiles import BlockWriter, CacheDirLock, DiskBudget, FileBlockStore
+from omlx.adapters.blockfiles import BlockWriter, CacheDirLock, FileBlockStore
+from omlx.adapters.blockfiles.maintenance import ListableStore
 from omlx.adapters.private_files import make_private
 from omlx.adapters.sqlindex import SqlBlockIndex, backend, connect_index, index_path, sqlite_url
 from omlx.adapters.sqlindex.damaged import is_damaged, set_aside
@@ -23,6 +25,7 @@ from omlx.domain.cache.cold_tier import RecencyBuffer
 log = logging.getLogger(__name__)
 
 WRITER_TICK_S = 1.0  # how often an idle writer wakes to flush recency or see close()
+READ_THROUGH_DEFAULT_BYTES = 20 * 10**9  # local copies of an object store's blocks
 
 
 def index_url_of(cache_dir: Path, index_url: str | None) -> str:
@@ -45,9 +48,15 @@ class ColdFolder:
 
     dir: Path
     index: SqlBlockIndex
-    store: FileBlockStore
+    store: ListableStore
     shared: bool
     lock: CacheDirLock
+    block_store: str = ""  # the object store's URL; "": the folder's own files
+
+    @property
+    def store_url(self) -> str:
+        """Where the blocks are: the object store's URL, else the folder."""
+        return self.block_store or str(self.dir)
 
     def close(self) -> None:
         """Stop the store's read threads, close the index, unlock (after the writer drained)."""
@@ -58,13 +67,26 @@ class ColdFolder:
             self.lock.release()
 
 
-def open_cold_folder(cache_dir: Path, index_url: str | None, *, writer_id: str = "") -> ColdFolder:
+def open_cold_folder(
+    cache_dir: Path,
+    index_url: str | None,
+    *,
+    writer_id: str = "",
+    block_store: str = "",
+    read_through_bytes: int = READ_THROUGH_DEFAULT_BYTES,
+) -> ColdFolder:
     """Lock ``cache_dir`` (exclusive, or shared beside a shared index) and connect its index;
     a damaged SQLite index is moved aside and a new one made (``sqlindex.damaged``).
 
-    Raises ``CacheDirLocked`` when another owner holds the folder, and the index's own
-    error when it cannot be reached (the lock is released then). ``writer_id`` names this
-    process's temporary files among the servers sharing the folder.
+    ``block_store``: an ``s3://bucket/prefix`` whose objects hold the blocks, with up to
+    ``read_through_bytes`` of local copies in the folder (which keeps the lock, and the
+    index unless ``index_url`` names a shared one); empty: the folder's own files.
+
+    Raises ``CacheDirLocked`` when another owner holds the folder, the index's own error
+    when it cannot be reached, and ValueError for a bad ``block_store`` or no credentials
+    for it (the lock is released then). ``writer_id`` names this process's temporary
+    files among the servers sharing the folder. Nothing here asks the object store:
+    the caller checks it (``store.check()``) and words the answer.
     """
     make_private(cache_dir)
     url = index_url_of(cache_dir, index_url)
@@ -76,8 +98,32 @@ def open_cold_folder(cache_dir: Path, index_url: str | None, *, writer_id: str =
     except BaseException:
         lock.release()
         raise
-    store = FileBlockStore(cache_dir, writer_id=writer_id)
-    return ColdFolder(cache_dir, index, store, shared, lock)
+    try:
+        store = open_block_store(cache_dir, block_store, writer_id, read_through_bytes)
+    except BaseException:
+        index.close()
+        lock.release()
+        raise
+    return ColdFolder(cache_dir, index, store, shared, lock, block_store)
+
+
+def open_block_store(
+    cache_dir: Path,
+    block_store: str = "",
+    writer_id: str = "",
+    read_through_bytes: int = READ_THROUGH_DEFAULT_BYTES,
+) -> ListableStore:
+    """The folder's files, or the object store ``block_store`` names read through copies
+    in the folder; ValueError for a setting that names neither."""
+    if not block_store:
+        return FileBlockStore(cache_dir, writer_id=writer_id)
+    from omlx.adapters.objectstore import is_object_store_url, open_object_store
+
+    if not is_object_store_url(block_store):
+        raise ValueError(
+            f"block_store {block_store!r}: expected s3://bucket/prefix (empty: the cache folder)"
+        )
+    return open_object_store(block_store, cache_dir, read_through_bytes)
 
 
 def _connect_or_set_aside(url: str, db: Path | None) -> SqlBlockIndex:
@@ -129,7 +175,7 @@ def start_cold_writer(
     writer = BlockWriter(
         folder.store,
         folder.index,
-        DiskBudget(folder.dir, max_bytes),
+        folder.store.budget(max_bytes),  # a bucket's is max_bytes alone
         is_pinned=is_pinned,
         tick=recency.maybe_flush,
         shared=folder.shared,

@@ -1,10 +1,11 @@
-"""Disk faults while serving (a full disk, a read-only folder, writes failing), named and
-logged once per episode.
+"""Storage faults while serving (a full disk, a read-only folder, writes failing, an object
+store down or refusing us), named and logged once per episode.
 
 A full disk or a read-only cache folder fails every block write the same way: one
 WARNING when writes start failing for a reason, one line when a write succeeds again,
 and the count in between, instead of a traceback per block. ``fault_of`` recognises the
-fault in an ``OSError`` and in SQLite's errors (raw or wrapped by SQLAlchemy).
+fault in an ``OSError``, in SQLite's errors (raw or wrapped by SQLAlchemy), and in an
+error that names its own (an object store's: its ``fault`` attribute).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ NO_SPACE = "no_space"
 READ_ONLY = "read_only"
 IO_ERROR = "io_error"  # the disk refuses writes through files already open (SQLite's IOERR)
 DAMAGED = "damaged"  # the index file was damaged under the running server
+UNREACHABLE = "unreachable"  # an object store down, slow, failing (5xx) or throttling
+DENIED = "denied"  # an object store refuses our credentials, or the bucket is gone
+# Faults that pass by themselves: a write that fails with one is worth trying again later.
+TRANSIENT = frozenset({UNREACHABLE})
 
 _ERRNOS = {
     errno.ENOSPC: NO_SPACE,
@@ -41,25 +46,34 @@ _WHAT = {
     READ_ONLY: "read-only or not writable",
     IO_ERROR: "writes fail",
     DAMAGED: "its index is damaged",
+    UNREACHABLE: "cannot be reached",
+    DENIED: "refuses our requests",
 }
 _UNTIL = {
     NO_SPACE: "until there is room",
     READ_ONLY: "until it is writable again",
     IO_ERROR: "until they work",
     DAMAGED: "until a restart (which moves the damaged index aside and makes a new one)",
+    UNREACHABLE: "until it answers",
+    DENIED: "until it accepts them",
 }
 _WHILE = {
     NO_SPACE: "while out of space",
     READ_ONLY: "while not writable",
     IO_ERROR: "while writes failed",
     DAMAGED: "while the index was damaged",
+    UNREACHABLE: "while it could not be reached",
+    DENIED: "while it refused them",
 }
 
 
 def fault_of(exc: BaseException | None) -> str | None:
-    """``no_space`` or ``read_only`` when ``exc`` (or what it wraps) is one, else None."""
+    """The fault ``exc`` (or what it wraps) is, e.g. ``no_space``; None when none is known."""
     seen = 0
     while exc is not None and seen < 8:
+        named = getattr(exc, "fault", None)
+        if named in _WHAT:
+            return named
         if isinstance(exc, OSError) and exc.errno in _ERRNOS:
             return _ERRNOS[exc.errno]
         text = str(exc).lower()
@@ -85,8 +99,11 @@ class FaultEpisodes:
         logger: logging.Logger,
         what: str = "blocks are not written",
         quiet_s: float = 60.0,
+        again: str = "written again",
+        counted: str = "writes dropped",
     ) -> None:
-        """``where``: the folder, in the log lines; ``what``: what the fault stops."""
+        """``where``: the folder or store, in the log lines; ``what``: what the fault stops;
+        ``again``: what the line at its end says, with the count of ``counted``."""
         self.where = where
         self.what = what
         self.quiet_s = quiet_s
@@ -96,6 +113,7 @@ class FaultEpisodes:
         self._announced = False
         self._last_warning: dict[str, float] = {}
         self._dropped = 0
+        self.again, self.counted = again, counted
 
     @property
     def fault(self) -> str | None:
@@ -131,7 +149,12 @@ class FaultEpisodes:
             self._fault, self._dropped, self._announced = None, 0, False
         if fault is not None and announced:
             self._log.warning(
-                "%s: written again (%d writes dropped %s)", self.where, dropped, _WHILE[fault]
+                "%s: %s (%d %s %s)",
+                self.where,
+                self.again,
+                dropped,
+                self.counted,
+                _WHILE[fault],
             )
 
 

@@ -141,6 +141,18 @@ def _serve_options(fn):
             help="The SSD tier's index: empty for SQLite in the cache folder, or postgresql+psycopg://… shared by several servers.",
         ),
         click.option(
+            "--block-store",
+            default=None,
+            help="Keep the SSD tier's blocks in an S3-compatible object store: s3://bucket/prefix "
+            "(endpoint, region and keys from the usual AWS_* variables or ~/.aws files); the "
+            "cache folder keeps local copies, the lock, and index.db unless --index-url is given.",
+        ),
+        click.option(
+            "--read-through-max-size",
+            default=None,
+            help="With --block-store: local copies of its blocks kept in the cache folder, e.g. 50GB (default 20GB).",
+        ),
+        click.option(
             "--server-id",
             default=None,
             help="This server's name among those sharing an index (default HOSTNAME-PORT).",

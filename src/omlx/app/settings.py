@@ -49,6 +49,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     warm_restart_record_seconds: float = 60.0  # how often the hot set is recorded when it changed
     prepared_weights_max_size: str = "16GB"
     index_url: str = ""
+    block_store: str = ""  # s3://bucket/prefix: blocks in an object store; "": the cache folder
+    read_through_max_size: str = "20GB"  # local copies of an object store's blocks
     server_id: str = ""
     eviction_lease_seconds: float = 60.0
     reconcile_grace_seconds: float = 60.0
@@ -95,6 +97,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     @property
     def ssd_cache_bytes(self) -> int:
         return parse_size(self.paged_ssd_cache_max_size)
+
+    @property
+    def read_through_bytes(self) -> int:
+        return parse_size(self.read_through_max_size)
 
     @property
     def prepared_weights_bytes(self) -> int:
@@ -163,7 +169,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError("speculation_max_rows must be >= 1")
         self.kv_quant  # noqa: B018 - raises naming kv_bits or kv_group_size
         parse_kv_mode(self.kv_mode)
-        for key in ("hot_cache_max_size", "paged_ssd_cache_max_size", "prepared_weights_max_size"):
+        for key in (
+            "hot_cache_max_size",
+            "paged_ssd_cache_max_size",
+            "prepared_weights_max_size",
+            "read_through_max_size",
+        ):
             if key == "hot_cache_max_size" and self.hot_cache_auto:
                 continue
             try:  # parse now so a bad size fails at start, naming its key
@@ -205,6 +216,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError(
                 f"index_url {self.index_url!r} is not a URL: sqlite:///PATH or postgresql+psycopg://…"
             )
+        if self.block_store:
+            from omlx.adapters.objectstore.location import S3Location
+
+            S3Location.parse(self.block_store)  # raises naming block_store
         for origin in self.allowed_origins:
             if origin != "*" and not _ORIGIN.match(origin.strip()):
                 raise ValueError(

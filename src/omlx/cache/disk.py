@@ -50,6 +50,21 @@ def decode(data: bytes) -> DecodedBlock:
     return DecodedBlock(tokens, Loaded(layers, int(metadata["token_count"]), nbytes), metadata)
 
 
+def _check_object_store(store: Any, url: str) -> None:
+    """One request at open: refused keys or no such bucket raise; no answer is one warning
+    (blocks are then misses until the store answers)."""
+    from omlx.adapters.objectstore import StoreDenied, StoreUnreachable
+
+    try:
+        store.check()
+    except StoreDenied as exc:
+        raise RuntimeError(f"object store refused: {exc}") from None
+    except StoreUnreachable as exc:
+        log.warning(
+            "object store %s does not answer (%s); blocks are misses until it does", url, exc
+        )
+
+
 class DiskTier:
     """One namespace's blocks in a cache folder; owns the folder lock, the index and the writer."""
 
@@ -60,12 +75,13 @@ class DiskTier:
         max_bytes: int,
         *,
         index_url: str | None = None,
+        block_store: str = "",
         is_pinned: Callable[[str], bool] = lambda key: False,
     ) -> None:
         self.cache_dir = Path(cache_dir).expanduser()
         self.namespace = namespace
         try:
-            self._folder = open_cold_folder(self.cache_dir, index_url)
+            self._folder = open_cold_folder(self.cache_dir, index_url, block_store=block_store)
         except CacheDirLocked as exc:
             raise RuntimeError(
                 f"cache folder {self.cache_dir} is in use by "
@@ -73,6 +89,8 @@ class DiskTier:
                 "another cache with an embedded index); close it, or use another folder"
             ) from None
         try:
+            if block_store:
+                _check_object_store(self._folder.store, block_store)
             # Listed by `omlx admin cache stats` from now on.
             self._folder.index.upsert_namespace(namespace)
         except BaseException:

@@ -26,7 +26,9 @@ class CacheConfig:
     keeps blocks in RAM only. ``max_paged_ssd_cache_size``: the folder's budget, for all
     its models together (default 100 GB). ``hot_cache_max_size``: the RAM tier's budget
     (default 2 GB). ``index_url``: a PostgreSQL index shared with servers, instead of
-    ``<paged_ssd_cache_dir>/index.db``. ``block_size``: the most tokens one block covers;
+    ``<paged_ssd_cache_dir>/index.db``. ``block_store``: ``s3://bucket/prefix`` to keep the
+    blocks in an object store (the folder keeps local copies; docs/multi-machine.md), as
+    the server's ``--block-store``. ``block_size``: the most tokens one block covers;
     models at two block sizes never share blocks. The names are oMLX's (a loop written
     against oMLX's cache keeps its config); the server spells the budget
     ``paged_ssd_cache_max_size``.
@@ -37,6 +39,7 @@ class CacheConfig:
     max_paged_ssd_cache_size: int | str = COLD_TIER_DEFAULT_BYTES
     hot_cache_max_size: int | str = HOT_TIER_DEFAULT_BYTES
     index_url: str | None = None
+    block_store: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.block_size, int) or self.block_size < 1:
@@ -76,6 +79,7 @@ class CacheFactory:
             model_name=model_name,
             block_size=config.block_size,
             index_url=config.index_url,
+            block_store=config.block_store,
         )
 
     @staticmethod

@@ -87,7 +87,8 @@ class PagedSSDCacheManager:
 
     ``cache_dir`` is the cache folder the server uses too (``~/.omlx/cache`` by default
     there): files go to ``<cache_dir>/<model_name>-<namespace[:12]>/``, rows to
-    ``<cache_dir>/index.db`` (or to ``index_url``, a PostgreSQL index shared by servers).
+    ``<cache_dir>/index.db`` (or to ``index_url``, a PostgreSQL index shared by servers);
+    ``block_store`` (``s3://bucket/prefix``) keeps the blocks in an object store.
     ``max_size_bytes`` is the folder's budget, for every model's blocks together;
     ``hot_cache_max_bytes`` the RAM tier's. With ``hot_cache_only=True`` nothing touches
     the disk: no folder, no index, no writer thread. Otherwise the folder is locked as a
@@ -105,6 +106,7 @@ class PagedSSDCacheManager:
         model_name: str = "default",
         block_size: int = 64,
         index_url: str | None = None,
+        block_store: str = "",
         paged_cache: PagedCache | None = None,
     ) -> None:
         if max_size_bytes < 0 or hot_cache_max_bytes < 0:
@@ -130,6 +132,7 @@ class PagedSSDCacheManager:
                 self.namespace,
                 max_size_bytes,
                 index_url=index_url,
+                block_store=block_store,
                 is_pinned=self.ram.hot.is_pinned,
             )
             # Queued writes land before the process exits, even if close() is never called.

@@ -1,7 +1,9 @@
 """The cold tier's byte budget: ``max_bytes``, capped so the disk keeps a free-space reserve.
 
 Reserve policy: unless configured, keep ``min(1 GiB, 5% of the disk's size)`` free;
-the cache shrinks (LRU first) rather than fill the disk past that point.
+the cache shrinks (LRU first) rather than fill the disk past that point. A store that is
+not this machine's disk (an object store) has ``max_bytes`` alone (``SizeBudget``): the
+local disk's free space says nothing about a bucket's.
 """
 
 from __future__ import annotations
@@ -39,3 +41,13 @@ class DiskBudget:
         reserve = default_reserve(usage.total) if self.reserve_bytes is None else self.reserve_bytes
         # Blocks already stored count as reclaimable: evicting them gives their space back.
         return max(0, min(self.max_bytes, used + usage.free - reserve))
+
+
+@dataclass(frozen=True)
+class SizeBudget:
+    """``max_bytes`` and nothing else (the domain's ``ByteBudget``), for a remote store."""
+
+    max_bytes: int = COLD_TIER_DEFAULT_BYTES
+
+    def limit(self, used: int) -> int:
+        return self.max_bytes

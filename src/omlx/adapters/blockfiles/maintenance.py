@@ -1,10 +1,11 @@
-"""Keeping rows and files in step: verify every block, reconcile the folder with the index.
+"""Keeping rows and files in step: verify every block, reconcile the store with the index.
 
-Used by ``omlx admin cache verify|vacuum`` and by a server's start-up reconcile. Safe
-beside live servers given a ``grace`` period: a block file younger than that may be one
-a writer has just renamed into place and is about to index, and a row younger than that
-may name a file a network share does not show this host yet, so both are left alone.
-With a shared index, callers run it under ``SqlBlockIndex.maintenance_lock()``.
+Used by ``omlx admin cache verify|vacuum`` and by a server's start-up reconcile, over
+any store that can list its blocks (``ListableStore``: a cache folder, a bucket). Safe
+beside live servers given a ``grace`` period: a block file (or object) younger than that
+may be one a writer has just put in place and is about to index, and a row younger than
+that may name a file a network share does not show this host yet, so both are left
+alone. With a shared index, callers run it under ``SqlBlockIndex.maintenance_lock()``.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from omlx.adapters.blockfiles.expected import BlockSpec, file_problem, spec_of
 from omlx.adapters.blockfiles.format import unpack_block
 from omlx.adapters.blockfiles.image_files import check_image_block
-from omlx.adapters.blockfiles.store import FileBlockStore, key_of
+from omlx.adapters.blockfiles.store import key_of
 from omlx.domain.cache.blocks import StoredBlock
 from omlx.domain.cache.keys import EXTERNAL, IMAGE, rederives
-from omlx.domain.cache.ports import BlockIndex
+from omlx.domain.cache.ports import BlockIndex, BlockStore, ByteBudget
 
 if TYPE_CHECKING:
     from omlx.adapters.sqlindex.repository import NamespaceRecord
@@ -50,6 +51,31 @@ class ScannableIndex(BlockIndex, Protocol):
     def namespace_records(self) -> list[NamespaceRecord]: ...
 
 
+class ListableStore(BlockStore, Protocol):
+    """The store port plus what a sweep needs: one listing with sizes and modification
+    times, one block's, and its own tidying (``FileBlockStore``, ``S3BlockStore``)."""
+
+    label: str
+
+    def iter_objects(self) -> Iterator[tuple[str, int, float]]:
+        """Every complete block: ``(relpath, size, modified)`` (Unix time)."""
+        ...
+
+    def file_info(self, relpath: str) -> tuple[int, float] | None:
+        """``(size, modified)`` of one block, or None when there is none."""
+        ...
+
+    def remove_temp_files(
+        self, older_than: float | None = None, *, own_older_than: float | None = None
+    ) -> int: ...
+
+    def prune_empty_dirs(self) -> int: ...
+
+    def budget(self, max_bytes: int) -> ByteBudget:
+        """What the store may hold under a ``max_bytes`` setting (a disk keeps a reserve)."""
+        ...
+
+
 @dataclass(slots=True)
 class ReconcileReport:
     temp_files: int = 0
@@ -74,7 +100,7 @@ class ReconcileReport:
 
 
 def check_block(
-    store: FileBlockStore, block: StoredBlock, spec: BlockSpec | None = None
+    store: ListableStore, block: StoredBlock, spec: BlockSpec | None = None
 ) -> str | None:
     """Why ``block`` must not be served, or None when its file is sound.
 
@@ -116,7 +142,7 @@ def check_block(
 
 
 def verify(
-    index: ScannableIndex, store: FileBlockStore, progress: Progress = no_progress
+    index: ScannableIndex, store: ListableStore, progress: Progress = no_progress
 ) -> list[tuple[StoredBlock, str]]:
     """Every indexed block that fails :func:`check_block`, with the reason (against its
     namespace's recorded block spec where a server recorded one)."""
@@ -132,7 +158,7 @@ def verify(
     return bad
 
 
-def remove_blocks(index: BlockIndex, store: FileBlockStore, blocks: Sequence[StoredBlock]) -> int:
+def remove_blocks(index: BlockIndex, store: ListableStore, blocks: Sequence[StoredBlock]) -> int:
     """Rows first (one transaction), files after the commit; returns the bytes freed."""
     if not blocks:
         return 0
@@ -141,7 +167,7 @@ def remove_blocks(index: BlockIndex, store: FileBlockStore, blocks: Sequence[Sto
 
 
 def delete_files(
-    store: FileBlockStore, blocks: Sequence[StoredBlock], progress: Progress = no_progress
+    store: ListableStore, blocks: Sequence[StoredBlock], progress: Progress = no_progress
 ) -> int:
     """Delete the files of blocks whose rows are already gone; returns the bytes freed."""
     freed = 0
@@ -152,7 +178,7 @@ def delete_files(
     return freed
 
 
-def collect_old_formats(index: ScannableIndex, store: FileBlockStore) -> int:
+def collect_old_formats(index: ScannableIndex, store: ListableStore) -> int:
     """Remove the blocks of namespaces written in an older block format; returns how many.
 
     A format change gives every model a new namespace, so those blocks can never be
@@ -168,7 +194,7 @@ def collect_old_formats(index: ScannableIndex, store: FileBlockStore) -> int:
 
 def reconcile(
     index: ScannableIndex,
-    store: FileBlockStore,
+    store: ListableStore,
     *,
     grace: float | None,
     own_grace: float | None = None,
@@ -185,23 +211,29 @@ def reconcile(
         temp_files=store.remove_temp_files(older_than=grace, own_older_than=own_grace)
     )
     now = time.time()
-    missing = [
+    # One listing, taken before the rows are read: a row written since has a young
+    # created_at (spared by the grace), and a bucket lists faster than it answers a HEAD
+    # per row.
+    listed = {
+        rel: (size, modified)
+        for rel, size, modified in progress(store.iter_objects(), None, "checking block files")
+    }
+    unlisted = [
         b
         for b in progress(index.iter_blocks(), index.block_count(), "checking index rows")
-        if (grace is None or now - b.created_at > grace) and store.file_info(b.relpath) is None
+        if (grace is None or now - b.created_at > grace) and b.relpath not in listed
     ]
+    # Asked again one by one before the rows go (few): a listing may lag a write.
+    missing = [b for b in unlisted if store.file_info(b.relpath) is None]
     if missing:
         index.remove_blocks([b.key for b in missing])
     report.rows_without_files = len(missing)
     indexed = index.all_relpaths()
     candidates: list[tuple[str, int]] = []
-    for rel in progress(store.iter_relpaths(), None, "checking block files"):
-        if rel in indexed:
+    for rel, (size, modified) in listed.items():
+        if rel in indexed or (grace is not None and now - modified <= grace):
             continue
-        info = store.file_info(rel)
-        if info is None or (grace is not None and now - info[1] <= grace):
-            continue
-        candidates.append((rel, info[0]))
+        candidates.append((rel, size))
     # Re-read the rows right before deleting: a block written since the snapshot is kept.
     keys = [key_of(rel) for rel, _ in candidates]
     rows = index.get_blocks(keys)

@@ -34,14 +34,16 @@ def batch_budget(blocks: Sequence[StoredBlock]) -> float:
     return min(BUDGET_CAP_S, BUDGET_BASE_S + BUDGET_PER_1K_TOKENS_S * tokens / 1000)
 
 
-def verified_read(read: Callable[[str], bytes], block: StoredBlock) -> BlockRead:
+def verified_read(read: Callable[[str], bytes | memoryview], block: StoredBlock) -> BlockRead:
     """``block``'s file through ``read``, checked against the row's size and SHA-256."""
     try:
         data = read(block.relpath)
     except FileNotFoundError:
         return BlockRead(block, None, ReadFailure.MISSING)
     except (OSError, ValueError) as exc:  # ValueError: a relpath that escapes the folder
-        return BlockRead(block, None, ReadFailure.UNREADABLE, str(exc))
+        # A store that names its fault (an object store down) has logged it once already.
+        failure = ReadFailure.UNAVAILABLE if getattr(exc, "fault", None) else ReadFailure.UNREADABLE
+        return BlockRead(block, None, failure, str(exc))
     if len(data) != block.nbytes:
         return BlockRead(
             block, None, ReadFailure.MISMATCH, f"{len(data)} bytes, row says {block.nbytes}"

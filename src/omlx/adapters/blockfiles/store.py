@@ -20,6 +20,7 @@ import time
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
+from omlx.adapters.blockfiles.budget import DiskBudget
 from omlx.adapters.blockfiles.reader import READ_THREADS, ReadAhead, verified_read
 from omlx.adapters.private_files import PRIVATE_FILE, make_private_dir
 from omlx.domain.cache.blocks import BlockRead, NamespaceInfo, StoredBlock
@@ -51,6 +52,28 @@ def writer_tag(writer_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]+", "_", writer_id)[:48] or "w"
 
 
+def block_relpath(namespace: NamespaceInfo, key: str, checksum: str) -> str:
+    """``<model-name>-<namespace[:12]>/<key[:2]>/<key>.<sha256[:12]>.safetensors``: the name
+    of a block's bytes in every store (a folder's file, a bucket's object)."""
+    if len(key) < 3 or not key.isalnum():
+        raise ValueError(f"bad block key {key!r}")
+    if len(checksum) < CHECKSUM_CHARS or not _HEX.match(checksum):
+        raise ValueError(f"bad block checksum {checksum!r}")
+    folder = f"{safe_folder_name(namespace.model_name)}-{namespace.digest[:12]}"
+    return f"{folder}/{key[:2]}/{key}.{checksum[:CHECKSUM_CHARS]}{BLOCK_SUFFIX}"
+
+
+def is_block_relpath(relpath: str) -> bool:
+    """Whether ``relpath`` has the three-level layout of a block's name (either naming)."""
+    parts = relpath.split("/")
+    return (
+        len(parts) == 3
+        and all(parts)
+        and not any(p.startswith(".") for p in parts)
+        and parts[2].endswith(BLOCK_SUFFIX)
+    )
+
+
 class FileBlockStore:
     """``BlockStore`` over one cache folder; relative paths are '/'-separated."""
 
@@ -60,8 +83,13 @@ class FileBlockStore:
         *,
         writer_id: str = "",
         read_threads: int = READ_THREADS,
+        durable: bool = True,
     ) -> None:
+        """``durable=False``: writes skip the fsyncs (a copy whose loss costs a refetch:
+        the read-through tier of an object store; every read checks the checksum)."""
         self.root = Path(cache_dir).expanduser()
+        self.label = f"cache folder {self.root}"  # in log lines about its faults
+        self.durable = durable
         self.writer_tag = writer_tag(writer_id or f"pid{os.getpid()}")
         self._reader = ReadAhead(self._verified_read, read_threads)
         # Temporary files a failed write could not remove (its folder turned read-only or
@@ -70,12 +98,11 @@ class FileBlockStore:
         self._stranded: set[Path] = set()
 
     def relpath(self, namespace: NamespaceInfo, key: str, checksum: str) -> str:
-        if len(key) < 3 or not key.isalnum():
-            raise ValueError(f"bad block key {key!r}")
-        if len(checksum) < CHECKSUM_CHARS or not _HEX.match(checksum):
-            raise ValueError(f"bad block checksum {checksum!r}")
-        folder = f"{safe_folder_name(namespace.model_name)}-{namespace.digest[:12]}"
-        return f"{folder}/{key[:2]}/{key}.{checksum[:CHECKSUM_CHARS]}{BLOCK_SUFFIX}"
+        return block_relpath(namespace, key, checksum)
+
+    def budget(self, max_bytes: int) -> DiskBudget:
+        """``max_bytes``, less what the disk's free-space reserve needs."""
+        return DiskBudget(self.root, max_bytes)
 
     def path(self, relpath: str) -> Path:
         """The absolute path of ``relpath``; refuses anything that escapes the cache folder."""
@@ -100,7 +127,8 @@ class FileBlockStore:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
-                os.fsync(fd)
+                if self.durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, target)
@@ -111,7 +139,8 @@ class FileBlockStore:
             except OSError:
                 self._stranded.add(tmp)
             raise
-        _fsync_dir(folder)
+        if self.durable:
+            _fsync_dir(folder)
         if self._stranded:
             self._remove_stranded()
 
@@ -151,6 +180,13 @@ class FileBlockStore:
     def iter_relpaths(self) -> Iterator[str]:
         for rel, _ in self._walk_blocks(temp=False):
             yield rel
+
+    def iter_objects(self) -> Iterator[tuple[str, int, float]]:
+        """Every complete block file: ``(relpath, size, mtime)`` (one listing for a sweep)."""
+        for rel in self.iter_relpaths():
+            info = self.file_info(rel)
+            if info is not None:  # removed since the walk
+                yield rel, info[0], info[1]
 
     def iter_temp_files(self) -> Iterator[tuple[str, float]]:
         """Leftover temporary files: ``(relpath, mtime)``."""
@@ -218,7 +254,7 @@ class FileBlockStore:
             return
         created_folders = make_private_dir(folder)
         # A new folder's entry lives in its parent: fsync those so the layout survives a crash.
-        for created in created_folders:
+        for created in created_folders if self.durable else ():
             _fsync_dir(created.parent)
 
 

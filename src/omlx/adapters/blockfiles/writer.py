@@ -5,7 +5,9 @@ block (making room within the budget), this thread writes its file durably under
 that carries its checksum, and ``ColdWrites`` adds the row: the write policy is the
 domain's, the I/O and what a failure of the disk means are this thread's. A full
 queue, a full disk or an unreachable index drops the write, with a log line and a
-counter; the engine's write-through never blocks. An import asks to wait for room
+counter; the engine's write-through never blocks. A store that fails for a while (an
+object store down or throttling) gets its writes tried again: a few, with backoff, in a
+small queue of their own, then dropped and counted. An import asks to wait for room
 instead and to be told each block's outcome (``submit(wait=, done=)``), so what it
 reports as written is what the index holds.
 """
@@ -17,16 +19,21 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omlx.adapters.disk_faults import NO_SPACE, FaultEpisodes, fault_of
+from omlx.adapters.disk_faults import NO_SPACE, TRANSIENT, FaultEpisodes, fault_of
 from omlx.domain.cache.blocks import BlockMeta, NamespaceInfo
 from omlx.domain.cache.cold_writes import ColdWrites, WriteOutcome, WriterStats
 from omlx.domain.cache.ports import BlockIndex, BlockStore, ByteBudget, IndexUnavailable
 from omlx.domain.cache.tally import Tally
 
 log = logging.getLogger(__name__)
+
+RETRY_QUEUE = 64  # writes waiting for another try after a transient fault of the store
+RETRY_ATTEMPTS = 4  # tries after the first, RETRY_FIRST_S apart and doubling: 1, 2, 4, 8 s
+RETRY_FIRST_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +82,11 @@ class BlockWriter:
         self._pending: set[str] = set()
         self._lock = threading.Lock()  # pending keys, and the drops counted with them
         self._abandoned = 0  # jobs dropped by a close that ran out of time
+        # Writes a transient fault failed: (when to try again, tries so far, the job).
+        self._retries: deque[tuple[float, int, WriteJob]] = deque()
+        self.retry_first_s = RETRY_FIRST_S
         # One warning per episode of a full disk or read-only folder, one when it ends.
-        self._faults = FaultEpisodes(f"cache folder {getattr(store, 'root', '')}".rstrip(), log)
+        self._faults = FaultEpisodes(getattr(store, "label", "block store"), log)
         self._closing = threading.Event()
         self._abort = threading.Event()
         self._thread = threading.Thread(target=self._run, name="omlx-block-writer", daemon=True)
@@ -134,7 +144,9 @@ class BlockWriter:
 
     def stats(self) -> WriterStats:
         """The counters so far, and the blocks queued now."""
-        return self._tally.read_as(WriterStats, queued=self._queue.qsize())
+        return self._tally.read_as(
+            WriterStats, queued=self._queue.qsize(), awaiting_retry=len(self._retries)
+        )
 
     def close(self, timeout: float = 30.0) -> bool:
         """Stop taking jobs, drain the queue for up to ``timeout`` s, stop. True when drained."""
@@ -160,13 +172,14 @@ class BlockWriter:
         while not self._abort.is_set():
             closing = self._closing.is_set()
             try:
-                job = self._queue.get(block=not closing, timeout=self._tick_interval)
+                job = self._queue.get(block=not closing, timeout=self._wait_s())
             except queue.Empty:
                 if closing:
                     break
                 job = None
             if job is not None:
                 self._process_safely(job)
+            self._retry_due()
             if time.monotonic() - last_tick >= self._tick_interval:
                 last_tick = time.monotonic()
                 self._run_tick()
@@ -185,7 +198,35 @@ class BlockWriter:
             else:  # recency touches cannot be written either: the same episode
                 self._faults.failed(fault, exc)
 
+    def _wait_s(self) -> float:
+        """How long the thread may wait for a job: until the next tick or retry is due."""
+        if not self._retries:
+            return self._tick_interval
+        return max(0.0, min(self._tick_interval, self._retries[0][0] - time.monotonic()))
+
+    def _retry_due(self) -> None:
+        """Try again the writes whose time has come (the queue is kept in due order)."""
+        while self._retries and self._retries[0][0] <= time.monotonic():
+            if self._abort.is_set():
+                return
+            _, tries, job = self._retries.popleft()
+            self._process_safely(job, tries)
+
+    def _defer(self, job: WriteJob, tries: int) -> bool:
+        """Queue ``job`` for another try after a transient fault; False when it is dropped
+        instead (tried enough, the retry queue full, or closing)."""
+        if tries >= RETRY_ATTEMPTS or len(self._retries) >= RETRY_QUEUE or self._closing.is_set():
+            return False
+        due = time.monotonic() + self.retry_first_s * 2**tries
+        self._retries.append((due, tries + 1, job))
+        self._tally.add(retried=1)
+        return True
+
     def _drop_remaining(self) -> None:
+        while self._retries:  # closing: a store that is down now is not waited for
+            _, _, job = self._retries.popleft()
+            self._abandoned += 1
+            self._finish(job, "dropped_closed")
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -194,7 +235,7 @@ class BlockWriter:
             self._abandoned += 1
             self._finish(job, "dropped_closed")
 
-    def _process_safely(self, job: WriteJob) -> None:
+    def _process_safely(self, job: WriteJob, tries: int = 0) -> None:
         try:
             outcome = self._process(job)
         except IndexUnavailable as exc:  # already logged once by the index, unless the disk
@@ -214,6 +255,8 @@ class BlockWriter:
                 self._faults.failed(fault, exc)
                 log.debug("block %s not written: %s", job.meta.key, exc)
                 self._writes.forget_usage()  # re-read usage and free space before the next write
+                if fault in TRANSIENT and self._defer(job, tries):
+                    return  # still pending: tried again later
                 outcome = f"dropped_{fault}"
         else:
             if outcome == WriteOutcome.WRITTEN:

@@ -259,6 +259,8 @@ def _cache_families(state: ServerState) -> Iterator[Metric]:
             ("read_only", w.dropped_read_only),
             ("io_error", w.dropped_io_error),
             ("damaged", w.dropped_damaged),
+            ("unreachable", w.dropped_unreachable),
+            ("denied", w.dropped_denied),
             ("closed", w.dropped_closed),
             ("error", w.dropped_error),
         ):

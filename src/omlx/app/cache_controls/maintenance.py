@@ -24,7 +24,7 @@ from omlx.domain.json_values import JsonObject
 from omlx.domain.sizes import format_bytes
 
 if TYPE_CHECKING:  # the folder's adapters are the root's; these functions are handed them
-    from omlx.adapters.blockfiles.store import FileBlockStore
+    from omlx.adapters.blockfiles.maintenance import ListableStore
     from omlx.adapters.cold_folder import ColdFolder
     from omlx.adapters.sqlindex import SqlBlockIndex
 
@@ -47,7 +47,7 @@ def count(n: int, noun: str) -> str:
 
 def clear_blocks(
     index: SqlBlockIndex,
-    store: FileBlockStore,
+    store: ListableStore,
     model: str | None,
     progress: Progress | None = None,
 ) -> Cleared:
@@ -69,7 +69,7 @@ def clear_blocks(
 
 def vacuum_blocks(
     index: SqlBlockIndex,
-    store: FileBlockStore,
+    store: ListableStore,
     *,
     grace: float | None,
     max_bytes: int | None,
@@ -85,7 +85,6 @@ def vacuum_blocks(
     The bytes of block files freed; None when another server or admin holds the
     maintenance lock.
     """
-    from omlx.adapters.blockfiles.budget import DiskBudget
     from omlx.adapters.blockfiles.maintenance import delete_files, no_progress, reconcile
 
     progress = progress or no_progress
@@ -111,7 +110,7 @@ def vacuum_blocks(
                 f"{count(len(blocks), 'block')} ({format_bytes(gone)})"
             )
             freed += gone
-        budget = DiskBudget(store.root, max_bytes=max_bytes if max_bytes is not None else 2**62)
+        budget = store.budget(max_bytes if max_bytes is not None else 2**62)
         used = index.total_bytes()
         accessed_before = None if lease is None else time.time() - lease
         victims = evict(
@@ -229,16 +228,15 @@ class CacheMaintenance:
                 }
             )
         used = sum(ns["bytes"] for ns in namespaces)
-        from omlx.adapters.blockfiles.budget import DiskBudget  # the root's adapter
-
         return {
             "enabled": True,
             "dir": str(self._folder.dir),
+            "store": self._folder.store_url,
             "shared": self._folder.shared,
             "blocks": sum(ns["blocks"] for ns in namespaces),
             "tokens": sum(ns["tokens"] for ns in namespaces),
             "bytes": used,
-            "max_bytes": DiskBudget(self._folder.dir, self._max_bytes).limit(used),
+            "max_bytes": self._folder.store.budget(self._max_bytes).limit(used),
             "configured_max_bytes": self._max_bytes,
             "write_queue": self._queued(),
             "namespaces": namespaces,

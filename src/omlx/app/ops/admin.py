@@ -25,11 +25,11 @@ from omlx.adapters.blockfiles.maintenance import (
     remove_blocks,
     verify,
 )
-from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.sqlindex import SqlBlockIndex, current_revision, index_path, upgrade
 from omlx.app.cache_controls.maintenance import clear_blocks, count, vacuum_blocks
 from omlx.app.ops.admin_target import (
     Target,
+    block_store_option,
     cache_dir_option,
     friendly_errors,
     index_url_option,
@@ -234,21 +234,22 @@ def _prepared_weights(cache_dir: Path) -> JsonObject:
 @cache_group.command("verify")
 @cache_dir_option
 @index_url_option
+@block_store_option
 @click.option("--fix", is_flag=True, help="Remove bad blocks (rows first, then files).")
 @friendly_errors
-def verify_command(cache_dir: Path, index_url: str | None, fix: bool) -> None:
+def verify_command(cache_dir: Path, index_url: str | None, block_store: str, fix: bool) -> None:
     """Read every indexed block, check its checksum, that its tokens rehash to its key, and
     that it holds what its model computes (layers, shapes, dtypes, token count and ids,
     finite values) as a server recorded it.
 
     Exits 1 when any block is bad (also with --fix, which removes them).
     """
-    target = Target.of(cache_dir, index_url)
+    target = Target.of(cache_dir, index_url, block_store)
     index = target.existing_index()
     if index is None:
         click.echo(f"no cache index in {target.label}; nothing to verify")
         return
-    store = FileBlockStore(cache_dir)
+    store = target.open_store()
     try:
         checked = index.block_count()
         unknown = [r.info.model_name for r in index.namespace_records() if not r.info.block_spec]
@@ -299,6 +300,7 @@ def verify_command(cache_dir: Path, index_url: str | None, fix: bool) -> None:
     help="With a shared index: never evict blocks any server used within this many seconds.",
 )
 @index_url_option
+@block_store_option
 @friendly_errors
 def vacuum_command(
     cache_dir: Path,
@@ -308,6 +310,7 @@ def vacuum_command(
     grace: float,
     lease: float,
     index_url: str | None,
+    block_store: str,
 ) -> None:
     """Reconcile files and rows, enforce the budget, drop stale temp files, compact the index."""
     try:
@@ -317,8 +320,8 @@ def vacuum_command(
     if not cache_dir.expanduser().is_dir():
         click.echo(f"no cache folder at {cache_dir}; nothing to do")
         return
-    target = Target.of(cache_dir, index_url)
-    store = FileBlockStore(cache_dir)
+    target = Target.of(cache_dir, index_url, block_store)
+    store = target.open_store()
     with owned_or_shared(target, grace) as spare:
         index = target.open_index()
         try:
@@ -369,17 +372,20 @@ def _compact(target: Target, index: SqlBlockIndex, *, owned: bool) -> None:
 )
 @click.option("--yes", is_flag=True, help="Really delete.")
 @index_url_option
+@block_store_option
 @friendly_errors
-def clear_command(cache_dir: Path, model: str | None, yes: bool, index_url: str | None) -> None:
+def clear_command(
+    cache_dir: Path, model: str | None, yes: bool, index_url: str | None, block_store: str
+) -> None:
     """Delete every cached block, or one model's."""
     if not yes:
         raise click.UsageError("clear deletes cached blocks; pass --yes to confirm")
-    target = Target.of(cache_dir, index_url)
+    target = Target.of(cache_dir, index_url, block_store)
     index = target.existing_index()
     if index is None:
         click.echo(f"no cache index in {target.label}; nothing to clear")
         return
-    store = FileBlockStore(cache_dir)
+    store = target.open_store()
     try:
         cleared = clear_blocks(index, store, model, progress=_progress)
     except LookupError as exc:

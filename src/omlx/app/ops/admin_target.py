@@ -1,8 +1,10 @@
-"""What an admin command works on: a cache folder and its index (embedded SQLite or shared).
+"""What an admin command works on: a cache folder, its index (embedded SQLite or shared) and
+its block store (the folder's files, or an object store's bucket).
 
-Resolves ``--cache-dir`` and ``--index-url`` the way ``omlx serve`` does, opens the index
-without creating anything for read-only commands, decides how careful to be beside live
-servers, and turns an unreachable database or a refused location into one clear line.
+Resolves ``--cache-dir``, ``--index-url`` and ``--block-store`` the way ``omlx serve``
+does, opens the index without creating anything for read-only commands, decides how
+careful to be beside live servers, and turns an unreachable database, a refused bucket
+or a refused location into one clear line.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import click
 from sqlalchemy import exc as sa_exc
 
 from omlx.adapters.blockfiles.lock import CacheDirLock, CacheDirLocked
-from omlx.adapters.blockfiles.maintenance import LIVE_GRACE_S
+from omlx.adapters.blockfiles.maintenance import LIVE_GRACE_S, ListableStore
+from omlx.adapters.blockfiles.store import FileBlockStore
 from omlx.adapters.sqlindex import (
     SqlBlockIndex,
     backend,
@@ -61,6 +64,20 @@ cache_dir_option = click.option(
     help="The cache folder (block files, and index.db unless --index-url is given); "
     "default: the server's paged_ssd_cache_dir.",
 )
+
+
+def _server_block_store(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    # Unset: the server's own block_store (OMLX_BLOCK_STORE); empty means the folder's files.
+    return value if value is not None else _server_settings(param).block_store
+
+
+block_store_option = click.option(
+    "--block-store",
+    default=None,
+    callback=_server_block_store,
+    help="The blocks' object store, when not the cache folder: s3://bucket/prefix (keys and "
+    "endpoint from the AWS_* variables or ~/.aws); default: the server's block_store.",
+)
 index_url_option = click.option(
     "--index-url",
     default=None,
@@ -74,11 +91,21 @@ index_url_option = click.option(
 class Target:
     cache_dir: Path
     url: str
+    block_store: str = ""  # an object store's URL; "": the folder's files
 
     @classmethod
-    def of(cls, cache_dir: Path, index_url: str | None) -> Target:
+    def of(cls, cache_dir: Path, index_url: str | None, block_store: str = "") -> Target:
         url = index_url or sqlite_url(index_path(cache_dir))
-        return cls(cache_dir.expanduser(), url)
+        return cls(cache_dir.expanduser(), url, block_store)
+
+    def open_store(self) -> ListableStore:
+        """The blocks' store itself: the folder's files, or the bucket (its objects, not a
+        server's local copies of them)."""
+        if not self.block_store:
+            return FileBlockStore(self.cache_dir)
+        from omlx.adapters.objectstore import S3BlockStore, S3Location
+
+        return S3BlockStore(S3Location.parse(self.block_store))
 
     @property
     def shared(self) -> bool:
@@ -144,5 +171,9 @@ def friendly_errors(command: F) -> F:
             raise click.ClickException(f"cannot reach the index: {first}") from None
         except ValueError as exc:  # a bad URL, a missing driver, SQLite on a network share
             raise click.ClickException(str(exc)) from None
+        except OSError as exc:
+            if getattr(exc, "fault", None) is None:  # not an object store's refusal or outage
+                raise
+            raise click.ClickException(f"object store: {exc}") from None
 
     return wrapper  # type: ignore[return-value]

@@ -221,7 +221,13 @@ def _open_ssd(settings: Settings, closers: list) -> ColdFolder:
     url = index_url_of(cache_dir, settings.index_url or None)
     server_id = settings.server_identity
     try:
-        ssd = open_cold_folder(cache_dir, settings.index_url or None, writer_id=server_id)
+        ssd = open_cold_folder(
+            cache_dir,
+            settings.index_url or None,
+            writer_id=server_id,
+            block_store=settings.block_store,
+            read_through_bytes=settings.read_through_bytes,
+        )
     except CacheDirLocked as exc:  # with the other server's pid
         if not is_shared(url):
             raise
@@ -236,6 +242,8 @@ def _open_ssd(settings: Settings, closers: list) -> ColdFolder:
     except sa_exc.DatabaseError as exc:  # damaged past what open_cold_folder sets aside
         raise index_error(display(url), exc) from None
     closers.append(ssd.close)  # its read threads, the index, the lock: after the writer
+    if ssd.block_store:
+        _check_object_store(ssd)
     if ssd.shared:
         from omlx.adapters.sqlindex.postgres import hold_identity
 
@@ -245,6 +253,29 @@ def _open_ssd(settings: Settings, closers: list) -> ColdFolder:
             raise _unreachable(url, exc) from None
         log.info("shared index %s, as server %s", display(url), server_id)
     return ssd
+
+
+def _check_object_store(ssd: ColdFolder) -> None:
+    """One request to the bucket at start: refused (keys, bucket) stops the start with one
+    line; no answer is one warning, and the server computes what it cannot fetch."""
+    from omlx.adapters.objectstore import StoreDenied, StoreUnreachable
+
+    check = getattr(ssd.store, "check", None)
+    if check is None:
+        return
+    try:
+        check()
+    except StoreDenied as exc:
+        raise RuntimeError(f"object store refused: {exc}") from None
+    except StoreUnreachable as exc:
+        log.warning(
+            "object store %s does not answer (%s); serving anyway: blocks are computed "
+            "until it does",
+            ssd.block_store,
+            exc,
+        )
+        return
+    log.info("blocks in object store %s, read through copies in %s", ssd.block_store, ssd.dir)
 
 
 def _unreachable(url: str, exc: Any) -> RuntimeError:
@@ -296,6 +327,9 @@ def _reconcile_quietly(settings: Settings, ssd: ColdFolder, started: float) -> N
     Shared folder: one server at a time, sparing what is younger than the grace period
     (a peer's write in flight, a file the share does not show us yet), except our own
     temporary files from before this start: no one else writes under our identity.
+
+    An object store's objects are dated by the store's clock, not ours: they get the
+    grace period even in a folder we own, so a PUT whose row is being added is spared.
     """
     from omlx.adapters.blockfiles.maintenance import collect_old_formats, reconcile
     from omlx.app.progress import track
@@ -309,7 +343,10 @@ def _reconcile_quietly(settings: Settings, ssd: ColdFolder, started: float) -> N
             collected = collect_old_formats(ssd.index, ssd.store)
             if collected:
                 log.info("collected %d blocks of an older block format", collected)
-            report = reconcile(ssd.index, ssd.store, grace=since_start, progress=progress)
+            grace = since_start
+            if ssd.block_store:
+                grace = max(grace, settings.reconcile_grace_seconds)
+            report = reconcile(ssd.index, ssd.store, grace=grace, progress=progress)
         else:
             with ssd.index.maintenance_lock() as ours:
                 if not ours:
@@ -326,7 +363,8 @@ def _reconcile_quietly(settings: Settings, ssd: ColdFolder, started: float) -> N
     except Exception as exc:
         from omlx.domain.cache.ports import IndexUnavailable
 
-        if isinstance(exc, IndexUnavailable):
+        if isinstance(exc, IndexUnavailable) or getattr(exc, "fault", None):
+            # The index or the object store did not answer: said once, no traceback.
             log.warning("start-up reconcile skipped: %s", exc)
         else:
             log.exception("start-up reconcile of the cache folder failed")

@@ -322,7 +322,9 @@ class ModelLoader:
             "namespace %s",
             model.model_id,
             hot_note,
-            f"{settings.paged_ssd_cache_max_size} in {self.cold.ssd.dir}" if self.cold else "off",
+            f"{settings.paged_ssd_cache_max_size} in {self.cold.ssd.store_url}"
+            if self.cold
+            else "off",
             settings.block_size,
             namespace.kv_dtype,
             namespace.digest[:12],

@@ -107,6 +107,9 @@ class ReadFailure(Enum):
     MISMATCH = "its size or checksum does not match the index"
     UNREADABLE = "its file could not be read"
     TIMED_OUT = "reading it took longer than the batch's time budget"
+    # The store could not be asked (an object store down, slow or throttling); the store
+    # has logged the fault once for its whole episode, so the tier does not again.
+    UNAVAILABLE = "its store cannot be reached"
 
 
 @dataclass(frozen=True, slots=True)

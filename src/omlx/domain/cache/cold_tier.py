@@ -439,6 +439,10 @@ class ColdTier:
                 )
                 self._tally.add(missing_files=1, misses=1)
             return None
+        if read.failure is ReadFailure.UNAVAILABLE:
+            log.debug("cold block %s: %s (%s); a miss", row.key, read.failure.value, read.detail)
+            self._tally.add(misses=1)
+            return None
         if read.failure in (ReadFailure.UNREADABLE, ReadFailure.TIMED_OUT):
             log.error("cold block %s: %s (%s); a miss", row.key, read.failure.value, read.detail)
             self._tally.add(misses=1)

@@ -57,12 +57,16 @@ class WriterStats:
     dropped_read_only: int = 0
     dropped_io_error: int = 0
     dropped_damaged: int = 0
+    dropped_unreachable: int = 0  # an object store down or throttling, after its retries
+    dropped_denied: int = 0  # an object store refusing our credentials
+    retried: int = 0  # writes put back for another try after a transient fault
     dropped_closed: int = 0
     dropped_error: int = 0
     dropped_index_unavailable: int = 0
     evicted_blocks: int = 0
     evicted_bytes: int = 0
     queued: int = 0
+    awaiting_retry: int = 0
 
 
 class ColdWrites:

@@ -106,9 +106,17 @@ def evict(
         return plan_eviction(oldest_first, total_bytes, max_bytes, is_pinned)
 
     victims = index.evict(plan, accessed_before)
+    failed: list[tuple[str, OSError]] = []
     for victim in victims or ():
         try:
             store.delete(victim.relpath)
         except OSError as exc:  # its row is gone: an orphan file, which reconcile removes
-            log.warning("deleting evicted block file %s failed: %s", victim.relpath, exc)
+            failed.append((victim.relpath, exc))
+    if failed:  # one line for the pass: a store that is down fails every delete alike
+        log.warning(
+            "deleting %d evicted block files failed (%s: %s); reconcile removes them",
+            len(failed),
+            failed[0][0],
+            str(failed[0][1]).splitlines()[0] if str(failed[0][1]) else type(failed[0][1]).__name__,
+        )
     return victims
