@@ -141,6 +141,7 @@ class Proxy:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.stop()  # its folder goes; its output stays in log_path
                 raise RuntimeError(f"{self.kind} exited with {self.proc.returncode}: {self.log()}")
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
