@@ -331,6 +331,7 @@ class ChatResult:
     prompt_tokens: int | None
     cached_tokens: int | None
     completion_tokens: int | None
+    headers: dict[str, str] = field(default_factory=dict)  # the response's (x-omlx-cache, ...)
 
 
 def stream_chat(
@@ -339,8 +340,11 @@ def stream_chat(
     messages: list[dict[str, str]],
     max_tokens: int,
     timeout: float = 600.0,
+    headers: dict[str, str] | None = None,
 ) -> ChatResult:
-    """POST /v1/chat/completions with stream=true, greedy; time to the first content chunk."""
+    """POST /v1/chat/completions with stream=true, greedy; time to the first content chunk.
+
+    ``headers``: extra request headers (a session key for a proxy)."""
     body = {
         "model": model,
         "messages": messages,
@@ -355,8 +359,11 @@ def stream_chat(
     t0 = time.perf_counter()
     with (
         httpx.Client(timeout=timeout) as client,
-        client.stream("POST", base_url + "/v1/chat/completions", json=body) as response,
+        client.stream(
+            "POST", base_url + "/v1/chat/completions", json=body, headers=headers
+        ) as response,
     ):
+        response_headers = dict(response.headers)
         if response.status_code != 200:
             response.read()
             raise RuntimeError(f"{base_url}: HTTP {response.status_code}: {response.text[:500]}")
@@ -387,6 +394,7 @@ def stream_chat(
         prompt_tokens=usage.get("prompt_tokens"),
         cached_tokens=details.get("cached_tokens"),
         completion_tokens=usage.get("completion_tokens"),
+        headers=response_headers,
     )
 
 

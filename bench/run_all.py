@@ -41,6 +41,7 @@ SET: dict[str, tuple[list[str], list[str]]] = {
     "warm_restart": ([], ["--repeats", "1", "--tokens", "2048"]),
     "morning_after": ([], ["--repeats", "1", "--context-tokens", "2000"]),
     "import_time": ([], ["--repeats", "1"]),
+    "affinity": ([], ["--sessions", "3", "--turns", "3", "--context-tokens", "700"]),
 }
 
 

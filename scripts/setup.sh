@@ -29,6 +29,20 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
     || echo "note: could not install postgresql; the shared-index tests will be skipped" >&2
 fi
 
+# The session-routing tests and bench run Debian's HAProxy and nginx from the files in
+# docs/proxy/, as an unprivileged user on free ports (tests/proxies.py); they skip, saying
+# why, where these cannot be installed. The packages' own services (nginx's default site
+# on port 80) are not needed: the ones installed here are stopped and disabled.
+for proxy in haproxy nginx; do
+  if ! command -v "$proxy" >/dev/null && [ ! -x "/usr/sbin/$proxy" ]; then
+    if apt_install "$proxy"; then
+      as_root systemctl disable --now "$proxy" >/dev/null 2>&1 || true
+    else
+      echo "note: could not install $proxy; its session-routing tests will be skipped" >&2
+    fi
+  fi
+done
+
 # The dashboard's browser test drives Debian's Chromium through chromedriver (Selenium, from
 # the test extra); it skips, saying why, where they cannot be installed.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then

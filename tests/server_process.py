@@ -48,6 +48,36 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _writer_state(base_url: str) -> tuple[float, float]:
+    """(blocks queued for the shared tier, blocks written to it) from ``/metrics``."""
+    samples = {}
+    for line in httpx.get(base_url + "/metrics", timeout=10).text.splitlines():
+        name, _, value = line.rpartition(" ")
+        samples[name] = value
+    return (
+        float(samples['omlx_cache_write_queue_blocks{model="all"}']),
+        float(samples['omlx_cache_blocks_written_total{model="all",tier="ssd"}']),
+    )
+
+
+def wait_for_writes(base_urls: list[str], timeout: float = 60.0) -> float:
+    """Until the servers' writers have put every queued block on disk; the seconds it took.
+
+    Done when every queue is empty and no write finished over the last 0.1 s (the block a
+    writer has taken off its queue is no longer counted there). An agent runs its tools
+    between turns while the writer stores the last turn; a replay without that pause
+    would race the writer (about 30 ms a block here: a file, an fsync, an index row)."""
+    t0 = time.monotonic()
+    last = None
+    while time.monotonic() - t0 < timeout:
+        state = [_writer_state(url) for url in base_urls]
+        if state == last and all(queued == 0 for queued, _ in state):
+            return time.monotonic() - t0
+        last = state
+        time.sleep(0.1)
+    raise TimeoutError(f"the writers did not drain in {timeout} s: {last}")
+
+
 class ServerProcess:
     """Start with ``start()``; ``stop()`` sends SIGTERM (or ``kill()`` for SIGKILL)."""
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent_model import build_agent_model
+from tests.proxies import proxy_kind  # noqa: F401 - the fixture: each proxy, skipped where missing
 from tests.scripted_model import build_scripted_model
 from tests.server_process import ServerProcess
 

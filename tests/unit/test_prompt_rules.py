@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
+from omlx.app.chat import sealing
 from omlx.app.chat.normalize import RULE_NAMES, PromptNormalizer
 from omlx.app.chat.sealing import ReasoningSeal
 from omlx.app.errors import NotFound
@@ -60,6 +62,26 @@ def test_sealed_reasoning_opens_to_the_same_text_and_nothing_else(tmp_path):
     for bad in (".".join((head, nonce, flipped, tag)), "EqoKCAgQ...", "", None, token + "x"):
         assert seal.open(bad) is None
     assert ReasoningSeal.for_folder(None).open(token) is None  # another key
+
+
+def test_a_key_file_a_peer_has_just_created_is_read_once_written(tmp_path):
+    # Two servers on one shared folder start together: the first creates reasoning.key and
+    # writes the key a moment later; the second must wait for it, not fail on an empty file.
+    path = tmp_path / "reasoning.key"
+    path.touch(mode=0o600)
+    key = os.urandom(32)
+    writer = threading.Timer(0.05, path.write_bytes, args=(key,))
+    writer.start()
+    seal = ReasoningSeal.for_folder(tmp_path)
+    writer.join()
+    assert seal.open(ReasoningSeal(key).seal("same key")) == "same key"
+
+
+def test_a_key_file_left_empty_is_named_at_start(tmp_path, monkeypatch):
+    monkeypatch.setattr(sealing, "_WHOLE_KEY_WAIT_S", 0.05)
+    (tmp_path / "reasoning.key").touch()
+    with pytest.raises(ValueError, match=r"reasoning\.key holds 0 bytes"):
+        ReasoningSeal.for_folder(tmp_path)
 
 
 def test_names_resolve_to_served_models_through_aliases():

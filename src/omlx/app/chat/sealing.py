@@ -21,12 +21,15 @@ import hmac
 import logging
 import os
 import secrets
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 _PREFIX = "omlx1"
 _KEY_FILE = "reasoning.key"
+_KEY_BYTES = 32
+_WHOLE_KEY_WAIT_S = 5.0  # for a peer's key file to be written whole
 
 
 def _b64(data: bytes) -> str:
@@ -37,9 +40,23 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+def _read_key(path: Path) -> bytes:
+    """The key in ``path``, once whole: servers sharing a cache folder may start together,
+    and the one that creates the file writes the key a moment after (a peer read it empty)."""
+    deadline = time.monotonic() + _WHOLE_KEY_WAIT_S
+    while len(key := path.read_bytes()) < _KEY_BYTES:
+        if time.monotonic() > deadline:
+            raise ValueError(
+                f"{path} holds {len(key)} bytes, not a whole key (a server stopped while "
+                "making it?): delete it and start again"
+            )
+        time.sleep(0.01)
+    return key
+
+
 class ReasoningSeal:
     def __init__(self, key: bytes) -> None:
-        if len(key) < 32:
+        if len(key) < _KEY_BYTES:
             raise ValueError("the sealing key must have at least 32 bytes")
         self._enc_key = hashlib.sha256(b"omlx-seal-enc" + key).digest()
         self._mac_key = hashlib.sha256(b"omlx-seal-mac" + key).digest()
@@ -48,17 +65,17 @@ class ReasoningSeal:
     def for_folder(cls, folder: Path | None) -> ReasoningSeal:
         """The folder's key (made on first use, mode 0600), or a key for this process only."""
         if folder is None:
-            return cls(secrets.token_bytes(32))
+            return cls(secrets.token_bytes(_KEY_BYTES))
         path = folder / _KEY_FILE
         try:
-            return cls(path.read_bytes())
+            return cls(_read_key(path))
         except FileNotFoundError:
             pass
-        key = secrets.token_bytes(32)
+        key = secrets.token_bytes(_KEY_BYTES)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:  # another process made it first
-            return cls(path.read_bytes())
+            return cls(_read_key(path))
         with os.fdopen(fd, "wb") as f:
             f.write(key)
             f.flush()
