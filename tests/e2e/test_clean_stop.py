@@ -79,10 +79,10 @@ class ShellServer:
             time.sleep(0.05)
         raise TimeoutError(self.log())
 
-    def interrupt(self, sig: int = signal.SIGINT) -> float:
-        """Send ``sig`` to the whole group (Ctrl-C in a terminal); the time it was sent."""
+    def interrupt(self) -> float:
+        """SIGINT to the whole group, as Ctrl-C in a terminal sends it; the time it was sent."""
         sent = time.monotonic()
-        os.killpg(self.shell.pid, sig)
+        os.killpg(self.shell.pid, signal.SIGINT)
         return sent
 
     def exit_status(self, timeout: float = 120.0) -> int:
@@ -265,13 +265,15 @@ def test_ctrl_c_under_a_make_like_shell_ends_every_stream_cleanly(looping_model,
 
 @pytest.mark.slow
 def test_sigterm_mid_prefill_keeps_the_prefill_for_the_retry_after_a_restart(tmp_path):
-    """A long prompt being prefilled when SIGTERM comes: its stream ends at once with the
-    error and ``[DONE]``, and the restarted server restores what had been computed."""
+    """SIGTERM (a supervisor's stop) while a long prompt is prefilled: its stream ends at
+    once with the error and ``[DONE]``, and the restarted server restores what had been
+    computed."""
     model = build_tiny_model(tmp_path / "deep-tiny", layers=8)
     prompt = [(7 * i) % 290 + 3 for i in range(2000)]
     body = {"model": "deep-tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0}
     args = ("--model", str(model), "--block-size", "16", "--prefill-step-size", "64")
-    server = ShellServer(tmp_path, *args)
+    cache = tmp_path / "cache"
+    server = ServerProcess(*args, cache_dir=cache, log_path=tmp_path / "first.log").start()
     lines: list[str] = []
     ended = threading.Event()
 
@@ -283,27 +285,27 @@ def test_sigterm_mid_prefill_keeps_the_prefill_for_the_retry_after_a_restart(tmp
         ended.set()
 
     try:
-        server.wait_health(lambda h: h.get("ready", False))
         threading.Thread(target=stream, daemon=True).start()
         deadline = time.monotonic() + 60
-        while not (server.cache_dir / "index.db").exists() or kv_rows(server.cache_dir) < 8:
-            assert time.monotonic() < deadline and not ended.is_set(), server.log()
+        while kv_rows(cache) < 8:
+            assert time.monotonic() < deadline and not ended.is_set(), server.read_log()
             time.sleep(0.02)
-        at_signal = kv_rows(server.cache_dir)
-        sent = server.interrupt(signal.SIGTERM)
+        at_signal = kv_rows(cache)
+        sent = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
         assert ended.wait(1.0), "the stream did not end within a second"
         took = time.monotonic() - sent
-        status = server.exit_status()
+        status = server.proc.wait(120)
     finally:
         server.kill()
     assert status == 0 and took < 1.0
-    assert_clean(server.log())
+    assert_clean(server.read_log())
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2].removeprefix("data: "))["error"]["code"] == "server_stopping"
-    kept = kv_rows(server.cache_dir)
+    kept = kv_rows(cache)
     assert kept >= at_signal
-    assert_cache_invariants(server.cache_dir)
-    with ServerProcess(*args, cache_dir=server.cache_dir, log_path=tmp_path / "again.log") as again:
+    assert_cache_invariants(cache)
+    with ServerProcess(*args, cache_dir=cache, log_path=tmp_path / "again.log") as again:
         retry = httpx.post(again.base_url + "/v1/completions", json=body, timeout=120).json()
     cached = retry["usage"]["prompt_tokens_details"]["cached_tokens"]
     # The rows are one chain, the prompt's, cut as its chunks completed (one may be partial).

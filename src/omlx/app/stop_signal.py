@@ -40,21 +40,27 @@ class StopSignal:
 
     @property
     def listening_count(self) -> int:
-        """How many pieces of work listen now (running generations, waits for a load)."""
+        """How many listeners there are now (running generations, waits for a load...)."""
         return len(self._listeners)
+
+    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` when the stop begins (at once if it has); returns what
+        unsubscribes it."""
+        key = self._next
+        self._next += 1
+        self._listeners[key] = listener
+        if self.requested:
+            listener()
+        return lambda: self._listeners.pop(key, None)
 
     @contextmanager
     def listening(self, listener: Callable[[], None]) -> Iterator[None]:
         """Call ``listener`` when the stop begins (at once if it has) while inside."""
-        key = self._next
-        self._next += 1
-        self._listeners[key] = listener
+        unsubscribe = self.subscribe(listener)
         try:
-            if self.requested:
-                listener()
             yield
         finally:
-            self._listeners.pop(key, None)
+            unsubscribe()
 
     async def unless_stopping(self, work: Awaitable[T]) -> T:
         """Await ``work``; if the stop begins first, cancel it and raise ``ServerStopping``."""

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,11 @@ if TYPE_CHECKING:  # imported where they are opened: a test's bootstrap opens ne
     from omlx.domain.cache.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
+
+# How long after the stop begins a block cut from a running generation waits for room in
+# the writer's queue (on the engine thread: no request is left to wait). Under the
+# engines' own 10 s to stop; the writer then drains for up to 30 s as ever.
+STOP_WRITES_WAIT_S = 8.0
 
 
 def bootstrap(
@@ -108,6 +114,8 @@ def bootstrap(
             if ssd
             else None
         )
+        if cold is not None:  # what the stop cuts is written, not dropped for a full queue
+            stop.subscribe(partial(cold.writer.wait_for_room, STOP_WRITES_WAIT_S))
         loader = ModelLoader(
             settings,
             cold,
