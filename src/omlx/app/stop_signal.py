@@ -1,4 +1,4 @@
-"""The server's stop, told to what serves requests (``server.StoppingServer`` requests it).
+"""The server's stop, told to what serves requests (``stopping_server`` requests it).
 
 The first SIGINT or SIGTERM requests it once: every generation running ends with
 ``ServerStopping`` (a stream's last event; a 503 for an answer not yet sent), requests

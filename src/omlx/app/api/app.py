@@ -76,7 +76,7 @@ def create_app(container: Container, keys: dict[str, Caller] | None = None) -> L
     async def close() -> None:
         # Loads under way end first, so what they load is closed with the rest. Closing
         # (engines, the writer's drain, the hot set's record) runs off the loop: a second
-        # SIGINT is still heard meanwhile (server.StoppingServer).
+        # SIGINT is still heard meanwhile (stopping_server.StoppingServer).
         await container.pool.finish_loads()
         await anyio.to_thread.run_sync(container.close)
 

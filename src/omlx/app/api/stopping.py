@@ -1,6 +1,6 @@
 """Requests that reach the app once the server is stopping get a 503, in their API's envelope.
 
-The port closes when the stop begins (``server.StoppingServer``), so these are the few
+The port closes when the stop begins (``stopping_server.StoppingServer``), so these are the few
 that came on a connection already open, or just before it closed.
 """
 

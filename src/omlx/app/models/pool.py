@@ -120,9 +120,8 @@ class ModelPool:
         clock: Callable[[], float] = time.monotonic,
         stop: StopSignal | None = None,
     ) -> None:
-        self.stop = (
-            stop or StopSignal()
-        )  # the server's: no load starts, nor is waited for, after it
+        # The server's stop: no load starts after it, nor does a request wait for one.
+        self.stop = stop or StopSignal()
         self.specs = {s.id: s for s in specs}
         self.names = names
         self._load = load
