@@ -1,5 +1,5 @@
 """Headless Chromium for the browser tests: Debian's ``chromium`` driven through
-``chromedriver`` by Selenium (the test extra), all installed by scripts/setup.sh.
+``chromedriver`` by Selenium (the test extra), all installed by scripts/setup-test.sh.
 
 A browser test module calls ``require()`` at import: where a part is missing, the module is
 skipped, saying which and how to install it.
@@ -37,7 +37,7 @@ def require() -> Any:
     if CHROMIUM is None or CHROMEDRIVER is None:
         pytest.skip(
             "chromium and chromedriver are not installed (apt-get install chromium "
-            "chromium-driver; scripts/setup.sh does it where it may)",
+            "chromium-driver; scripts/setup-test.sh does it where it may)",
             allow_module_level=True,
         )
     return webdriver

@@ -1,7 +1,7 @@
 """A real, throw-away PostgreSQL server for the tests: ``initdb`` + ``pg_ctl`` on a local port.
 
 initdb refuses to run as root, so as root the cluster belongs to an unprivileged user
-(Debian's ``postgres``, or ``omlx-pg`` created here). ``scripts/setup.sh`` installs the
+(Debian's ``postgres``, or ``omlx-pg`` created here). ``scripts/setup-test.sh`` installs the
 server where apt can; where no server binaries exist, :func:`find_bindir` says why and
 the tests that need one skip with that reason.
 """
@@ -43,7 +43,7 @@ def find_bindir() -> tuple[Path | None, str]:
             return folder, ""
     return None, (
         "PostgreSQL server binaries not found (no initdb under /usr/lib/postgresql/*/bin or on "
-        "PATH): scripts/setup.sh installs Debian's postgresql package where apt is usable"
+        "PATH): scripts/setup-test.sh installs Debian's postgresql package where apt is usable"
     )
 
 

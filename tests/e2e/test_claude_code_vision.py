@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip(
-    "mlx_vlm", reason="the vision extra (pip install -e '.[vision]'; scripts/setup.sh installs it)"
+    "mlx_vlm",
+    reason="the vision extra (pip install -e '.[vision]'; scripts/setup-test.sh installs it)",
 )
 
 from PIL import Image, ImageDraw

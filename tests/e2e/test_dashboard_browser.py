@@ -3,7 +3,7 @@ real server behind an API key: the model, a hit, a chart's points, a missed requ
 divergence point, a pin with its TTL and its unpin, a cache clear, and not one request
 outside the server.
 
-Skips, saying why, where chromium, chromedriver or selenium is missing (scripts/setup.sh
+Skips, saying why, where chromium, chromedriver or selenium is missing (scripts/setup-test.sh
 installs them). ``OMLX_TEST_DASHBOARD_SCREENSHOT=PATH`` saves the page as it ends (the
 README's docs/img/dashboard.png is made so).
 """

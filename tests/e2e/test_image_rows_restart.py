@@ -15,7 +15,8 @@ import sqlite3
 import pytest
 
 pytest.importorskip(
-    "mlx_vlm", reason="the vision extra (pip install -e '.[vision]'; scripts/setup.sh installs it)"
+    "mlx_vlm",
+    reason="the vision extra (pip install -e '.[vision]'; scripts/setup-test.sh installs it)",
 )
 
 import httpx

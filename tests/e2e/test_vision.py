@@ -17,7 +17,8 @@ import json
 import pytest
 
 pytest.importorskip(
-    "mlx_vlm", reason="the vision extra (pip install -e '.[vision]'; scripts/setup.sh installs it)"
+    "mlx_vlm",
+    reason="the vision extra (pip install -e '.[vision]'; scripts/setup-test.sh installs it)",
 )
 
 import anthropic

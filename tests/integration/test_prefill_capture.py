@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 
 import mlx.core as mx
 import mlx_lm
@@ -126,6 +127,26 @@ def test_a_cancel_mid_prefill_keeps_every_chunk_it_completed(tiny):
     assert retry.finished.cached_tokens >= reached - STEP, (reached, retry.finished.cached_tokens)
     alone = generate_alone(tiny, tokens)
     assert retry.text == alone
+
+
+def test_the_engine_stop_keeps_what_running_requests_computed(tiny):
+    """The server's stop cancels what still runs as a client that left would: the prompt
+    and the tokens generated so far stay in the cache (they were dropped before)."""
+    cache = cache_for(tiny)
+    engine = MLXEngine(tiny, cache, EngineConfig(prefill_step_size=STEP))
+    engine.start()
+    tokens = prompt(40)
+    run = submit(engine, replace(greedy(tokens, 1500), logprobs=0))
+    deadline = time.monotonic() + 60
+    while sum(len(e.logprobs) for e in run.events if isinstance(e, TextDelta)) < 3 * BLOCK:
+        assert time.monotonic() < deadline and not run.done.is_set()
+        time.sleep(0.001)
+    engine.stop()
+    generated = [p.token for e in run.events if isinstance(e, TextDelta) for p in e.logprobs]
+    assert run.finished.reason == "cancelled"
+    held = cache.probe(tokens + generated).tokens
+    # All but the last token, whose KV the next step would have computed.
+    assert held >= len(tokens) + len(generated) - 2, (held, len(tokens), len(generated))
 
 
 def generate_alone(model, tokens) -> str:

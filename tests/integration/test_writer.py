@@ -102,6 +102,24 @@ def test_full_queue_drops_without_blocking(
     assert_cache_invariants(tmp_path)
 
 
+def test_once_the_server_stops_a_full_queue_is_waited_for_not_dropped(tmp_path: Path) -> None:
+    """The stop's last blocks (the generations it cut) are written, however many at once."""
+    ns = make_namespace()
+    chain = make_chain(ns, 6)
+    store = SlowStore(tmp_path, delay=0.01)
+    store.gate.clear()
+    writer, index = _writer(tmp_path, store, queue_size=2)
+    writer.wait_for_room(5.0)
+    threading.Timer(0.2, store.gate.set).start()  # the disk catches up
+    started = time.monotonic()
+    assert all(writer.submit(meta, ns, data) for meta, _, data in chain)
+    assert time.monotonic() - started >= 0.15  # it waited for room rather than dropping
+    assert writer.close(timeout=10)
+    assert writer.stats().written == 6 and writer.stats().dropped_queue_full == 0
+    index.close()
+    assert_cache_invariants(tmp_path)
+
+
 def test_enospc_drops_the_write(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     ns = make_namespace()
     chain = make_chain(ns, 3)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip(
-    "mlx_vlm", reason="the vision extra (pip install -e '.[vision]', scripts/setup.sh installs it)"
+    "mlx_vlm",
+    reason="the vision extra (pip install -e '.[vision]', scripts/setup-test.sh installs it)",
 )
 
 import mlx.core as mx

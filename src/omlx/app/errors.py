@@ -56,5 +56,14 @@ class ModelUnavailable(AppError):
     """The model could not be loaded (its files, or the machine): retrying may not help."""
 
 
+class ServerStopping(AppError):
+    """The server is stopping (SIGINT or SIGTERM): the request is refused or cut, never run."""
+
+    def __init__(
+        self, message: str = "the server is stopping; retry once it has restarted"
+    ) -> None:
+        super().__init__(message, code="server_stopping")
+
+
 class StoreUnavailable(AppError):
     """The stored-responses database cannot be used now (down, full, read-only): retry later."""

@@ -89,6 +89,7 @@ class BlockWriter:
         self._faults = FaultEpisodes(getattr(store, "label", "block store"), log)
         self._closing = threading.Event()
         self._abort = threading.Event()
+        self._room_until = 0.0  # time.monotonic() before which a full queue is waited for
         self._thread = threading.Thread(target=self._run, name="omlx-block-writer", daemon=True)
         self._thread.start()
 
@@ -119,6 +120,7 @@ class BlockWriter:
                 done(WriteOutcome.EXISTING)  # another caller's write of the same block
             return True
         job = WriteJob(meta, namespace, bytes(data), done)  # copied only for a block it queues
+        wait = max(wait, self._room_until - time.monotonic())
         try:
             # Not under the lock: the thread takes it to finish the jobs that make room.
             self._queue.put(job, block=wait > 0, timeout=wait if wait > 0 else None)
@@ -132,6 +134,12 @@ class BlockWriter:
             )
             return False
         return True
+
+    def wait_for_room(self, seconds: float) -> None:
+        """For the next ``seconds``, a submit waits for room in a full queue instead of
+        dropping its block: the server is stopping, and what its engines keep last (the
+        generations it cut) would otherwise be lost with RAM. No request waits on it then."""
+        self._room_until = time.monotonic() + seconds
 
     def pending(self, key: str) -> bool:
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import anyio
 from litestar import Litestar, Request
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
@@ -28,6 +29,7 @@ from omlx.app.api.health import HealthController
 from omlx.app.api.metrics import Metrics, MetricsController, RequestMetrics, count_unmatched
 from omlx.app.api.openai.controller import OpenAIController
 from omlx.app.api.responses.controller import ResponsesController
+from omlx.app.api.stopping import RefuseWhileStopping
 from omlx.app.api.translators import Translators
 from omlx.app.cache_controls.tenants import Caller, load_keys
 from omlx.app.chat.image_reader import ImageReader
@@ -71,6 +73,13 @@ def create_app(container: Container, keys: dict[str, Caller] | None = None) -> L
         for task in tasks:
             task.cancel()
 
+    async def close() -> None:
+        # Loads under way end first, so what they load is closed with the rest. Closing
+        # (engines, the writer's drain, the hot set's record) runs off the loop: a second
+        # SIGINT is still heard meanwhile (stopping_server.StoppingServer).
+        await container.pool.finish_loads()
+        await anyio.to_thread.run_sync(container.close)
+
     return Litestar(
         route_handlers=[
             HealthController,
@@ -96,10 +105,12 @@ def create_app(container: Container, keys: dict[str, Caller] | None = None) -> L
         )
         | {"responses": _tenant_responses(container.responses)},
         guards=[key_guard(settings.api_key, keys)],
-        # BrowserGuard after the metrics, so its refusals are counted; before the key's guard.
+        # BrowserGuard and the stop's 503s after the metrics, so their refusals are counted;
+        # before the key's guard.
         middleware=[
             release_large_bodies,
             RequestMetrics(metrics),
+            RefuseWhileStopping(container.stop),
             BrowserGuard(browser),
             ApiFamily(),
         ],
@@ -114,7 +125,7 @@ def create_app(container: Container, keys: dict[str, Caller] | None = None) -> L
             description="OpenAI- and Anthropic-compatible inference on MLX with a persistent prefix cache.",
         ),
         on_startup=[start_tasks, start_loads],
-        on_shutdown=[stop_tasks, container.close],
+        on_shutdown=[stop_tasks, close],
         debug=False,
         # The CLI configures logging (format, --log-level); Litestar's default config would
         # replace it with its own at INFO and drop the engine's debug lines.

@@ -22,6 +22,7 @@ from omlx.app.errors import (
     InvalidRequest,
     ModelUnavailable,
     NotFound,
+    ServerStopping,
     StoreUnavailable,
     TooLarge,
     Unauthorized,
@@ -64,6 +65,7 @@ _STATUS: dict[type[AppError], int] = {
     ClientGone: 499,
     GenerationFailed: 500,
     ModelUnavailable: 503,
+    ServerStopping: 503,
     StoreUnavailable: 503,
 }
 
@@ -80,6 +82,8 @@ def headers_of(exc: AppError) -> dict[str, str]:
         return {"Retry-After": str(exc.retry_after)}
     if isinstance(exc, Unauthorized):
         return {"WWW-Authenticate": "Bearer"}
+    if isinstance(exc, ServerStopping):  # the connection is not kept for another request
+        return {"Connection": "close"}
     return {}
 
 
@@ -154,7 +158,7 @@ def _response(
 
 def handle_app_error(request: Request, exc: AppError) -> Response:
     status = status_of(exc)
-    if status >= 500:
+    if status >= 500 and not isinstance(exc, ServerStopping):  # the stop has its own line
         log.error("%s %s failed: %s", request.method, request.url.path, exc.message)
     return _response(request, status, exc.message, exc.param, exc.code, headers_of(exc) or None)
 

@@ -12,6 +12,7 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import anyio
@@ -22,6 +23,7 @@ from omlx.app.chat.sampling import Sampling, sampling_params
 from omlx.app.chat.sampling import logprobs_count as _logprobs
 from omlx.app.errors import Busy, GenerationFailed, InvalidRequest
 from omlx.app.progress import PrefillWatch
+from omlx.app.stop_signal import StopSignal
 from omlx.domain.cache.image_keys import is_image_id
 from omlx.domain.generation import (
     Failed,
@@ -63,8 +65,10 @@ class GenerationService:
         sampling_defaults: Mapping[str, Any] | None = None,
         observer: ModelObservers | None = None,
         images: PromptImages | None = None,
+        stop: StopSignal | None = None,
     ) -> None:
         self.engine = engine
+        self.stop = stop or StopSignal()  # the server's: its stop ends every generation
         self.images = images  # a vision-language model's prompt maker; None: text only
         self.sampling_defaults = dict(sampling_defaults or {})  # the model's generation_config
         self.grammars = grammars
@@ -219,7 +223,9 @@ class GenerationService:
     # ---- running ----------------------------------------------------------
 
     def check_capacity(self) -> None:
-        """429 when the engine's waiting queue is full (``max_queued_requests``)."""
+        """503 once the server is stopping; 429 when the engine's waiting queue is full
+        (``max_queued_requests``)."""
+        self.stop.check()
         if self.engine.queued >= self.max_queued:
             raise Busy(
                 f"the server is busy: {self.engine.queued} requests are waiting; retry shortly"
@@ -243,10 +249,12 @@ class GenerationService:
 
         Prefill progress is logged for long prompts (``PrefillWatch``), not yielded. Leaving
         early (a closed client) cancels the request on the engine, which drops it before its
-        next decode step. No capacity check: ``stream`` and ``complete`` make it first.
+        next decode step and keeps what it prefilled. The server's stop raises
+        ``ServerStopping`` here at once, and cancels it the same way. No capacity check:
+        ``stream`` and ``complete`` make it first.
         """
         loop = asyncio.get_running_loop()
-        inbox: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+        inbox: asyncio.Queue[GenerationEvent | None] = asyncio.Queue()  # None: the stop
         watch = PrefillWatch(self.model.model_id)
 
         def emit(event: GenerationEvent) -> None:
@@ -261,32 +269,36 @@ class GenerationService:
         finished = first = False
         ttft: float | None = None
         # One pending get, reused across quiet spells, so a timeout never loses an event.
-        getter: asyncio.Future[GenerationEvent] | None = None
+        getter: asyncio.Future[GenerationEvent | None] | None = None
         try:
-            while True:
-                if getter is None:
-                    getter = asyncio.ensure_future(inbox.get())
-                done, _ = await asyncio.wait({getter}, timeout=keepalive)
-                if not done:
-                    yield None
-                    continue
-                event, getter = getter.result(), None
-                if isinstance(event, PrefillProgress):
-                    continue
-                if isinstance(event, TextDelta) and not first:
-                    first = True
-                    ttft = time.monotonic() - started
-                    self._observe_first(ttft)
-                if isinstance(event, Finished | Failed):
-                    finished = True
-                    if isinstance(event, Finished):
-                        self._observe_finished(event)
-                        if self.observer is not None:
-                            decode = time.monotonic() - started - ttft if ttft is not None else 0.0
-                            self.observer.completed(event, ttft, decode)
-                yield event
-                if finished:
-                    return
+            with self.stop.listening(partial(inbox.put_nowait, None)):
+                while True:
+                    if getter is None:
+                        getter = asyncio.ensure_future(inbox.get())
+                    done, _ = await asyncio.wait({getter}, timeout=keepalive)
+                    if not done:
+                        yield None
+                        continue
+                    event, getter = getter.result(), None
+                    self.stop.check()  # stopping: the tokens still queued are cut too
+                    if event is None or isinstance(event, PrefillProgress):
+                        continue
+                    if isinstance(event, TextDelta) and not first:
+                        first = True
+                        ttft = time.monotonic() - started
+                        self._observe_first(ttft)
+                    if isinstance(event, Finished | Failed):
+                        finished = True
+                        if isinstance(event, Finished):
+                            self._observe_finished(event)
+                            if self.observer is not None:
+                                decode = (
+                                    time.monotonic() - started - ttft if ttft is not None else 0.0
+                                )
+                                self.observer.completed(event, ttft, decode)
+                    yield event
+                    if finished:
+                        return
         finally:
             self.in_flight -= 1
             if getter is not None:

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from omlx.app.errors import AppError, Busy, InvalidRequest, ModelUnavailable
+from omlx.app.errors import AppError, Busy, InvalidRequest, ModelUnavailable, ServerStopping
 from omlx.app.models.catalog import CHAT, ModelSpec
 from omlx.app.models.model_names import ModelNames
+from omlx.app.stop_signal import StopSignal
 from omlx.domain.memory import MemoryAccount
 from omlx.domain.ports import ChatModel, ModelWorker
 from omlx.domain.sizes import format_bytes
@@ -117,7 +118,10 @@ class ModelPool:
         room_wait: float = ROOM_WAIT_S,
         release_memory: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        stop: StopSignal | None = None,
     ) -> None:
+        # The server's stop: no load starts after it, nor does a request wait for one.
+        self.stop = stop or StopSignal()
         self.specs = {s.id: s for s in specs}
         self.names = names
         self._load = load
@@ -134,7 +138,7 @@ class ModelPool:
         self._release_memory = release_memory  # after an unload: freed buffers back to the OS
         self._clock = clock
         self._loaded: dict[str, Served] = {}
-        self._loading: dict[str, asyncio.Future[Served]] = {}  # one load per model at a time
+        self._loading: dict[str, asyncio.Task[Served]] = {}  # one load per model at a time
         self.loads = 0
         self.load_errors: dict[str, str] = {}  # the last failed load of each model (/health)
         self.starting: set[str] = set()  # start-up loads still running (/health "ready")
@@ -186,18 +190,23 @@ class ModelPool:
         return served
 
     async def _load_once(self, spec: ModelSpec) -> Served:
-        pending = self._loading.get(spec.id)
-        if pending is None:
-            pending = asyncio.get_running_loop().create_future()
-            self._loading[spec.id] = pending
-            try:
-                pending.set_result(await self._load_new(spec))
-            except BaseException as exc:
-                pending.set_exception(exc)
-                pending.exception()  # retrieved: a lone failure is not logged as unhandled
-            finally:
-                self._loading.pop(spec.id, None)
-        return await asyncio.shield(pending)
+        load = self._loading.get(spec.id)
+        if load is None:
+            self.stop.check()  # no load starts once the server is stopping
+            # Its own task: a caller that leaves (or the stop refuses) never cuts a load
+            # short, whose thread would go on with what it loaded and no one to close it.
+            load = asyncio.ensure_future(self._load_new(spec))
+            self._loading[spec.id] = load
+            load.add_done_callback(lambda _: self._loading.pop(spec.id, None))
+        return await self.stop.unless_stopping(asyncio.shield(load))
+
+    async def finish_loads(self) -> None:
+        """Wait for the loads under way to end (the stop), so that ``close`` unloads what they
+        loaded: a loading thread still inside MLX when the interpreter exits kills it
+        (``terminate called without an active exception``, or a segmentation fault)."""
+        for model_id, load in list(self._loading.items()):
+            log.info("stopping: waiting for the load of %s to end", model_id)
+            await asyncio.wait({load})
 
     def check_fits(self, spec: ModelSpec) -> None:
         """Refuse now (start-up) a model that cannot fit under the limit even alone."""
@@ -220,6 +229,8 @@ class ModelPool:
                 wait_warm = getattr(served.engine, "wait_warm", None)
                 if wait_warm is not None:
                     await anyio.to_thread.run_sync(wait_warm, WARM_UP_WAIT_S)
+        except ServerStopping:  # the stop waits for the load itself (``finish_loads``)
+            pass
         except Exception as exc:
             self.load_errors.setdefault(spec.id, str(exc))
             log.error("start-up load of %s failed: %s", spec.id, exc)
@@ -297,6 +308,7 @@ class ModelPool:
                 self._make_room(spec, need)
                 return
             except Busy:
+                self.stop.check()
                 if self._clock() >= deadline or not self._room_after_idle(need):
                     raise
                 if not announced:

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from omlx.app.models.catalog import CHAT, ModelSpec, catalog
 from omlx.app.models.model_names import ModelNames
 from omlx.app.models.pool import ModelPool
 from omlx.app.settings import Settings
+from omlx.app.stop_signal import StopSignal
 from omlx.app.wiring.container import Container
 from omlx.app.wiring.model_loader import ModelLoader, SharedCold, serve_chat
 from omlx.app.wiring.responses_store import MemoryResponseStore, ResponseStore
@@ -31,6 +33,11 @@ if TYPE_CHECKING:  # imported where they are opened: a test's bootstrap opens ne
     from omlx.domain.cache.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
+
+# How long after the stop begins a block cut from a running generation waits for room in
+# the writer's queue (on the engine thread: no request is left to wait). Under the
+# engines' own 10 s to stop; the writer then drains for up to 30 s as ever.
+STOP_WRITES_WAIT_S = 8.0
 
 
 def bootstrap(
@@ -72,8 +79,9 @@ def bootstrap(
             default=chat_ids[0] if chat_ids else None,
         )
         observers = Observers()  # the app's metrics and request log subscribe to it
+        stop = StopSignal()  # requested by the first SIGINT or SIGTERM (server.py)
         if model is not None and engine is not None:
-            pool = ModelPool(specs, names)
+            pool = ModelPool(specs, names, stop=stop)
             served = serve_chat(
                 settings,
                 specs[0],
@@ -82,6 +90,7 @@ def bootstrap(
                 grammars=grammars,
                 prefix_cache=prefix_cache,
                 observers=observers,
+                stop=stop,
             )
             pool.add(served)
             return _container(settings, pool, None, None, closers, [], observers, blas="")
@@ -105,6 +114,8 @@ def bootstrap(
             if ssd
             else None
         )
+        if cold is not None:  # what the stop cuts is written, not dropped for a full queue
+            stop.subscribe(partial(cold.writer.wait_for_room, STOP_WRITES_WAIT_S))
         loader = ModelLoader(
             settings,
             cold,
@@ -112,6 +123,7 @@ def bootstrap(
             _kv_memory_limit(settings),
             digest_cache=_digest_cache(ssd.index) if ssd else None,
             observers=observers,
+            stop=stop,
         )
         pool = ModelPool(
             specs,
@@ -122,6 +134,7 @@ def bootstrap(
             pinned=settings.pin_models,
             idle_timeout=settings.model_idle_timeout or None,
             release_memory=return_freed_memory,
+            stop=stop,
         )
         pool_ref.append(pool)
         closers.append(pool.close)  # after the engines stop, the writer drains (closers reversed)
@@ -165,6 +178,7 @@ def _container(
     return Container(
         settings=settings,
         pool=pool,
+        stop=pool.stop,
         names=pool.names,
         normalizer=PromptNormalizer(settings.prompt_normalizations),
         seal=ReasoningSeal.for_folder(settings.cache_dir if ssd is not None else None),

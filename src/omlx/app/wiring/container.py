@@ -15,6 +15,7 @@ from omlx.app.models.catalog import ModelSpec
 from omlx.app.models.model_names import ModelNames
 from omlx.app.models.pool import ModelPool
 from omlx.app.settings import Settings
+from omlx.app.stop_signal import StopSignal
 from omlx.domain.responses import ResponseStore
 
 
@@ -27,6 +28,7 @@ class Container:
     seal: ReasoningSeal
     responses: ResponseStore  # stored Responses-API responses (index.db, or memory)
     started_at: int
+    stop: StopSignal = field(default_factory=StopSignal)  # the server's stop (SIGINT, SIGTERM)
     blas: str = ""
     writer: BlockWriter | None = None  # the cold tier's, shared by every model (its stats: metrics)
     ssd: ColdFolder | None = None  # the cold tier's folder, index and store

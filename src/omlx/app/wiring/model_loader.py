@@ -26,6 +26,7 @@ from omlx.app.models.chores import run_when_quiet
 from omlx.app.models.options import ModelOptions
 from omlx.app.models.pool import Served
 from omlx.app.settings import Settings
+from omlx.app.stop_signal import StopSignal
 from omlx.app.wiring.warm_restart import warm_restart_for
 from omlx.domain.cache.image_keys import is_image_id
 from omlx.domain.cache.kv_quant import KVQuant
@@ -72,9 +73,11 @@ class ModelLoader:
         kv_memory_limit: int | None,
         digest_cache: DigestCache | None = None,
         observers: Observers | None = None,
+        stop: StopSignal | None = None,
     ) -> None:
         self.settings = settings
         self.observers = observers  # the app's metrics and request log, for every model
+        self.stop = stop  # the server's stop, which ends every model's generations
         self.cold = cold
         self.account = account
         self.kv_memory_limit = kv_memory_limit
@@ -196,6 +199,7 @@ class ModelLoader:
             prefix_cache=prefix_cache,
             cold_tier=cold_tier,
             observers=self.observers,
+            stop=self.stop,
             kv_bytes_per_token=engine.budget.bytes_per_token if engine.budget else None,
         )
         served.closers.extend(closers)
@@ -401,12 +405,14 @@ def serve_chat(
     prefix_cache: PrefixCache | None = None,
     cold_tier: ColdTier | None = None,
     observers: Observers | None = None,
+    stop: StopSignal | None = None,
     kv_bytes_per_token: int | None = None,
 ) -> Served:
     """A chat model's services over its started engine, wired once for the loader and for
     ``bootstrap(engine=...)`` (tests): the generation service, the cache controls and the
     chat pipeline, each complete when built. ``sampling_defaults``: the model's own (its
-    generation_config.json) for what a request leaves out; ``observers``: the app's hub."""
+    generation_config.json) for what a request leaves out; ``observers``: the app's hub;
+    ``stop``: the server's stop, which ends the model's generations."""
     observer = observers.for_model(spec.id) if observers is not None else None
     generation = GenerationService(
         engine,
@@ -418,6 +424,7 @@ def serve_chat(
         sampling_defaults=sampling_defaults,
         observer=observer,
         images=getattr(model, "extra", {}).get("vision"),
+        stop=stop,
     )
     tokenizer = model.tokenizer
     vision = getattr(model, "extra", {}).get("vision")

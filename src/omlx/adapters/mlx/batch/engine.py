@@ -135,6 +135,8 @@ class MLXEngine:
         self._inbox.put(("wake", None))
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():  # inside one long step: it ends with the process
+                log.warning("the engine of %s did not stop in %.0f s", self.model.model_id, timeout)
         while True:  # idle tasks it never read: dropped
             try:
                 kind, arg = self._inbox.get_nowait()
@@ -196,8 +198,12 @@ class MLXEngine:
             except Exception as exc:  # a failed step must not kill the server
                 log.exception("engine step failed")
                 self._fail_all(f"generation failed: {exc}")
+        # Stopping: the cancels sent before the stop first, then whatever still runs, each
+        # keeping what it computed as for a client that left (the server's stop).
+        self._drain_inbox(block=False)
         for job in list(self._jobs.values()):
-            self._finish(job, "cancelled", cache=None, tokens=None)
+            if not job.done:
+                self._cancel_at_stop(job)
         for _, done in self._idle_tasks:
             done.set_result(False)
 
@@ -222,7 +228,10 @@ class MLXEngine:
             )
             self._generator = self._new_generator()
             return
-        how = "warm-up stopped for a request:" if interrupted else "warmed up"
+        how = "warmed up"
+        if interrupted:
+            cause = "the server's stop" if self._stopping.is_set() else "a request"
+            how = f"warm-up stopped for {cause}:"
         log.info("%s %s in %.2f s", how, self.model.model_id, time.monotonic() - started)
 
     @property
@@ -441,6 +450,14 @@ class MLXEngine:
         removed = self._generator.remove([job.uid], return_prompt_caches=True)
         cache, tokens = removed.get(job.uid, (None, None))
         self._finish(job, "cancelled", cache, tokens)
+
+    def _cancel_at_stop(self, job: Job) -> None:
+        try:
+            self._cancel(job)
+        except Exception:  # a batch a failed step left unusable: its rows' caches are lost
+            log.exception("request %d: its cache could not be kept at the stop", job.id)
+            if not job.done:
+                self._finish(job, "cancelled", cache=None, tokens=None)
 
     def _release(self, job: Job) -> None:
         """Unpin its prefix: it leaves without a cache to keep (refused, failed)."""

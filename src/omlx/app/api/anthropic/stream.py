@@ -11,7 +11,7 @@ import msgspec
 from litestar.response.sse import ServerSentEventMessage
 
 from omlx.app.api.anthropic.schemas import MessageUsage
-from omlx.app.api.errors import anthropic_error_body
+from omlx.app.api.errors import anthropic_error_body, status_of
 from omlx.app.api.sse import KEEPALIVE
 from omlx.app.chat.output import (
     Content,
@@ -24,6 +24,7 @@ from omlx.app.chat.output import (
 from omlx.app.chat.pipeline import ChatEvent, Done, Error, Output, Started
 from omlx.app.chat.sealing import ReasoningSeal
 from omlx.app.chat.tool_calls import close_partial
+from omlx.app.errors import AppError
 from omlx.domain.json_values import JsonObject
 
 log = logging.getLogger(__name__)
@@ -234,6 +235,8 @@ class MessageStream:
                         yield e
                 elif isinstance(event, Error):
                     yield _event("error", anthropic_error_body(500, event.message))
+        except AppError as exc:  # a refusal after the start (the server stopping): no traceback
+            yield _event("error", anthropic_error_body(status_of(exc), exc.message))
         except Exception as exc:  # after the 200 went out, an error is the stream's last event
             log.exception("message stream failed")
             yield _event("error", anthropic_error_body(500, f"internal error: {exc}"))

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import msgspec
 from litestar.response.sse import ServerSentEventMessage
 
-from omlx.app.api.errors import openai_error_body
+from omlx.app.api.errors import openai_error_body, status_of
 from omlx.app.api.openai.logprobs import TokenText, chat_logprobs, completion_logprobs
 from omlx.app.api.openai.schemas import (
     ChatCompletionChunk,
@@ -35,6 +35,7 @@ from omlx.app.chat.output import (
     ToolCallStart,
 )
 from omlx.app.chat.pipeline import ChatEvent, Done, Error, Output
+from omlx.app.errors import AppError
 from omlx.domain.generation import Failed, Finished, GenerationEvent, TextDelta
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,13 @@ def call_id() -> str:
 
 def _error_event(message: str) -> str:
     return msgspec.json.encode(openai_error_body(500, message)).decode()
+
+
+def _refusal_event(exc: AppError) -> str:
+    """A refusal after the stream began (the server stopping): its own status and code."""
+    return msgspec.json.encode(
+        openai_error_body(status_of(exc), exc.message, exc.param, exc.code)
+    ).decode()
 
 
 class ChatStream:
@@ -158,6 +166,8 @@ class ChatStream:
                         yield self.chunk(Delta(), usage=usage, choices=False)
                 elif isinstance(event, Error):
                     yield _error_event(event.message)
+        except AppError as exc:  # a refusal after the start (the server stopping): no traceback
+            yield _refusal_event(exc)
         except Exception as exc:  # after the 200 went out, an error is the stream's last event
             log.exception("chat stream failed")
             yield _error_event(f"internal error: {exc}")
@@ -209,6 +219,8 @@ async def text_stream(
                 )
             elif isinstance(event, Failed):
                 yield _error_event(event.message)
+    except AppError as exc:
+        yield _refusal_event(exc)
     except Exception as exc:
         log.exception("completion stream failed")
         yield _error_event(f"internal error: {exc}")

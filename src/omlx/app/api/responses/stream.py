@@ -22,6 +22,7 @@ from omlx.app.api.responses.output import Event, OutputBuilder, finished_respons
 from omlx.app.api.responses.schemas import ResponseObject, ResponseUsage
 from omlx.app.api.sse import KEEPALIVE
 from omlx.app.chat.pipeline import ChatEvent, Done, Error, Output, Started
+from omlx.app.errors import AppError
 from omlx.domain.generation import Finished
 from omlx.domain.json_values import JsonObject
 from omlx.domain.responses import ResponseStore, StoredResponse
@@ -111,6 +112,7 @@ class ResponseRun:
         yield numbered.event({"type": "response.in_progress", "response": snapshot})
         started: Started | None = None
         failure: str | None = None
+        code = "server_error"  # the error event's; the failed response's is always this one
         try:
             async for event in events:
                 if event is None:
@@ -132,6 +134,8 @@ class ResponseRun:
                 elif isinstance(event, Error):
                     failure = event.message
                     break
+        except AppError as exc:  # a refusal after the start (the server stopping): no traceback
+            failure, code = exc.message, exc.code or code
         except Exception as exc:  # after the 200 went out, an error is the stream's last event
             log.exception("response stream failed")
             failure = f"internal error: {exc}"
@@ -140,9 +144,7 @@ class ResponseRun:
         closing, final = self.fail(failure, started)
         for e in closing:
             yield numbered.event(e)
-        yield numbered.event(
-            {"type": "error", "code": "server_error", "message": failure, "param": None}
-        )
+        yield numbered.event({"type": "error", "code": code, "message": failure, "param": None})
         final = await self.keep(final)
         yield numbered.event({"type": "response.failed", "response": msgspec.to_builtins(final)})
 
