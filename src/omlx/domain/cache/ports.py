@@ -267,6 +267,13 @@ class EvictionPolicy(Protocol):
         """
         ...
 
+    def promotion_victims(
+        self, key: str, bytes_to_free: int, is_pinned: Callable[[str], bool]
+    ) -> list[str] | None:
+        """``choose_victims`` for ``key``, read back from disk for a request, to enter RAM;
+        None: leave RAM as it is (the request uses what it read). Removes nothing."""
+        ...
+
 
 class ColdSource(Protocol):
     """The cold tier as the prefix cache sees it; called on the engine thread, never blocks on a write."""

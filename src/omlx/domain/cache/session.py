@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from omlx.domain.cache.blocks import MISS, PrefixHit, PromptChain
@@ -99,7 +100,7 @@ class CacheSession:
 
         A kept finished cache holding the prefix is continued in place; otherwise the
         matched blocks are assembled. A failure turns the hit into a miss (read
-        ``cached_tokens`` and ``plan`` after this call).
+        ``cached_tokens`` and ``plan`` after this call). Called once per request.
         """
         if not self._hit.cached_tokens:
             return None
@@ -117,6 +118,10 @@ class CacheSession:
             cache = None
         if cache is None:
             self._miss()
+        else:
+            # Joined into ``cache``: the payloads are let go. Blocks RAM declined to keep
+            # (``ProbationPolicy``) would otherwise stay alive beside the request's cache.
+            self._hit = replace(self._hit, payloads=(), windows=(), state=None)
         self.seconds["restore"] += time.perf_counter() - started
         return cache
 
