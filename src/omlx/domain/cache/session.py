@@ -90,6 +90,13 @@ class CacheSession:
         """KV-matched positions recomputed for want of a restore point there (hybrids)."""
         return self._hit.lost_tokens
 
+    def kept_prefix(self) -> Sequence[int]:
+        """The prefix ``restore`` would take a kept finished cache for (empty: none will be
+        asked for: a miss, or a no-store request). Until then the memory guard spares it."""
+        if self._kept is None or not self._hit.cached_tokens:
+            return ()
+        return self._prompt[: self._hit.cached_tokens]
+
     @property
     def plan(self) -> tuple[int, ...]:
         """Positions past the restored prefix where prefill chunks must end (restore points)."""
