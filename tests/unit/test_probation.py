@@ -134,6 +134,17 @@ def test_a_block_read_back_into_a_full_tier_displaces_no_resident_until_read_bac
     assert "r" in hot and not policy.is_candidate("r") and len(hot) == 3
 
 
+def test_a_block_pinned_already_enters_a_full_tier_when_read_back() -> None:
+    policy = ProbationPolicy()
+    hot = HotTier(10 * 2, policy)
+    for key in ("a", "b"):
+        put(hot, key)
+        hot.get(key)
+    hot.pin(["pinned"])  # a pinned prefix's block, on disk only
+    assert put(hot, "pinned", read_back=True)
+    assert "pinned" in hot and len(hot) == 2
+
+
 def test_a_read_back_block_takes_the_room_of_other_candidates_oldest_first() -> None:
     policy = ProbationPolicy()
     hot = HotTier(10 * 3, policy)

@@ -137,7 +137,8 @@ class HotTier:
         A key already present is only touched (same key, same content). Nothing is evicted
         for a block that would not fit even after evicting every unpinned block.
         ``reused``: a block read back from disk for a request that matched it (a hit); the
-        policy may decline it room (``promotion_victims``): False, RAM as it was.
+        policy may decline it room (``promotion_victims``): False, RAM as it was. Not a
+        block pinned already (a pinned prefix's): that one makes room as a new block does.
         """
         if nbytes < 0:
             raise ValueError("nbytes must be >= 0")
@@ -150,11 +151,11 @@ class HotTier:
                 return False
             needed = self._bytes + nbytes - self.max_bytes
             if needed > 0:
-                if reused:
+                if reused and not self._is_pinned_locked(meta.key):
                     victims = self._policy.promotion_victims(
                         meta.key, needed, self._is_pinned_locked
                     )
-                else:
+                else:  # computed here, or pinned already (a pinned prefix): wanted in RAM
                     victims = self._policy.choose_victims(needed, self._is_pinned_locked)
                 if victims is None or sum(self._blocks[k].nbytes for k in victims) < needed:
                     return False

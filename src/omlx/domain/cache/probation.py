@@ -23,7 +23,9 @@ a block read back from disk is a candidate, not a resident:
   leaves).
 
 Blocks the engine computes enter as before (the main segment, at their parent's level),
-and so do blocks warm restart reads ahead (``record_prefetch``). A conversation restored
+and so do blocks warm restart reads ahead (``record_prefetch``); a block read back while
+pinned already (a pinned prefix's) is wanted in RAM, and ``HotTier`` makes room for it as
+for a computed one (it waits on probation like any block read back). A conversation restored
 while the tier has room waits on probation for its next turn; one restored into a full
 tier is kept from its second restore on. The unit test's 12 conversations round robin
 under a tier 1/7 of their working set: 17.6% of restored blocks from RAM, none with LRU.
