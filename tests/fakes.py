@@ -586,8 +586,27 @@ class FakeKeptCaches:
     def fits(self, nbytes: int) -> bool:
         return self.entries > 0 and nbytes <= self.max_bytes
 
+    def held_for(self, prefix: Sequence[int]) -> int:
+        spared = self._holding(prefix)
+        return 8 * len(spared[1]) if spared is not None else 0
+
+    def shrink(self, max_bytes: int, spare: Sequence[int] = ()) -> None:
+        spared = self._holding(spare)
+        others = [e for e in self.kept if e is not spared]
+        while others and sum(8 * len(cache) for _, cache in others) > max_bytes:
+            others.pop(0)
+        self.kept = [e for e in self.kept if e is spared or any(e is o for o in others)]
+
     def clear(self) -> None:
         self.kept.clear()
+
+    def _holding(self, prefix: Sequence[int]) -> tuple[tuple[int, ...], list[int]] | None:
+        """The newest entry holding ``prefix`` (``take``'s pick); None for an empty prefix."""
+        wanted = tuple(prefix)
+        for entry in reversed(self.kept):
+            if wanted and entry[0][: len(wanted)] == wanted:
+                return entry
+        return None
 
 
 # --- GrammarCompiler / TokenConstraint ---------------------------------------------

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from omlx.adapters.mlx.batch.engine import EngineConfig, MLXEngine
 from omlx.adapters.mlx.batch.sampling import SharedSamplers
 from omlx.adapters.mlx.cache.codec import MLXKVCodec
+from omlx.adapters.mlx.cache.finished_caches import FinishedCaches
 from omlx.adapters.mlx.cache.memory import CACHE_STEP, KVBudget
 from omlx.adapters.mlx.models.loader import load_model
 from omlx.domain.cache.hot_tier import HotTier
@@ -227,6 +229,43 @@ def test_hot_tier_gives_memory_back_before_a_request_waits(tiny):
         assert stats.bytes < hot_before
     finally:
         engine.stop()
+
+
+def test_memory_guard_leaves_a_next_turn_the_kept_cache_it_continues(tiny):
+    cache = PrefixCache(
+        namespace=tiny.namespace(16),
+        codec=MLXKVCodec(),
+        hot=HotTier(1 << 30),
+        kept=FinishedCaches(),
+    )
+    messages = [{"role": "user", "content": "Read this file and say what it does. " * 6}]
+    first = tiny.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    engine = start(tiny, cache, release_buffers_after_s=0.05)
+    try:
+        reply = generate(engine, greedy(first, 12)).text
+        deadline = time.monotonic() + 30
+        while engine._buffers_held:  # idle: MLX's buffer pool goes back, the kept cache stays
+            assert time.monotonic() < deadline, "the idle engine kept its buffers"
+            time.sleep(0.01)
+    finally:
+        engine.stop()
+    messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Thanks."}]
+    second = tiny.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    held, kept = cache.held_bytes(), cache.stats().kept_bytes
+    assert kept > 0
+    bpt = 2 * 2 * 2 * 16 * 4  # the tiny model's KV bytes per position (float32)
+    need = KVBudget(1 << 40, bpt).batch_bytes([len(second) + 12])
+    # Room for the second turn and the hot tier, not for a copy of the kept cache besides:
+    # counted twice (as before), the kept cache would be dropped and the prefix assembled.
+    limit = need + (held - kept) + kept // 2
+    engine = start(tiny, cache, kv_memory_limit=limit)
+    try:
+        run = generate(engine, greedy(second, 12))
+    finally:
+        engine.stop()
+    assert run.finished.cached_tokens >= len(first)
+    assert cache.stats().continued_requests == 1  # it continued the kept cache in place
+    assert cache.stats().hot.pinned == 0
 
 
 # ---- releasing -------------------------------------------------------------------

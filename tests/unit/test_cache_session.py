@@ -157,6 +157,58 @@ def test_a_plain_layout_stores_every_block_and_continues_a_kept_cache() -> None:
     assert pc.make_room(0) == 0 and kept.kept == []  # kept caches first, then the hot tier
 
 
+def _two_kept_conversations() -> tuple[PrefixCache, FakeKeptCaches, list[int], CacheSession]:
+    """Conversations A then B served (both kept), and A's next turn begun (not restored)."""
+    kept = FakeKeptCaches()
+    pc = make(PLAIN, kept=kept)
+    a, b = tokens(100, seed=21), tokens(60, seed=22)
+    serve(pc, a, generated=tokens(6, seed=23))
+    serve(pc, b, generated=tokens(6, seed=24))
+    follow_up = [*a, *tokens(6, seed=23), *tokens(20, seed=25)]
+    return pc, kept, follow_up, pc.begin(follow_up)
+
+
+def test_kept_caches_survive_a_request_while_memory_is_ample() -> None:
+    pc, kept, follow_up, session = _two_kept_conversations()
+    own = 8 * 106  # A's kept cache: it becomes the follow-up's own cache
+    held = pc.held_bytes()
+    assert session.kept_prefix() == follow_up[:106]
+    assert pc.make_room(held, session) == held - own and len(kept.kept) == 2
+    # Room for all but A's kept cache: still ample (the room asked for already counts it).
+    assert pc.make_room(held - own, session) == held - own and len(kept.kept) == 2
+    assert session.restore() == follow_up[:106] and session.continued
+    session.close()
+
+
+def test_short_memory_gives_back_other_kept_caches_then_the_hot_tier_not_the_continued() -> None:
+    pc, kept, follow_up, session = _two_kept_conversations()
+    own = 8 * 106  # A's kept cache
+    hot = pc.stats().hot.bytes
+    assert pc.make_room(hot, session) == hot  # B's kept cache goes, the hot tier stays
+    assert [len(t) for t, _ in kept.kept] == [106] and pc.stats().hot.bytes == hot
+    assert pc.held_bytes() == hot + own
+    left = pc.make_room(hot // 2, session)  # more than B's: the hot tier gives back too
+    assert [len(t) for t, _ in kept.kept] == [106]
+    assert left == pc.stats().hot.bytes < hot
+    in_ram = pc.hot.keys()
+    assert all(pc.is_pinned(k) for k in in_ram)  # all it kept: A's prefix, pinned
+    assert session.restore() == follow_up[:106] and session.continued
+    session.close()
+    assert pc.make_room(0) == 0 and kept.kept == []  # no request asking: every kept cache
+
+
+def test_a_request_that_continues_no_kept_cache_spares_none() -> None:
+    pc, kept, _, _ = _two_kept_conversations()
+    stranger = pc.begin(tokens(50, seed=26))
+    assert stranger.kept_prefix() == ()
+    hot = pc.stats().hot.bytes
+    assert pc.make_room(hot, stranger) == hot and kept.kept == []
+    stranger.close()
+    no_store = pc.begin(tokens(100, seed=21), store=False)  # A's prefix, but keeps nothing
+    assert no_store.cached_tokens and no_store.kept_prefix() == ()
+    no_store.close()
+
+
 def test_a_failed_cut_stops_capturing_and_finishing_cuts_the_rest() -> None:
     # State only: a fresh capture at the finish has no decode ring to take window KV from.
     pc = make(CacheLayout(has_state=True))

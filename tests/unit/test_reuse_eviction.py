@@ -1,11 +1,15 @@
-"""The hot tier's reuse-level policy: one-off blocks first out, the main session kept."""
+"""The hot tier's reuse-level policy: one-off blocks first out, the main session kept
+(and by ``ProbationPolicy``, whose main segment it orders)."""
 
 from __future__ import annotations
+
+import pytest
 
 from omlx.domain.cache.blocks import BlockMeta
 from omlx.domain.cache.eviction import LRUPolicy
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.ports import EvictionPolicy
+from omlx.domain.cache.probation import ProbationPolicy
 from omlx.domain.cache.reuse_eviction import ReuseLevelPolicy
 
 ROOT = "namespace"
@@ -119,8 +123,9 @@ def _agent_session(policy: EvictionPolicy) -> tuple[HotTier, list[int], list[str
     return hot, found, main
 
 
-def test_the_main_session_survives_a_sub_agent_and_side_calls_within_budget() -> None:
-    hot, found, main = _agent_session(ReuseLevelPolicy())
+@pytest.mark.parametrize("make", [ReuseLevelPolicy, ProbationPolicy])
+def test_the_main_session_survives_a_sub_agent_and_side_calls_within_budget(make: type) -> None:
+    hot, found, main = _agent_session(make())
     assert found == [0, 8, 9, 10, 11]  # every turn finds all its previous turn held
     assert set(main) <= set(hot.keys())
     assert hot.stats().bytes <= hot.max_bytes
@@ -131,8 +136,9 @@ def test_plain_lru_loses_the_main_session_to_the_same_sequence() -> None:
     assert found[-1] < 11  # the contrast the policy exists for
 
 
-def test_a_block_read_back_from_disk_for_a_match_counts_as_reused() -> None:
-    hot = HotTier(10 * 4, ReuseLevelPolicy())
+@pytest.mark.parametrize("make", [ReuseLevelPolicy, ProbationPolicy])
+def test_a_block_read_back_from_disk_for_a_match_counts_as_reused(make: type) -> None:
+    hot = HotTier(10 * 4, make())
     for key, parent in (("m0", ROOT), ("m1", "m0")):  # the main session, promoted after a restart
         hot.put(
             BlockMeta(key=key, parent_key=parent, namespace="ns", token_count=64),

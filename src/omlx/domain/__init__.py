@@ -28,6 +28,7 @@ from omlx.domain.cache.ports import (
     KVCodec,
 )
 from omlx.domain.cache.prefix_cache import PrefixCache
+from omlx.domain.cache.probation import ProbationPolicy
 from omlx.domain.cache.reuse_eviction import ReuseLevelPolicy
 from omlx.domain.cache.session import CacheSession
 from omlx.domain.cache.tally import PrefixCacheStats
@@ -57,6 +58,7 @@ __all__ = [
     "PrefixCache",
     "PrefixCacheStats",
     "PrefixHit",
+    "ProbationPolicy",
     "ReuseLevelPolicy",
     "StoredBlock",
     "SystemClock",

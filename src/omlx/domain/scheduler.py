@@ -42,8 +42,10 @@ class Queued(Protocol):
         ...
 
 
-# make_room(job, room): free RAM of the model's hot tier until it holds at most ``room``
-# bytes (pinning the job's own cached prefix first); returns the bytes it still holds.
+# make_room(job, room): free RAM of the model's prefix cache (kept finished caches, hot tier)
+# until it holds at most ``room`` bytes (pinning the job's own cached prefix first, and not
+# counting the kept cache the job will continue: its KV is in the job's own need); returns
+# the bytes it still holds.
 MakeRoom = Callable[[Queued, int], int]
 
 

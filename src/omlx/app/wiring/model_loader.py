@@ -272,7 +272,7 @@ class ModelLoader:
         from omlx.domain.cache.cold_tier import ColdTier
         from omlx.domain.cache.hot_tier import HotTier
         from omlx.domain.cache.prefix_cache import PrefixCache
-        from omlx.domain.cache.reuse_eviction import ReuseLevelPolicy
+        from omlx.domain.cache.probation import ProbationPolicy
 
         settings = self.settings
         codec = MLXKVCodec(model.layout, kv_quant)
@@ -282,9 +282,10 @@ class ModelLoader:
         namespace = replace(
             model.namespace(settings.block_size, kv_quant), block_spec=codec.expected.to_json()
         )
-        # One-off blocks (side calls) leave RAM before a reused conversation's (issue 20).
+        # One-off blocks (side calls) leave RAM before a reused conversation's (issue 20);
+        # blocks read back from disk earn their place (rotating conversations, issue 38).
         hot_bytes, hot_note = self._hot_budget(model)
-        hot = HotTier(hot_bytes, ReuseLevelPolicy())
+        hot = HotTier(hot_bytes, ProbationPolicy())
         cold_tier = None
         if self.cold is not None:
             ssd = self.cold.ssd

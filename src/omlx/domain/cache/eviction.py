@@ -55,6 +55,11 @@ class LRUPolicy:
             freed += nbytes
         return victims
 
+    def promotion_victims(
+        self, key: str, bytes_to_free: int, is_pinned: Callable[[str], bool]
+    ) -> list[str] | None:
+        return self.choose_victims(bytes_to_free, is_pinned)  # every block read back enters
+
     def __len__(self) -> int:
         return len(self._order)
 

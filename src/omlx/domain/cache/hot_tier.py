@@ -1,5 +1,6 @@
 """The hot tier: a RAM pool of blocks under a byte budget; unpinned blocks leave in its
-policy's order (LRU here; the server passes ``ReuseLevelPolicy``: one-off blocks first).
+policy's order (LRU here; the server passes ``ProbationPolicy``: one-off blocks first, and
+a block read back from disk enters only where it displaces no resident until it recurs).
 
 Full and partial blocks alike (see ``keys``): the same budget, eviction order and pins. A
 parent -> children map lets token-granular matching find every block that extends a
@@ -135,7 +136,9 @@ class HotTier:
 
         A key already present is only touched (same key, same content). Nothing is evicted
         for a block that would not fit even after evicting every unpinned block.
-        ``reused``: a block read back from disk for a request that matched it (a hit).
+        ``reused``: a block read back from disk for a request that matched it (a hit); the
+        policy may decline it room (``promotion_victims``): False, RAM as it was. Not a
+        block pinned already (a pinned prefix's): that one makes room as a new block does.
         """
         if nbytes < 0:
             raise ValueError("nbytes must be >= 0")
@@ -148,8 +151,13 @@ class HotTier:
                 return False
             needed = self._bytes + nbytes - self.max_bytes
             if needed > 0:
-                victims = self._policy.choose_victims(needed, self._is_pinned_locked)
-                if sum(self._blocks[k].nbytes for k in victims) < needed:
+                if reused and not self._is_pinned_locked(meta.key):
+                    victims = self._policy.promotion_victims(
+                        meta.key, needed, self._is_pinned_locked
+                    )
+                else:  # computed here, or pinned already (a pinned prefix): wanted in RAM
+                    victims = self._policy.choose_victims(needed, self._is_pinned_locked)
+                if victims is None or sum(self._blocks[k].nbytes for k in victims) < needed:
                     return False
                 for victim in victims:
                     self._evict_locked(victim)

@@ -101,6 +101,16 @@ class KeptCaches(Protocol):
         """A cache holding exactly ``prompt[:prefix]``, cut from a kept one; None when none holds it."""
         ...
 
+    def held_for(self, prefix: Sequence[int]) -> int:
+        """Bytes of the kept cache ``take`` would hand over whole for ``prefix`` (they become
+        that request's own cache); 0 when none would (none holds it, or it lends a view)."""
+        ...
+
+    def shrink(self, max_bytes: int, spare: Sequence[int] = ()) -> None:
+        """Forget kept caches, oldest first, until the others hold at most ``max_bytes``;
+        the one ``held_for(spare)`` counts stays (its request is about to take it)."""
+        ...
+
     def keep(self, tokens: Sequence[int], cache: Any) -> None:
         """Keep a finished request's cache, which holds exactly ``tokens``; may decline it."""
         ...
@@ -265,6 +275,13 @@ class EvictionPolicy(Protocol):
 
         Returns every unpinned key when they do not add up to that much; removes nothing.
         """
+        ...
+
+    def promotion_victims(
+        self, key: str, bytes_to_free: int, is_pinned: Callable[[str], bool]
+    ) -> list[str] | None:
+        """``choose_victims`` for ``key``, read back from disk for a request, to enter RAM;
+        None: leave RAM as it is (the request uses what it read). Removes nothing."""
         ...
 
 

@@ -157,19 +157,24 @@ class PrefixCache:
                 n += 1
         return n
 
-    def make_room(self, room: int) -> int:
+    def make_room(self, room: int, session: CacheSession | None = None) -> int:
         """Give RAM back until this cache holds at most ``room`` bytes; the bytes it still holds.
 
-        Nothing goes while it fits (the engine asks at every admission). Past ``room``,
-        the kept finished caches go first (the hot tier holds their blocks too), then the
-        hot tier's least recently used blocks, pinned ones never (a request pins its
-        prefix by its ``begin``, before asking room for it).
+        ``session``: the request asking. The kept finished cache it will continue is its
+        own cache from then on, which the room it asked for already counts: that one is
+        neither counted here nor dropped. Nothing goes while the rest fits (the engine asks
+        at every admission). Past ``room``, the other kept caches go first, oldest first
+        (the hot tier holds their blocks too), then the hot tier's blocks in its policy's
+        order, pinned ones never (a request pins its prefix by its ``begin``, before asking).
         """
-        if self.held_bytes() <= room:
-            return self.held_bytes()
-        self.drop_kept()
-        self._hot.shrink(room)
-        return self.held_bytes()
+        spare = session.kept_prefix() if session is not None and self._kept is not None else ()
+        own = self._kept.held_for(spare) if self._kept is not None and spare else 0
+        if self.held_bytes() - own <= room:
+            return self.held_bytes() - own
+        if self._kept is not None:
+            self._kept.shrink(max(room - self._hot.stats().bytes, 0), spare)
+        self._hot.shrink(room - (self._kept_bytes() - own))
+        return self.held_bytes() - own
 
     def prime(self, keys: Sequence[str]) -> str:
         """Join the chain ``keys`` from RAM into a kept cache, as its finished request kept
@@ -184,14 +189,16 @@ class PrefixCache:
         )
 
     def drop_kept(self) -> None:
-        """Forget the kept finished caches (idle, or the engine was reset)."""
+        """Forget the kept finished caches (the engine was reset)."""
         if self._kept is not None:
             self._kept.clear()
 
     def held_bytes(self) -> int:
         """Bytes of KV this cache holds in RAM: the hot tier and the kept finished caches."""
-        kept = self._kept.nbytes if self._kept is not None else 0
-        return self._hot.stats().bytes + kept
+        return self._hot.stats().bytes + self._kept_bytes()
+
+    def _kept_bytes(self) -> int:
+        return self._kept.nbytes if self._kept is not None else 0
 
     def clear(self) -> int:
         """Drop every block in RAM and forget which are on disk; the blocks dropped.

@@ -79,6 +79,26 @@ class ReuseLevelPolicy:
     def level(self, key: str) -> int | None:
         return self._level_of.get(key)
 
+    def one_off_victims(
+        self, bytes_to_free: int, is_pinned: Callable[[str], bool]
+    ) -> tuple[list[str], int]:
+        """``choose_victims`` among level-0 blocks only (never matched by a later request),
+        and the bytes they free."""
+        victims: list[str] = []
+        freed = 0
+        for key, nbytes in self._levels[0].items():
+            if freed >= bytes_to_free:
+                break
+            if not is_pinned(key):
+                victims.append(key)
+                freed += nbytes
+        return victims, freed
+
+    def promotion_victims(
+        self, key: str, bytes_to_free: int, is_pinned: Callable[[str], bool]
+    ) -> list[str] | None:
+        return self.choose_victims(bytes_to_free, is_pinned)  # every block read back enters
+
     def choose_victims(self, bytes_to_free: int, is_pinned: Callable[[str], bool]) -> list[str]:
         victims: list[str] = []
         chosen: set[str] = set()

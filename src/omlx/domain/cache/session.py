@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from omlx.domain.cache.blocks import MISS, PrefixHit, PromptChain
@@ -89,6 +90,13 @@ class CacheSession:
         """KV-matched positions recomputed for want of a restore point there (hybrids)."""
         return self._hit.lost_tokens
 
+    def kept_prefix(self) -> Sequence[int]:
+        """The prefix ``restore`` would take a kept finished cache for (empty: none will be
+        asked for: a miss, or a no-store request). Until then the memory guard spares it."""
+        if self._kept is None or not self._hit.cached_tokens:
+            return ()
+        return self._prompt[: self._hit.cached_tokens]
+
     @property
     def plan(self) -> tuple[int, ...]:
         """Positions past the restored prefix where prefill chunks must end (restore points)."""
@@ -99,7 +107,7 @@ class CacheSession:
 
         A kept finished cache holding the prefix is continued in place; otherwise the
         matched blocks are assembled. A failure turns the hit into a miss (read
-        ``cached_tokens`` and ``plan`` after this call).
+        ``cached_tokens`` and ``plan`` after this call). Called once per request.
         """
         if not self._hit.cached_tokens:
             return None
@@ -117,6 +125,10 @@ class CacheSession:
             cache = None
         if cache is None:
             self._miss()
+        else:
+            # Joined into ``cache``: the payloads are let go. Blocks RAM declined to keep
+            # (``ProbationPolicy``) would otherwise stay alive beside the request's cache.
+            self._hit = replace(self._hit, payloads=(), windows=(), state=None)
         self.seconds["restore"] += time.perf_counter() - started
         return cache
 

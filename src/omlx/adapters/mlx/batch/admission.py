@@ -32,15 +32,17 @@ def begin(prefix_cache: PrefixCache, job: Job) -> CacheSession:
 
 
 def make_room(prefix_cache: PrefixCache, job: Job, room: int) -> int:
-    """The prefix cache gives RAM back for ``job`` (its own prefix pinned first); bytes left."""
+    """The prefix cache gives RAM back for ``job`` (its own prefix pinned first); bytes left
+    beside the kept cache ``job`` will continue (``PrefixCache.make_room``)."""
     if job.session is None:  # pin its prefix: the shrink must not evict what it will restore
         job.session = begin(prefix_cache, job)
     before = prefix_cache.held_bytes()
-    left = prefix_cache.make_room(room)
-    if left < before:
+    left = prefix_cache.make_room(room, job.session)
+    given = before - prefix_cache.held_bytes()
+    if given > 0:
         log.info(
             "memory guard: the prefix cache gave back %s for request %d",
-            format_bytes(before - left),
+            format_bytes(given),
             job.id,
         )
     return left

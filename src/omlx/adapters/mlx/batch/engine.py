@@ -430,13 +430,13 @@ class MLXEngine:
         self._buffers_held = True
 
     def _release_buffers_if_idle(self) -> None:
-        """Idle past ``release_buffers_after_s``: MLX's buffer pool and kept caches go back."""
+        """Idle past ``release_buffers_after_s``: MLX's buffer pool goes back. The kept
+        finished caches stay (an agent's tool may run longer than that before its next
+        turn): like the hot tier they are KV the memory guard counts and asks back."""
         if (
             self._buffers_held
             and time.monotonic() - self.last_step_at > self.config.release_buffers_after_s
         ):
-            if self.prefix_cache is not None:
-                self.prefix_cache.drop_kept()
             mx.clear_cache()
             self._buffers_held = False
             self._report_memory()

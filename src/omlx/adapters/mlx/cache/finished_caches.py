@@ -53,19 +53,46 @@ class FinishedCaches:
 
     def take(self, prompt: Sequence[int], prefix: int) -> list[Any] | None:
         """A kept cache holding ``prompt[:prefix]``, cut there; None when none does."""
-        wanted = tuple(prompt[:prefix])
-        for i in range(len(self._kept) - 1, -1, -1):
-            tokens, cache, _ = self._kept[i]
-            if len(tokens) >= prefix and tokens[:prefix] == wanted:
-                entry = self._kept.pop(i)
-                if _exact(cache):
-                    self._kept.append(entry)  # most recently used last
-                    return [_view(layer, prefix) for layer in cache]
-                return [_handed_over(layer, prefix) for layer in cache]
-        return None
+        i = self._find(prompt[:prefix])
+        if i is None:
+            return None
+        entry = self._kept.pop(i)
+        cache = entry[1]
+        if _exact(cache):
+            self._kept.append(entry)  # most recently used last
+            return [_view(layer, prefix) for layer in cache]
+        return [_handed_over(layer, prefix) for layer in cache]
+
+    def held_for(self, prefix: Sequence[int]) -> int:
+        i = self._find(prefix) if prefix else None
+        if i is None or _exact(self._kept[i][1]):  # a view: the entry stays kept
+            return 0
+        return self._kept[i][2]
+
+    def shrink(self, max_bytes: int, spare: Sequence[int] = ()) -> None:
+        i = self._find(spare) if self.held_for(spare) else None
+        spared = self._kept[i] if i is not None else None
+        excess = self.nbytes - (spared[2] if spared is not None else 0) - max_bytes
+        kept = []
+        for entry in self._kept:  # oldest first
+            if excess > 0 and entry is not spared:
+                excess -= entry[2]
+                continue
+            kept.append(entry)
+        self._kept = kept
 
     def clear(self) -> None:
         self._kept.clear()
+
+    def _find(self, prefix: Sequence[int]) -> int | None:
+        """The newest entry holding ``prefix`` (``take``'s pick), or None."""
+        wanted = tuple(prefix)
+        n = len(wanted)
+        for i in range(len(self._kept) - 1, -1, -1):
+            tokens = self._kept[i][0]
+            if len(tokens) >= n and tokens[:n] == wanted:
+                return i
+        return None
 
 
 def _exact(cache: list[Any]) -> bool:
