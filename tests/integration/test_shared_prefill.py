@@ -113,3 +113,18 @@ def test_the_follower_finishes_alone_when_its_leader_is_cancelled_mid_prefill(ti
     # It restored every block the leader kept, then computed the rest itself.
     assert reached - STEP <= second.finished.cached_tokens <= reached, (reached, second.finished)
     assert second.text == alone[tuple(SECOND)]
+
+
+def test_a_follower_that_shares_more_with_another_follower_waits_for_it_next(tiny):
+    # Both wait for the leader's P; the second then waits for the first's Q, not computing it.
+    leader = PREFIX[:512] + tokens(40, 4)
+    branch = PREFIX[:512] + tokens(512, 5)
+    one, two = branch + tokens(40, 6), branch + tokens(40, 7)
+    engine = engine_for(tiny)
+    try:
+        runs = [submit(engine, p) for p in (leader, one, two)]
+        assert all(r.done.wait(60) for r in runs)
+    finally:
+        engine.stop()
+    cached = [r.finished.cached_tokens for r in runs]
+    assert cached[0] == 0 and cached[1] >= 0.95 * 512 and cached[2] >= 0.95 * 1024, cached

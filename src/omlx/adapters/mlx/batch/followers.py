@@ -6,13 +6,17 @@ after every step which may go (``ready``); a request that waited looks its promp
 when it joins, so it restores what its leader kept. Chain keys are hashed once per request
 (the app's probe usually has them) and only for requests that may share: the same chain
 root and the same first block.
+
+Plain attention layouts only: a hybrid or sliding-window model restores at restore points,
+which a leader captures on a lattice of its own prompt's length, so a follower could wait
+for blocks and then restore much less of them than it waited for.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from omlx.adapters.mlx.batch.jobs import Job
@@ -30,9 +34,8 @@ class Followers:
 
     def __init__(self, prefix_cache: PrefixCache | None, step_size: int) -> None:
         self._cache = prefix_cache
-        self._room = (
-            SharedPrefill(prefix_cache.block_size, step_size) if prefix_cache is not None else None
-        )
+        plain = prefix_cache is not None and prefix_cache.layout.plain
+        self._room = SharedPrefill(prefix_cache.block_size, step_size) if plain else None
         self._held: dict[int, Job] = {}  # job id -> job, in the order they were held
 
     def __bool__(self) -> bool:
@@ -61,33 +64,31 @@ class Followers:
         )
         return True
 
-    def ready(self, running: Iterable[Job], step: int) -> list[Job]:
-        """The held jobs that go now: their leader kept the blocks, left or stalled, and no
-        other running job is worth waiting for."""
-        if not self._held:
-            return []
-        assert self._room is not None
-        running = list(running)
-        kept = {job.id: job.kept for job in running}
-        going = []
+    def ready(self, running: Collection[Job], step: int) -> Iterator[Job]:
+        """The held jobs that go now, one at a time: their leader kept the blocks, left or
+        stalled, and no other running job is worth waiting for. ``running``: a live view of
+        the batch, so a job the engine starts before asking for the next is a leader too."""
+        if self._room is None:
+            return
         for job in list(self._held.values()):
+            kept = {other.id: other.kept for other in running}
             if self._room.still_waiting(job.id, kept, step):
                 continue
-            wait = self._room.waiting_for(job.id)
+            waited = self._room.waiting_for(job.id)
             if self._room.wait(
                 job.id, self._keys(job), self._leaders(job, running), self._held_blocks, step
             ):
                 continue
             del self._held[job.id]
-            going.append(job)
-            log.info(
-                "request %d waited %.3f s for request %d's prefill of %d shared blocks",
-                job.id,
-                time.monotonic() - job.times["held"],
-                wait.leader if wait is not None else -1,
-                wait.blocks if wait is not None else 0,
-            )
-        return going
+            if waited is not None:
+                log.info(
+                    "request %d waited %.3f s for request %d's prefill of its first %d blocks",
+                    job.id,
+                    time.monotonic() - job.times["held"],
+                    waited.leader,
+                    waited.blocks,
+                )
+            yield job
 
     def withdraw(self, job: Job) -> bool:
         """Take a held job out (cancelled); whether it was held."""
