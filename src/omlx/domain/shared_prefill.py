@@ -7,14 +7,14 @@ batch, while the leader keeps them chunk by chunk; then it looks its prompt up a
 restores them and computes only its own rest. Its slot and memory are held meanwhile, and
 the batch's other rows go on decoding.
 
-Waiting never costs more than computing. The batcher runs one chunk of every prefilling
-row per step, so a leader that has kept more of the shared blocks than the follower holds
-reaches their end in no more steps than the follower would take to compute them, and each
-of those steps is cheaper without the follower's chunk beside the leader's. A follower
-waits only for such a leader, at most as many steps as computing would take (and
-``PATIENCE`` more, for the step in which a leader's last chunk is cut), and gives a leader
-up sooner when it keeps nothing for ``PATIENCE`` steps. A leader that leaves (cancelled,
-finished) ends the wait: the follower restores what it kept and computes the rest.
+Waiting takes no more steps than computing. The batcher runs one chunk of every
+prefilling row per step, so a follower waits only for a leader that reaches the end of the
+shared blocks in no more steps than the follower would take to compute what it lacks of
+them, and each of those steps is cheaper without the follower's chunk beside the leader's.
+It waits at most that many steps (and ``PATIENCE`` more, for the step in which a leader's
+last chunk is cut), and gives a leader up sooner when it keeps nothing for ``PATIENCE``
+steps. A leader that leaves (cancelled, finished) ends the wait: the follower restores
+what it kept and computes the rest.
 
 Block keys are chain keys (``cache.keys``): two prompts share their first ``n`` blocks
 exactly when their ``n``-th keys are equal, so the shared length is a binary search.

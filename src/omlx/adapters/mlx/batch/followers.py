@@ -56,11 +56,11 @@ class Followers:
         self._held[job.id] = job
         job.times["held"] = time.monotonic()
         log.debug(
-            "request %d waits for request %d's prefill of %d blocks (%d held)",
+            "request %d waits for request %d's prefill: %d of its first %d blocks in flight",
             job.id,
             wait.leader,
+            wait.in_flight,
             wait.blocks,
-            wait.cached,
         )
         return True
 
