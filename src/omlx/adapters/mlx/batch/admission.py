@@ -48,6 +48,14 @@ def make_room(prefix_cache: PrefixCache, job: Job, room: int) -> int:
     return left
 
 
+def look_again(job: Job) -> None:
+    """A request that waited for another's prefill lets its first lookup go: joining the
+    batch, it looks its prompt up afresh and restores what the other kept meanwhile."""
+    if job.session is not None:
+        job.session.close()
+        job.session = None
+
+
 def starting_cache(
     prefix_cache: PrefixCache | None, job: Job, fresh: Callable[[], list[Any]] | None
 ) -> list[Any] | None:

@@ -10,7 +10,9 @@ then one chunk (``prefill_step_size`` tokens per prompt) of the prompts being
 prefilled, so streams keep producing tokens while a long prompt is prefilled; a
 short prompt that joins a long one's prefill batch moves to decoding as soon as
 its own tokens are done. A memory guard (``domain.memory.KVBudget``) admits a request
-only when its KV fits beside the running ones, shrinking the hot tier first.
+only when its KV fits beside the running ones, shrinking the hot tier first. A request
+whose prefix a running request is prefilling waits for it, out of the batch, and restores
+what it kept (``followers``, ``domain.shared_prefill``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 
 from omlx.adapters.mlx.batch import admission, jobs
 from omlx.adapters.mlx.batch.config import EngineConfig, exact_caches, features_for, new_generator
+from omlx.adapters.mlx.batch.followers import Followers
 from omlx.adapters.mlx.batch.jobs import Emit, Job, log_finished
 from omlx.adapters.mlx.batch.processors import grammar_finish_reason, request_processors
 from omlx.adapters.mlx.batch.row_plans import PlannedRows
@@ -93,6 +96,9 @@ class MLXEngine:
         cost = model.kv_cost if limit is not None else None
         budget = KVBudget(limit, cost.per_token, cost) if cost is not None else None
         self.scheduler = Scheduler(self.config.max_concurrent, budget, account, model.model_id)
+        # Admitted, waiting for a running request's prefill of their prefix (not in the batch).
+        self._followers = Followers(prefix_cache, self.config.prefill_step_size)
+        self._steps = 0  # batcher steps taken (how long a follower has waited)
         self.last_step_at = time.monotonic()
         self.last_submitted = 0.0  # time.monotonic() of the latest submit (the pool reads it)
         self._buffers_held = False  # MLX holds freed buffers worth releasing when idle
@@ -183,13 +189,16 @@ class MLXEngine:
                 self._warm_up()
         self._warmed.set()
         while not self._stopping.is_set():
-            busy = bool(self._running)
+            busy = bool(self._running) or bool(self._followers)
             idle = not busy and not self.scheduler.has_waiting
             if idle:
                 self._release_buffers_if_idle()
             self._drain_inbox(block=idle)
             if self._idle_tasks:
                 self._run_idle_tasks()
+            for job in self._followers.ready(self._running.values(), self._steps):
+                admission.look_again(job)
+                self._start(job)
             self._admit_waiting()
             if not self._running:
                 continue
@@ -270,7 +279,12 @@ class MLXEngine:
         """``when_idle``'s tasks, each only while no request runs, waits or has arrived."""
         tasks, self._idle_tasks = self._idle_tasks, []
         for task, done in tasks:
-            if self._running or self.scheduler.has_waiting or not self._inbox.empty():
+            if (
+                self._running
+                or self._followers
+                or self.scheduler.has_waiting
+                or not self._inbox.empty()
+            ):
                 log.debug("engine busy: an idle task is dropped")
                 done.set_result(False)
                 continue
@@ -292,16 +306,23 @@ class MLXEngine:
             if verdict is Verdict.REFUSE:
                 self._refuse(job)
                 continue
-            try:
-                self._admit(job)
-            except Exception as exc:
-                log.exception("could not admit request %d", job.id)
-                self._release(job)
-                self._jobs.pop(job.id, None)
-                job.emit(Failed(f"could not start generation: {exc}"))
+            self.scheduler.started(job)  # its slot and memory are its own, waiting or not
+            if self._followers.hold(job, self._running.values(), self._steps):
+                self._report_memory()
                 continue
-            self.scheduler.started(job)
-            self._report_memory()
+            self._start(job)
+
+    def _start(self, job: Job) -> None:
+        """An admitted request joins the batch (or fails, its slot given back)."""
+        try:
+            self._admit(job)
+        except Exception as exc:
+            log.exception("could not admit request %d", job.id)
+            self._release(job)
+            self._jobs.pop(job.id, None)
+            self.scheduler.ended(job.id)
+            job.emit(Failed(f"could not start generation: {exc}"))
+        self._report_memory()
 
     def _report_memory(self) -> None:
         """What this model's KV holds now, for the process-wide account (several models)."""
@@ -339,6 +360,7 @@ class MLXEngine:
             self._plans.track(job.uid, positions)
         if self._speculation is not None:
             self._speculation.enable(job.uid)
+        job.kept = job.prefilled = job.cached_tokens
         job.detok = self.model.tokenizer.detokenizer
         job.stops = StopStringMatcher(job.request.stop)
         job.times["inserted"] = time.monotonic()
@@ -348,6 +370,7 @@ class MLXEngine:
     def _step(self) -> None:
         prompt_responses, generation_responses = self._generator.next()
         self.last_step_at = time.monotonic()
+        self._steps += 1
         for r in prompt_responses:
             job = self._running.get(r.uid)
             if job is not None and r.end_of_prompt:
@@ -367,6 +390,7 @@ class MLXEngine:
                     job.session.prefilled(
                         self._view(rows.prefill_row, job), job.cached_tokens + done
                     )
+                    job.kept = job.cached_tokens + done
         for r in generation_responses:
             job = self._running.get(r.uid)
             if job is None or job.done:
@@ -375,6 +399,7 @@ class MLXEngine:
             if job.deferred_capture is not None and not job.done and job.session is not None:
                 position, job.deferred_capture = job.deferred_capture, None
                 job.session.prefilled(self._view(rows.decode_row, job), position)
+                job.kept = position
 
     def _view(self, row_of: Callable[..., Any], job: Job) -> Callable[[], Any]:
         """What gives a running request's cache as it is now, when the session asks for it."""
@@ -443,7 +468,8 @@ class MLXEngine:
 
     def _cancel(self, job: Job) -> None:
         if job.uid is None:
-            self.scheduler.withdraw(job)
+            if not self._followers.withdraw(job):
+                self.scheduler.withdraw(job)
             self._finish(job, "cancelled", cache=None, tokens=None)
             return
         # Keep what it computed: a client that left (a timeout, Esc) usually comes back.
@@ -471,6 +497,8 @@ class MLXEngine:
             job.emit(Failed(message))
         self._running.clear()
         self.scheduler.clear()
+        for job in self._followers:  # waiting out of the batch: not failed, still admitted
+            self.scheduler.started(job)
         if self._speculation is not None:
             self._speculation.clear()
         if self.prefix_cache is not None:

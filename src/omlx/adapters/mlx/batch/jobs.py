@@ -44,6 +44,8 @@ class Job:
     completion_tokens: int = 0
     fed_tokens: int = 0  # generated tokens fed back to the model (the cache holds them)
     prefilled: int = 0  # prompt positions in its cache so far (restored or computed)
+    kept: int = 0  # prompt positions whose blocks it has handed to the prefix cache
+    keys: tuple[str, ...] | None = None  # its prompt's chain keys, once a follower asked
     # A fused final chunk's blocks, kept once its first token is out (position), so the
     # cut is not on the time to first token.
     deferred_capture: int | None = None
