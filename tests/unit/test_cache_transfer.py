@@ -30,6 +30,10 @@ class Files:
 
     def __init__(self, blocks: list[tuple[StoredBlock, bytes]]) -> None:
         self.blocks = {row.key: (row, data) for row, data in blocks}
+        self.queued: set[str] = set()  # keys the writer has not finished yet
+
+    def writing(self, key):
+        return key in self.queued
 
     def file_rows(self, keys):
         out = []
@@ -55,8 +59,9 @@ class Files:
 
 
 class Cache:
-    def __init__(self, ns=NS, cold=None) -> None:
+    def __init__(self, ns=NS, cold=None, hot=()) -> None:
         self.namespace, self.cold = ns, cold if cold is not None else Files([])
+        self.hot = set(hot)  # keys in RAM
 
     def root_of(self, tenant):
         return None
@@ -188,3 +193,31 @@ def test_an_archive_with_more_blocks_than_allowed_is_refused_before_any_is_read(
     with pytest.raises(ImportTooLarge, match=r"3 blocks.*at most 2 .*max_import_blocks"):
         read_archive(archive, Cache(), None, max_blocks=2)
     assert len(read_archive(archive, Cache(), None, max_blocks=3)) == 3
+
+
+def test_an_export_right_after_a_turn_waits_for_its_blocks_on_their_way_to_disk(monkeypatch):
+    """A turn's blocks land on disk moments after its answer: the export waits for those in
+    RAM or queued, and carries them all; a block neither queued nor in RAM is not waited for."""
+    import threading
+
+    tokens = list(range(12))
+    blocks = block_files(tokens)
+    files = Files(blocks[:1])
+    files.queued.add(blocks[1][0].key)
+    cache = Cache(cold=files, hot=[blocks[2][0].key])
+
+    def writer():  # the writer thread lands the two blocks a little later
+        files.blocks[blocks[1][0].key] = blocks[1]
+        files.queued.discard(blocks[1][0].key)
+        files.blocks[blocks[2][0].key] = blocks[2]
+
+    timer = threading.Timer(0.3, writer)
+    timer.start()
+    try:
+        assert export_archive(cache, tokens, None).tokens == 12
+    finally:
+        timer.join()
+
+    lone = Files(blocks[:1])  # the rest neither queued nor in RAM: exported at once, no wait
+    monkeypatch.setattr(transfer, "EXPORT_SETTLE_S", 60.0)
+    assert export_archive(Cache(cold=lone), tokens, None).tokens == 4

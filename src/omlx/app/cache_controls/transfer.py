@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tarfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO
@@ -63,6 +64,9 @@ class _Manifest(msgspec.Struct, forbid_unknown_fields=False):
     block_size: int = 0
 
 
+EXPORT_SETTLE_S = 10.0  # the longest an export waits for a just-finished turn's blocks
+
+
 @dataclass(frozen=True, slots=True)
 class ImportedBlock:
     meta: BlockMeta
@@ -96,12 +100,34 @@ def export_archive(
     if cold is None:
         raise ImportRefused("this model has no disk tier to export from")
     root = prefix_cache.root_of(tenant) or prefix_cache.namespace.digest
-    rows = cold.file_rows(stored_keys(root, tokens, prefix_cache.namespace.block_size))
+    keys = stored_keys(root, tokens, prefix_cache.namespace.block_size)
+    rows = _settled_rows(prefix_cache, keys)
     if not rows:
         raise ImportRefused(
             "nothing of this prompt is on disk yet (a block is written once it completes)"
         )
     return ExportStream(sum(row.token_count for row in rows), _archive_chunks(prefix_cache, rows))
+
+
+def _settled_rows(prefix_cache: PrefixCache, keys: Sequence[str]) -> list[StoredBlock]:
+    """The disk rows of ``keys``' chain, once the blocks on their way to disk have landed.
+
+    A turn's blocks reach RAM while it runs and disk moments after its answer (the writer
+    thread's queue): an export sent right after the turn would otherwise find part of its
+    prompt or none. Waits while the first block missing from disk is in RAM or queued
+    (it will be written), up to ``EXPORT_SETTLE_S``; then exports what disk holds.
+    """
+    cold = prefix_cache.cold
+    assert cold is not None
+    deadline = time.monotonic() + EXPORT_SETTLE_S
+    while True:
+        rows = cold.file_rows(keys)
+        if len(rows) == len(keys) or time.monotonic() >= deadline:
+            return rows
+        missing = keys[len(rows)]
+        if not (cold.writing(missing) or missing in prefix_cache.hot):
+            return rows
+        time.sleep(0.05)
 
 
 def _archive_chunks(prefix_cache: PrefixCache, rows: Sequence[StoredBlock]) -> Iterator[bytes]:

@@ -335,6 +335,10 @@ class ColdTier:
             log.warning("removing %d cold blocks a restore could not use", len(found))
             self._remove(found, corrupt_blocks=len(found))
 
+    def writing(self, key: str) -> bool:
+        """Whether ``key``'s block is queued for (or in) a write that has not ended yet."""
+        return self._writer.pending(key)
+
     def contains(self, key: str) -> bool:
         if self._writer.pending(key):
             return True
