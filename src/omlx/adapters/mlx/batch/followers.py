@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from omlx.adapters.mlx.batch.jobs import Job
 from omlx.domain.cache.keys import chain_keys
-from omlx.domain.shared_prefill import Prefilling, SharedPrefill
+from omlx.domain.shared_prefill import Prefilling, SharedPrefill, shared_blocks
 
 if TYPE_CHECKING:
     from omlx.domain.cache.prefix_cache import PrefixCache
@@ -89,6 +89,24 @@ class Followers:
                     waited.blocks,
                 )
             yield job
+
+    def in_flight(self, job: Job, running: Iterable[Job]) -> int:
+        """Positions past ``job``'s restored prefix that a running request shares with it
+        and has not kept yet: a prefix being computed as ``job`` starts (its report says so,
+        not that the cache missed). Any layout: a hybrid's request computes it beside the
+        other; a plain one's does where waiting for it would cost more than computing."""
+        if self._cache is None:
+            return 0
+        others = [o for o in self._leaders(job, running) if o.id != job.id]
+        if not others:
+            return 0
+        bs, keys = self._cache.block_size, self._keys(job)
+        furthest = 0
+        for other in others:
+            shared = shared_blocks(keys, other.keys) * bs
+            if other.kept < shared:
+                furthest = max(furthest, shared)
+        return max(furthest - job.cached_tokens, 0)
 
     def withdraw(self, job: Job) -> bool:
         """Take a held job out (cancelled); whether it was held."""
