@@ -368,3 +368,38 @@ def test_a_malformed_session_key_is_a_400_naming_its_source(app) -> None:
     )
     assert r.status_code == 400 and "metadata.user_id" in r.json()["error"]["message"]
     assert engine.submitted == []
+
+
+def test_evicted_blocks_are_told_from_changed_tokens_in_the_header_log_and_counters(
+    app, caplog
+) -> None:
+    client, engine = app
+    chat(client, TURN2)
+    # Every block goes from RAM and disk: this server kept them, so they were evicted.
+    engine.prefix_cache.clear()
+    engine.cold.blocks.clear()
+    follow = [
+        *TURN2,
+        {"role": "assistant", "content": "Madrid."},
+        {"role": "user", "content": "Ok"},
+    ]
+    caplog.set_level("DEBUG", logger="omlx.app.chat.pipeline")
+    gone = fields(chat(client, follow).headers["x-omlx-cache"])
+    assert (gone["cached"], gone["outcome"]) == ("0", "evicted")
+    assert "was kept and has been evicted since" in caplog.text
+    # A changed earlier answer is changed, where it changed: its message, not an eviction.
+    chat(client, follow)
+    edited = [*follow[:4], {"role": "assistant", "content": "Barcelona."}, follow[5]]
+    caplog.clear()
+    changed = fields(chat(client, edited).headers["x-omlx-cache"])
+    assert (changed["outcome"], changed["message"], changed["role"]) == (
+        "changed",
+        "4",
+        "assistant",
+    )
+    assert "evicted" not in caplog.text and "in messages[4]" in caplog.text
+    metrics = client.get("/metrics").text
+    assert 'omlx_cache_misses_total{part="evicted"} 1.0' in metrics
+    assert 'omlx_cache_misses_total{part="messages"} 1.0' in metrics
+    assert 'omlx_cache_reports_total{outcome="evicted",restored="none"} 1.0' in metrics
+    assert 'omlx_cache_reports_total{outcome="changed",restored="past_preamble"} 1.0' in metrics
