@@ -89,6 +89,9 @@ def test_the_second_of_two_parallel_sub_agents_restores_the_prefix_they_share(
     assert cached_a < 0.5 * shared  # the first computed the prefix...
     assert cached_b >= 0.95 * shared, results  # ...the second restored it
     assert ttft_b <= 1.2 * ttft_a, results
-    # Two first turns: new conversations, neither a miss (the second restored the first's
-    # prefix after waiting for it, which its header says).
-    assert {r["outcome"] for r in reports.values()} == {"new_conversation"}, reports
+    # Two first turns: new conversations, neither a miss. The second restored the first's
+    # prefix after waiting for it: a new conversation past it, or, where the first had not
+    # yet kept the block in which the two part, a prefix in flight.
+    first_report, second_report = (reports[t] for t in sorted(results, key=lambda t: results[t][2]))
+    assert first_report["outcome"] == "new_conversation", reports
+    assert second_report["outcome"] in ("new_conversation", "in_flight"), reports

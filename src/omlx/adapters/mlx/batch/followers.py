@@ -97,13 +97,20 @@ class Followers:
         other; a plain one's does where waiting for it would cost more than computing."""
         if self._cache is None:
             return 0
-        others = [o for o in self._leaders(job, running) if o.id != job.id]
+        others = [o for o in self._sharing(job, running) if o.id != job.id]
         if not others:
             return 0
         bs, keys = self._cache.block_size, self._keys(job)
+        mine = job.request.prompt_tokens
         furthest = 0
         for other in others:
-            shared = shared_blocks(keys, other.keys) * bs
+            # The whole blocks they share, then the tokens of the next one up to where the
+            # prompts part (restored token by token once the other keeps that block).
+            shared = shared_blocks(keys, self._keys(other)) * bs
+            theirs = other.request.prompt_tokens
+            end = min(len(mine) - 1, len(theirs), shared + bs)
+            while shared < end and mine[shared] == theirs[shared]:
+                shared += 1
             if other.kept < shared:
                 furthest = max(furthest, shared)
         return max(furthest - job.cached_tokens, 0)
@@ -122,11 +129,19 @@ class Followers:
 
     def _leaders(self, job: Job, running: Iterable[Job]) -> list[Prefilling]:
         """The running jobs that may share ``job``'s first blocks and keep what they compute."""
+        return [
+            Prefilling(other.id, self._keys(other), other.kept)
+            for other in self._sharing(job, running)
+        ]
+
+    def _sharing(self, job: Job, running: Iterable[Job]) -> list[Job]:
+        """The running jobs of ``job``'s tenant that start with its first block and keep what
+        they compute (the others' blocks are no use to it)."""
         bs = self._cache.block_size
         first = job.request.prompt_tokens[:bs]
         tenant = job.request.cache_tenant
         return [
-            Prefilling(other.id, self._keys(other), other.kept)
+            other
             for other in running
             if other.session is not None
             and other.session.store
