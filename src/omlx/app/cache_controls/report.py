@@ -45,7 +45,8 @@ UNKNOWN_SERVER = "unknown"  # restored blocks whose rows predate the record, or 
 
 @dataclass(frozen=True, slots=True)
 class CacheReport:
-    """One prompt against the cache as it stood when the request arrived."""
+    """One prompt against the cache: what a request restored of it (``explain``: what the
+    cache holds of it now), where the prompt leaves the cache and why."""
 
     prompt_tokens: int
     cached: int
