@@ -120,3 +120,26 @@ def _stream_usage(r) -> dict:
             usage = chunk.get("usage") or usage
     assert usage is not None
     return usage
+
+
+def test_a_turn_whose_look_alike_is_still_running_is_no_eviction() -> None:
+    """Two first turns sent together on one long system prompt: each finds the other as its
+    closest previous prompt, which was not computed yet when it ran: neither was evicted."""
+    system = {"role": "system", "content": "You are an agent. " * 20}
+    engine = LateEngine(0.3)
+    with TestClient(create_app(fake_container(engine))) as client:
+
+        def ask(task: str) -> dict[str, str]:
+            body = {"model": MODEL, "messages": [system, {"role": "user", "content": task}]}
+            return checked(client.post("/v1/chat/completions", json=body))
+
+        reports: list[dict[str, str]] = []
+        threads = [
+            threading.Thread(target=lambda t=t: reports.append(ask(t)))
+            for t in ("Explore the tests.", "Review the code.")
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    assert [r["outcome"] for r in reports] == ["new_conversation"] * 2, reports

@@ -207,6 +207,7 @@ class ChatPipeline:
         )
         self._diagnose(turn, previous_id, chat)
         self.fingerprints.record(controls.tenant, response_id, fp)
+        self.reports.opened(fp)  # until it is done, its prompt is no evidence of an eviction
         found = await anyio.to_thread.run_sync(self.controls.look, prompt.tokens, controls.tenant)
         # The probe's keys and index answer go with the request: it is looked up once. Its
         # report is made from what the engine restores (``stream``), not from this look.
@@ -318,21 +319,24 @@ class ChatPipeline:
     async def _chat_events(
         self, turn: ChatTurn, events: AsyncIterator[GenerationEvent | None]
     ) -> AsyncGenerator[ChatEvent | None, None]:
-        async for event in events:
-            if event is None:
-                yield None
-            elif isinstance(event, PrefillStarted):
-                turn.cached_tokens = event.cached_tokens
-                yield Started(event.prompt_tokens, event.cached_tokens)
-            elif isinstance(event, TextDelta):
-                pieces = self._limit_calls(turn, turn.splitter.feed(event.text))
-                if pieces or event.logprobs:
-                    yield Output(pieces, event.logprobs)
-            elif isinstance(event, Finished):
-                pieces = self._limit_calls(turn, turn.splitter.finish())
-                yield Done(event, pieces, turn.tool_calls)
-            elif isinstance(event, Failed):
-                yield Error(event.message)
+        try:
+            async for event in events:
+                if event is None:
+                    yield None
+                elif isinstance(event, PrefillStarted):
+                    turn.cached_tokens = event.cached_tokens
+                    yield Started(event.prompt_tokens, event.cached_tokens)
+                elif isinstance(event, TextDelta):
+                    pieces = self._limit_calls(turn, turn.splitter.feed(event.text))
+                    if pieces or event.logprobs:
+                        yield Output(pieces, event.logprobs)
+                elif isinstance(event, Finished):
+                    pieces = self._limit_calls(turn, turn.splitter.finish())
+                    yield Done(event, pieces, turn.tool_calls)
+                elif isinstance(event, Failed):
+                    yield Error(event.message)
+        finally:
+            self.reports.closed(turn.fingerprint)  # done, or left: what it computed is kept
 
     async def complete(self, turn: ChatTurn) -> ChatResult:
         """Run to the end: every piece, and how it finished."""

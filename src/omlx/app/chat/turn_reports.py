@@ -13,6 +13,7 @@ prefix another request was still computing (not a miss).
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from omlx.app.cache_controls.controls import TurnControls
@@ -36,6 +37,7 @@ from omlx.domain.json_values import JsonObject
 
 log = logging.getLogger("omlx.app.chat.pipeline")  # the pipeline's own lines
 
+OPEN_TURNS_LIMIT = 1024  # turns remembered as not yet done (one refused never closes)
 # Two one-message conversations that differ only in their words: where their renderings
 # part is where a conversation's own tokens begin.
 _PROBE_WORDS = ("Alpha bravo charlie.", "Zulu yankee xray.")
@@ -54,6 +56,9 @@ class TurnReports:
         self.service, self.renderer, self.controls = service, renderer, controls
         self.observer = observer
         self._preambles: dict[bool, tuple[int, ...]] = {}  # by "starts with a system message"
+        # The fingerprints of turns not yet done, by identity: a previous prompt still being
+        # computed (agents start sub-agents together) says nothing of what was evicted.
+        self._open: OrderedDict[int, Fingerprint] = OrderedDict()
 
     def prefix_renderer(
         self, chat: ChatRequest, *, tools: bool = True, tenant: str | None = None
@@ -123,6 +128,17 @@ class TurnReports:
             tools_span if chat.tools else None,
         )
 
+    def opened(self, fp: Fingerprint) -> None:
+        """A turn with this fingerprint was prepared: until ``closed``, its prompt may not be
+        computed yet (on the loop)."""
+        self._open[id(fp)] = fp
+        while len(self._open) > OPEN_TURNS_LIMIT:  # turns refused before they ran
+            self._open.popitem(last=False)
+
+    def closed(self, fp: Fingerprint) -> None:
+        """The turn ran to its end, or left (what it computed is kept)."""
+        self._open.pop(id(fp), None)
+
     def history(
         self,
         chat: ChatRequest,
@@ -131,10 +147,12 @@ class TurnReports:
         current: Fingerprint,
     ) -> PromptHistory:
         """What the turn's conversation tells of its prompt: a first turn or not, how much its
-        previous prompt shares, and how much of it is the template's fixed preamble."""
+        previous prompt shares (when that turn is done: one still running may not have
+        computed it), and how much of it is the template's fixed preamble."""
+        done = previous is not None and id(previous) not in self._open
         return PromptHistory(
             first_turn=first_turn(str(m.get("role", "")) for m in chat.messages),
-            previous_shared=shared_tokens(previous.tokens, current.tokens) if previous else 0,
+            previous_shared=shared_tokens(previous.tokens, current.tokens) if done else 0,
             preamble=self.preamble(chat, tokens),
         )
 
@@ -169,8 +187,8 @@ class TurnReports:
         turn.cache = report
         self.counted(report)
         prev = turn.previous
-        if prev is None or turn.divergence is not None:
-            return  # no previous turn, or a changed part its diagnosis already counted
+        if prev is None or turn.divergence is not None or id(prev) in self._open:
+            return  # no previous turn done, or a changed part its diagnosis already counted
         shared = shared_tokens(prev.tokens, turn.fingerprint.tokens)
         expected = min(shared, len(turn.prompt.tokens) - 1)
         where = f"message {report.message} ({report.part or report.role})"
