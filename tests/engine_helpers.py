@@ -6,7 +6,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from omlx.domain.generation import Failed, Finished, GenerationRequest, SamplingParams, TextDelta
+from omlx.domain.cache.blocks import CachedPrefix
+from omlx.domain.generation import (
+    Failed,
+    Finished,
+    GenerationRequest,
+    PrefillStarted,
+    SamplingParams,
+    TextDelta,
+)
 
 
 @dataclass
@@ -29,6 +37,15 @@ class Run:
         last = self.events[-1]
         assert isinstance(last, Finished), last
         return last
+
+    @property
+    def restored(self) -> CachedPrefix:
+        """What the engine said it restored when the request started (its report's source),
+        checked against what the request's usage says it restored."""
+        (started,) = [e for e in self.events if isinstance(e, PrefillStarted)]
+        assert started.restored is not None, "the engine ran without a prefix cache"
+        assert started.restored.tokens == started.cached_tokens == self.finished.cached_tokens
+        return started.restored
 
 
 def greedy(tokens, max_tokens: int = 16, stop: tuple[str, ...] = ()) -> GenerationRequest:

@@ -22,6 +22,7 @@ import openai
 import pytest
 
 from tests import chromium
+from tests.cache_header import checked
 from tests.chromium import wait_for
 from tests.server_process import ServerProcess
 
@@ -29,6 +30,7 @@ KEY = "dash-key-42"
 BEARER = {"Authorization": f"Bearer {KEY}"}
 SYSTEM = "You are a careful agent working in a repository of Python code. " * 12
 NONE = "\N{EN DASH}"  # what the page shows for a value it does not have
+HIT_RATE = "Hit rate (past the template's preamble)"  # the chart's title
 chromium.require()
 
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -59,8 +61,8 @@ def browser() -> Iterator[Any]:
         yield driver
 
 
-def messages(question: str = "List the files.") -> list[dict[str, str]]:
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+def messages(question: str = "List the files.", system: str = SYSTEM) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
 
 def ask(server: ServerProcess, question: str = "List the files.") -> Any:
@@ -70,13 +72,13 @@ def ask(server: ServerProcess, question: str = "List the files.") -> Any:
     )
 
 
-def cache_header(server: ServerProcess, question: str) -> dict[str, str]:
+def cache_header(server: ServerProcess, question: str, system: str = SYSTEM) -> dict[str, str]:
     """The ``x-omlx-cache`` fields of a chat request asking ``question``."""
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
-        model="tiny-llama", messages=messages(question), max_tokens=4, temperature=0
+        model="tiny-llama", messages=messages(question, system), max_tokens=4, temperature=0
     )
-    return dict(part.split("=", 1) for part in raw.headers["x-omlx-cache"].split("; "))
+    return checked(raw)  # the header, found to say what usage does
 
 
 def request_urls(driver: Any) -> list[str]:
@@ -90,6 +92,11 @@ def request_urls(driver: Any) -> list[str]:
 
 def cell_texts(driver: Any, selector: str) -> list[str]:
     return [c.text for c in driver.find_elements(By.CSS_SELECTOR, selector)]
+
+
+def tooltips(driver: Any, selector: str) -> list[str]:
+    """The text of SVG ``<title>`` elements (never displayed: read as their content)."""
+    return [t.get_attribute("textContent") for t in driver.find_elements(By.CSS_SELECTOR, selector)]
 
 
 def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
@@ -126,16 +133,35 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
     # The series sampled both: the hit-rate chart has points.
     wait_for(
         "a chart's points",
-        lambda: driver.find_elements(By.CSS_SELECTOR, '[data-chart="Hit rate"] circle.point'),
+        lambda: driver.find_elements(By.CSS_SELECTOR, f'[data-chart="{HIT_RATE}"] circle.point'),
     )
-    # The first request found nothing: it diverged at token 0, in the system message.
+    # The first request found nothing: a new conversation, from token 0, in the system message.
     rows = driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")
     assert (
-        rows[-1].find_element(By.CSS_SELECTOR, "td.diverged").text == "token 0, message 0 (system)"
+        rows[-1].find_element(By.CSS_SELECTOR, "td.diverged").text
+        == "new conversation: token 0, message 0 (system)"
     )
-    assert (
-        rows[0].find_element(By.CSS_SELECTOR, "td.diverged").text == NONE
-    )  # the repeat: a full hit
+    assert rows[0].find_element(By.CSS_SELECTOR, "td.diverged").text == "hit"  # the repeat
+
+    # A conversation on another system prompt restores only the template's preamble, which
+    # every request does: alone in its sample, the hit rate it charts is 0%.
+    time.sleep(1.2)  # the samples of the requests before it are taken
+    other = cache_header(server, "List the files.", system="Review pull requests.")
+    assert int(other["cached"]) > 0 and other["outcome"] == "new_conversation", other
+    recent = httpx.get(server.base_url + "/v1/cache/recent", headers=BEARER, timeout=30)
+    latest = recent.json()["data"][0]
+    assert (latest["restored"], latest["preamble_tokens"]) == ("preamble", int(other["cached"]))
+    time.sleep(1.2)
+    rate = wait_for(
+        "the preamble-only request's point",
+        lambda: (
+            (tips := tooltips(driver, f'[data-chart="{HIT_RATE}"] circle.point title'))
+            and (len(tips) >= 2 and tips[-1])
+        ),
+    )
+    assert rate.endswith(": 0% (1 requests)"), rate
+    metrics = httpx.get(server.base_url + "/metrics", headers=BEARER, timeout=30).text
+    assert 'omlx_cache_reports_total{outcome="new_conversation",restored="preamble"} 1.0' in metrics
 
     # A new question on the same system prompt diverges in the user's message, where its
     # cache report (the x-omlx-cache header) says.
@@ -145,12 +171,12 @@ def test_the_dashboard_shows_the_server_and_acts_on_it(server, browser):
         "the divergence point",
         lambda: (
             (t := cell_texts(driver, "#requests tbody td.diverged")[0]) != NONE
-            and len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 3
+            and len(driver.find_elements(By.CSS_SELECTOR, "#requests tbody tr")) >= 4
             and t
         ),
     )
     assert diverged.startswith(
-        f"token {int(report['diverged_at']):,}, message {report['message']} ("
+        f"new conversation: token {int(report['diverged_at']):,}, message {report['message']} ("
     )
 
     # A pin made through the API shows with its TTL; unpinning it in the page removes it.

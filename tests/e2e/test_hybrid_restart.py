@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from openai import OpenAI
 
+from tests.cache_header import checked
 from tests.hybrid_models import build_hybrid_model
 from tests.server_process import ServerProcess
 
@@ -37,9 +38,12 @@ def serve(model, work, *extra: str) -> ServerProcess:
 
 def ask(server: ServerProcess, model_id: str, messages: list[dict]) -> tuple[str, int, int]:
     client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
-    r = client.chat.completions.create(
+    raw = client.chat.completions.with_raw_response.create(
         model=model_id, messages=messages, max_tokens=12, temperature=0
     )
+    r = raw.parse()
+    if "--no-cache" not in server.args:
+        checked(raw)  # from disk and at a restore point, the header says what usage does
     return (
         r.choices[0].message.content,
         r.usage.prompt_tokens,

@@ -10,6 +10,8 @@ import time
 import openai
 from tokenizers import Tokenizer
 
+from tests.cache_header import checked_header
+
 MODEL = "tiny-llama"
 WORDS = [
     "the",
@@ -49,6 +51,7 @@ def test_the_second_of_two_parallel_sub_agents_restores_the_prefix_they_share(
     shared = shared_tokens(tiny_model_dir, system)
     start = threading.Barrier(2)
     results: dict[str, tuple[float, int, int]] = {}
+    reports: dict[str, dict[str, str]] = {}
 
     def sub_agent(task: str) -> None:
         sdk = openai.OpenAI(base_url=tiny_server.base_url + "/v1", api_key="unused", max_retries=0)
@@ -56,7 +59,7 @@ def test_the_second_of_two_parallel_sub_agents_restores_the_prefix_they_share(
         began = time.monotonic()
         first = None
         usage = None
-        stream = sdk.chat.completions.create(
+        raw = sdk.chat.completions.with_raw_response.create(
             model=MODEL,
             messages=[{"role": "system", "content": system}, {"role": "user", "content": task}],
             max_tokens=4,
@@ -64,13 +67,15 @@ def test_the_second_of_two_parallel_sub_agents_restores_the_prefix_they_share(
             stream=True,
             stream_options={"include_usage": True},
         )
-        for chunk in stream:
+        for chunk in raw.parse():
             if first is None and chunk.choices and chunk.choices[0].delta.content:
                 first = time.monotonic() - began
             if chunk.usage is not None:
                 usage = chunk.usage
         assert first is not None and usage is not None
-        results[task] = (first, usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens)
+        cached = usage.prompt_tokens_details.cached_tokens
+        reports[task] = checked_header(raw.headers, cached)  # sent once it had waited
+        results[task] = (first, usage.prompt_tokens, cached)
 
     tasks = ["Explore the tests folder.", "Review the cache code."]
     threads = [threading.Thread(target=sub_agent, args=(t,)) for t in tasks]
@@ -84,3 +89,9 @@ def test_the_second_of_two_parallel_sub_agents_restores_the_prefix_they_share(
     assert cached_a < 0.5 * shared  # the first computed the prefix...
     assert cached_b >= 0.95 * shared, results  # ...the second restored it
     assert ttft_b <= 1.2 * ttft_a, results
+    # Two first turns: new conversations, neither a miss. The second restored the first's
+    # prefix after waiting for it: a new conversation past it, or, where the first had not
+    # yet kept the block in which the two part, a prefix in flight.
+    first_report, second_report = (reports[t] for t in sorted(results, key=lambda t: results[t][2]))
+    assert first_report["outcome"] == "new_conversation", reports
+    assert second_report["outcome"] in ("new_conversation", "in_flight"), reports

@@ -24,6 +24,7 @@ import openai
 import pytest
 
 from omlx.app.early_port import EarlyPort
+from tests.cache_header import checked
 from tests.proxies import Proxy
 from tests.server_process import ServerProcess, free_port, wait_for_writes
 from tests.storage_checks import assert_cache_invariants
@@ -197,7 +198,7 @@ def replay(
             model="tiny-llama", messages=messages, max_tokens=8, temperature=0
         )
         reply = raw.parse()
-        report = dict(part.split("=", 1) for part in raw.headers["x-omlx-cache"].split("; "))
+        report = checked(raw)  # the header, found to say what usage does
         text = reply.choices[0].message.content or ""
         turns[s, t] = Turn(
             raw.headers[UPSTREAM],

@@ -21,6 +21,7 @@ import openai
 import pytest
 
 from omlx.adapters.sqlindex import connect_index
+from tests.cache_header import checked
 from tests.postgres import PostgresServer, find_bindir
 from tests.server_process import ServerProcess
 from tests.storage_checks import assert_cache_invariants
@@ -72,8 +73,7 @@ def reported(server: ServerProcess, messages: list[dict[str, str]], session: str
         temperature=0,
         extra_headers={"X-Session-ID": session},
     )
-    header = dict(part.split("=", 1) for part in raw.headers["x-omlx-cache"].split("; "))
-    return raw.parse(), header
+    return raw.parse(), checked(raw)  # the header, found to say what usage does
 
 
 def hit_tokens(server: ServerProcess) -> dict[tuple[str, str], float]:

@@ -26,6 +26,7 @@ import numpy as np
 import openai
 from PIL import Image
 
+from tests.cache_header import checked
 from tests.server_process import ServerProcess
 from tests.vlm_models import build_vlm
 
@@ -265,6 +266,7 @@ def test_a_turn_that_diverges_at_an_image_names_it_and_an_image_prompt_pins(tmp_
         assert httpx.post(url + "/v1/chat/completions", json=chat(first), timeout=60).is_success
         r = httpx.post(url + "/v1/chat/completions", json=chat(second), timeout=60)
         header = r.headers["x-omlx-cache"]
+        checked(r)  # what usage says was restored
         assert f"image={digest(second)[:12]}" in header, header
         assert f"cached_image={digest(first)[:12]}" in header, header
         explained = httpx.post(url + "/v1/cache/explain", json=chat(encoded(13)), timeout=60)

@@ -18,7 +18,7 @@ from omlx.adapters.mlx.cache.codec import MLXKVCodec
 from omlx.adapters.mlx.models.loader import load_model
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.prefix_cache import PrefixCache
-from tests.engine_helpers import generate, greedy
+from tests.engine_helpers import generate, greedy, submit
 from tests.hybrid_models import build_hybrid_model
 
 FAMILIES = ["qwen3_next", "gemma3_text", "falcon_h1"]
@@ -62,6 +62,9 @@ def converse(model, eng, system: str, turns: list[str]):
         prompt = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         run = generate(eng, greedy(prompt, 12))
         out.append((run.text, len(prompt), run.finished.cached_tokens))
+        if eng.prefix_cache is not None:
+            # What the report says was restored (at a restore point) is what was.
+            assert run.restored.matched >= run.restored.tokens
         messages.append({"role": "assistant", "content": run.text})
     return out
 
@@ -241,3 +244,21 @@ def test_one_probe_at_load_gives_the_layout_the_kv_dtype_and_the_kv_cost(hybrid)
     layout = probe.layout.domain
     assert (cost.window > 0) == (layout.window is not None)
     assert (cost.fixed > 0) == layout.has_state
+
+
+def test_the_second_of_two_requests_on_one_prefix_reports_it_in_flight(tmp_path):
+    """A hybrid does not wait for another request's prefill (its restore points are on the
+    other's lattice): the second computes the shared prefix beside the first, and its
+    report says the prefix was in flight, not that the cache missed."""
+    model = load_model(str(build_hybrid_model("qwen3_next", tmp_path / "qwen3_next")))
+    rng = random.Random(5)
+    shared = [rng.randrange(3, 200) for _ in range(8 * STEP)]
+    eng = engine(model, prefix_cache(model))
+    try:
+        runs = [submit(eng, greedy([*shared, 201 + i, 202 + i], 4)) for i in range(2)]
+        assert all(r.done.wait(120) for r in runs)
+    finally:
+        eng.stop()
+    first, second = sorted(runs, key=lambda r: r.restored.in_flight)
+    assert first.restored.in_flight == 0
+    assert second.restored.in_flight >= len(shared) - BLOCK - second.restored.tokens

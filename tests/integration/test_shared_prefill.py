@@ -90,6 +90,9 @@ def test_two_requests_on_one_prefix_compute_it_once(tiny, alone):
     assert first.finished.cached_tokens == 0
     assert second.finished.cached_tokens >= 0.95 * SHARED, second.finished
     assert second.ttft <= 1.2 * first.ttft, (first.ttft, second.ttft)
+    # Its report is its restore after the wait (the probe before it found nothing).
+    assert (second.restored.waited, second.restored.in_flight) == (True, 0)
+    assert (first.restored.waited, first.restored.tokens) == (False, 0)
     assert first.text == alone[tuple(FIRST)] and second.text == alone[tuple(SECOND)]
 
 

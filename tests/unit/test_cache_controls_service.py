@@ -98,9 +98,14 @@ def test_explain_says_what_each_tier_holds_and_changes_nothing() -> None:
     assert (in_ram.cached, in_ram.tier, in_ram.full_hit) == (9, "hot", False)
     assert in_ram.before.endswith("8") and in_ram.prompt_next.startswith("999")
     pc.clear()  # RAM empty: the blocks are on disk
+    reads_before = list(disk.store.reads)
     on_disk = controls.explain(follow, None)
-    assert (on_disk.cached, on_disk.tier) == (8, "ssd")  # whole blocks only: no file is read
+    # The index lists the tokens of the block the prompt leaves part-way: counted to the
+    # token, as a request would restore it, with no file read.
+    assert (on_disk.cached, on_disk.tier) == (9, "ssd")
+    assert on_disk.cached_next.startswith("9") and on_disk.outcome == "changed"
     assert len(pc.hot) == 0  # explaining promoted nothing
+    assert disk.store.reads == reads_before
 
 
 def test_export_then_import_moves_a_prefix_to_another_server() -> None:

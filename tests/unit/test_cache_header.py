@@ -22,6 +22,7 @@ from omlx.domain.generation import (
     PrefillStarted,
     TextDelta,
 )
+from tests.cache_header import checked, header_fields
 from tests.fakes import FakeColdSource
 from tests.unit.api_fakes import MODEL, fake_container
 from tests.unit.test_prefix_cache import make
@@ -51,7 +52,7 @@ class CachingEngine:
         )
         session.restore()
         cached = session.cached_tokens
-        emit(PrefillStarted(cached, len(tokens)))
+        emit(PrefillStarted(cached, len(tokens), session.restored()))
         session.finished(tokens, list(tokens))
         emit(TextDelta("ok"))
         emit(Finished("stop", len(tokens), 1, cached))
@@ -61,8 +62,7 @@ class CachingEngine:
         pass
 
 
-def fields(header: str) -> dict[str, str]:
-    return dict(part.split("=", 1) for part in header.split("; "))
+fields = header_fields
 
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant who answers briefly."}
@@ -84,6 +84,7 @@ def app() -> tuple[TestClient, CachingEngine]:
 def chat(client: TestClient, messages: list[dict[str, Any]], **extra: Any) -> Any:
     r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, **extra})
     assert r.status_code == 200, r.text
+    checked(r)  # the header's cached is usage's
     return r
 
 
@@ -128,6 +129,7 @@ def test_a_cold_turn_then_a_follow_up_name_where_the_prompt_left_the_cache(app) 
     assert cold == {
         "cached": "0",
         "tier": "none",
+        "outcome": "new_conversation",  # a first turn: not a miss
         "diverged_at": "0",
         "message": "0",
         "role": "system",
@@ -136,11 +138,17 @@ def test_a_cold_turn_then_a_follow_up_name_where_the_prompt_left_the_cache(app) 
     assert follow["tier"] == "hot" and int(follow["cached"]) > 40
     assert follow["computed_by"] == "here"  # this server's own blocks
     # The first turn's prompt ended with the generation prompt "<assistant>": the cache
-    # holds it, and the new assistant message is where the prompt goes on.
-    assert (follow["message"], follow["role"]) == ("2", "assistant")
+    # holds it (this fake keeps no answer), and the new assistant message is where the
+    # prompt goes on past everything stored.
+    assert (follow["message"], follow["role"], follow["outcome"]) == ("2", "assistant", "extended")
     assert follow["diverged_at"] == follow["cached"]
     again = fields(chat(client, TURN2).headers["x-omlx-cache"])
-    assert again == {"cached": again["cached"], "tier": "hot", "computed_by": "here"}  # full hit
+    assert again == {
+        "cached": again["cached"],
+        "tier": "hot",
+        "computed_by": "here",
+        "outcome": "hit",
+    }
     hits = {
         line.split("{")[1].split("}")[0]: float(line.split()[-1])
         for line in client.get("/metrics").text.splitlines()
@@ -204,7 +212,7 @@ def test_streamed_answers_and_every_api_carry_the_header(app) -> None:
     header = fields(responses.headers["x-omlx-cache"])
     assert int(header["cached"]) <= 1 and header["role"] == "user"  # "<" is shared, token-exact
     done = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hello there, friend"})
-    assert set(fields(done.headers["x-omlx-cache"])) == {"cached", "tier", "diverged_at"}
+    assert set(checked(done)) == {"cached", "tier", "outcome", "diverged_at"}
 
 
 def test_no_store_by_header_or_field_restores_and_writes_nothing(app) -> None:
@@ -360,3 +368,38 @@ def test_a_malformed_session_key_is_a_400_naming_its_source(app) -> None:
     )
     assert r.status_code == 400 and "metadata.user_id" in r.json()["error"]["message"]
     assert engine.submitted == []
+
+
+def test_evicted_blocks_are_told_from_changed_tokens_in_the_header_log_and_counters(
+    app, caplog
+) -> None:
+    client, engine = app
+    chat(client, TURN2)
+    # Every block goes from RAM and disk: this server kept them, so they were evicted.
+    engine.prefix_cache.clear()
+    engine.cold.blocks.clear()
+    follow = [
+        *TURN2,
+        {"role": "assistant", "content": "Madrid."},
+        {"role": "user", "content": "Ok"},
+    ]
+    caplog.set_level("DEBUG", logger="omlx.app.chat.pipeline")
+    gone = fields(chat(client, follow).headers["x-omlx-cache"])
+    assert (gone["cached"], gone["outcome"]) == ("0", "evicted")
+    assert "was kept and has been evicted since" in caplog.text
+    # A changed earlier answer is changed, where it changed: its message, not an eviction.
+    chat(client, follow)
+    edited = [*follow[:4], {"role": "assistant", "content": "Barcelona."}, follow[5]]
+    caplog.clear()
+    changed = fields(chat(client, edited).headers["x-omlx-cache"])
+    assert (changed["outcome"], changed["message"], changed["role"]) == (
+        "changed",
+        "4",
+        "assistant",
+    )
+    assert "evicted" not in caplog.text and "in messages[4]" in caplog.text
+    metrics = client.get("/metrics").text
+    assert 'omlx_cache_misses_total{part="evicted"} 1.0' in metrics
+    assert 'omlx_cache_misses_total{part="messages"} 1.0' in metrics
+    assert 'omlx_cache_reports_total{outcome="evicted",restored="none"} 1.0' in metrics
+    assert 'omlx_cache_reports_total{outcome="changed",restored="past_preamble"} 1.0' in metrics

@@ -9,6 +9,7 @@ from litestar.testing import TestClient
 
 from omlx.app.api.app import create_app
 from omlx.app.cache_controls.tenants import MIN_KEY_CHARS, Caller, KeysFileError, load_keys
+from tests.cache_header import checked
 from tests.fakes import FakeColdSource
 from tests.tenant_keys import ALICE, BOB, OPS
 from tests.unit.api_fakes import MODEL, fake_container
@@ -101,6 +102,7 @@ def chat(client: TestClient, key: str) -> dict:
         json={"model": MODEL, "messages": PROMPT},
     )
     assert r.status_code == 200, r.text
+    checked(r)  # the header says what usage does
     return {"usage": r.json()["usage"], "header": r.headers["x-omlx-cache"]}
 
 

@@ -11,7 +11,8 @@ from litestar.testing import TestClient
 from omlx.app.api.app import create_app
 from omlx.app.api.dashboard import RequestSeries
 from omlx.app.cache_controls.maintenance import CacheMaintenance
-from omlx.app.ops.request_log import RequestLog, current_api
+from omlx.app.cache_controls.report import CacheReport
+from omlx.app.ops.request_log import RequestLog, current_api, current_report
 from omlx.domain.generation import Finished
 from tests.fakes import FakeColdSource
 from tests.unit.api_fakes import MODEL, FakeEngine, fake_container, reply
@@ -84,6 +85,24 @@ def test_a_sample_folds_each_model_s_new_requests_into_one_point():
     points = series.points()
     assert [p.at for p in points["a"]] == [1010.0, 1015.0]  # bounded: the oldest went
     assert [p.at for p in points["b"]] == [1000.0]
+
+
+def test_restoring_only_the_templates_preamble_is_no_hit_in_the_hit_rate():
+    """Every chat request restores its template's fixed preamble (a default system prompt):
+    counted, the hit rate would sit at 100%."""
+    log = RequestLog()
+    series = RequestSeries(log, interval=5.0)
+    for cached, preamble in ((12, 12), (10, 12), (300, 12), (0, 0)):
+        slot = {"report": CacheReport(400, cached, "hot", False, preamble=preamble)}
+        token = current_report.set(slot)
+        try:
+            log.record("a", finished(400, cached), 0.1, 1.0)
+        finally:
+            current_report.reset(token)
+    point = series.sample()["a"]
+    assert point.hit_rate == pytest.approx(1 / 4)  # only the request that went past it
+    assert point.cached_share == pytest.approx(322 / 1600)  # every restored token counts
+    assert [r.preamble_tokens for r in log.recent()] == [0, 12, 12, 12]
 
 
 # ---- the routes -------------------------------------------------------------------

@@ -332,7 +332,11 @@ def test_cache_misses_name_the_part_that_changed():
     engine = FakeEngine(reply("ok"))
     client, _ = serve(engine)
     long = "a request long enough to share a block of prompt with the next one. " * 2
-    first_input = [{"role": "user", "content": long}, {"role": "user", "content": "first"}]
+    first_input = [
+        {"role": "user", "content": long},
+        {"role": "assistant", "content": "an answer"},
+        {"role": "user", "content": "first"},
+    ]
     with client as c:
         first = c.post(
             "/v1/responses", json={"model": MODEL, "instructions": "sys", "input": first_input}
@@ -343,7 +347,7 @@ def test_cache_misses_name_the_part_that_changed():
         # Found by prefix: the history resent with its second item edited.
         edited = [
             first_input[0],
-            {"role": "user", "content": "edited"},
+            {"role": "assistant", "content": "edited"},
             {"role": "user", "content": "q"},
         ]
         c.post("/v1/responses", json={"model": MODEL, "instructions": "sys", "input": edited})

@@ -104,10 +104,15 @@ class GenerationRequest:
 
 @dataclass(frozen=True, slots=True)
 class PrefillStarted:
-    """The request left the queue; ``cached_tokens`` were restored, the rest is prefilled."""
+    """The request left the queue; ``cached_tokens`` were restored, the rest is prefilled.
+
+    ``restored``: what the prefix cache restored, as its lookup saw it (None without a
+    prefix cache): the request's cache report is made from it, so it says what usage does.
+    """
 
     cached_tokens: int
     prompt_tokens: int
+    restored: CachedPrefix | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,17 +1,20 @@
 """The cache controls at the HTTP edge: a turn's ``TurnControls``, the ``x-omlx-cache`` header.
 
-A handler notes its prompt's ``CacheReport`` on the request's ASGI state; a
-``before_send`` hook adds the header to the response's start, so JSON answers and SSE
-streams carry it alike (a stream's headers go out before its first event). No-store is
-asked by the ``x-omlx-cache-control: no-store`` header or the body's
-``omlx_cache_control: "no-store"``; any other value is refused by name, never ignored.
+A handler readies the request for its prompt's ``CacheReport`` (``note``), which is known
+once the engine has restored the prompt's prefix; a ``before_send`` hook adds it as the
+header to the response's start, so JSON answers and SSE streams carry it alike. A JSON
+answer starts after its generation; a stream starts with its first event, which waits for
+the report (``cache_controls.reporting``): only a stream that had to start first (queued
+too long) says ``outcome=pending``. No-store is asked by the ``x-omlx-cache-control:
+no-store`` header or the body's ``omlx_cache_control: "no-store"``; any other value is
+refused by name, never ignored.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from litestar import Request
 from litestar.types import Message, Scope
@@ -19,7 +22,9 @@ from litestar.types import Message, Scope
 from omlx.app.api.auth import tenant_of
 from omlx.app.cache_controls.controls import TurnControls
 from omlx.app.cache_controls.hints import Breakpoint
+from omlx.app.cache_controls.outcome import PENDING
 from omlx.app.cache_controls.report import HEADER, CacheReport
+from omlx.app.cache_controls.service import CacheControls
 from omlx.app.cache_controls.session_key import choose_session_key
 from omlx.app.errors import InvalidRequest
 from omlx.app.ops.request_log import current_report
@@ -31,6 +36,8 @@ NO_STORE = "no-store"
 _STATE_KEY = "omlx_cache_report"
 RECENT_KEY = "omlx_cache_recent"  # the app state's last reports, for a dashboard
 RECENT_LIMIT = 100
+# A response that started before its prompt was looked up (queued past the report's hold).
+PENDING_HEADER = f"outcome={PENDING}"
 
 
 def no_store(request: Request, field: str | None) -> bool:
@@ -83,27 +90,35 @@ def turn_controls(
     )
 
 
-def note(request: Request, cache: CacheReport | None, model: str = "") -> None:
-    """Remember the prompt's report for the response header, and among the recent ones."""
-    if cache is None:
-        return
+def note(
+    request: Request, controls: CacheControls, model: str = ""
+) -> Callable[[CacheReport], None] | None:
+    """Ready ``request`` for its prompt's report; the function to call with it once known
+    (None: the model has no prefix cache, and the response no header).
+
+    Called, it sets the response header's report and fills the request log's record (where
+    it diverged) and the recent reports. Until then the header says the report is pending.
+    """
+    if not controls.enabled:
+        return None
     state = request.scope.setdefault("state", {})  # type: ignore[typeddict-item]
-    state[_STATE_KEY] = cache
-    slot = current_report.get()
-    if slot is not None:  # the request log's record of this request shows where it diverged
-        slot["report"] = cache
-    recent: deque[JsonObject] | None = request.app.state.get(RECENT_KEY)
-    if recent is None:
-        recent = request.app.state[RECENT_KEY] = deque(maxlen=RECENT_LIMIT)
-    recent.append(
-        {
-            "at": time.time(),
-            "route": request.url.path,
-            "model": model,
-            "tenant": tenant_of(request) or "",
-            **cache.as_json(),
-        }
-    )
+    state[_STATE_KEY] = PENDING_HEADER
+    slot = current_report.get()  # the request log's record of this request
+    app_state = request.app.state
+    route, tenant = request.url.path, tenant_of(request) or ""
+
+    def noted(cache: CacheReport) -> None:
+        state[_STATE_KEY] = cache
+        if slot is not None:
+            slot["report"] = cache
+        recent: deque[JsonObject] | None = app_state.get(RECENT_KEY)
+        if recent is None:
+            recent = app_state[RECENT_KEY] = deque(maxlen=RECENT_LIMIT)
+        recent.append(
+            {"at": time.time(), "route": route, "model": model, "tenant": tenant, **cache.as_json()}
+        )
+
+    return noted
 
 
 def recent_reports(request: Request, tenant: str) -> list[JsonObject]:
@@ -119,7 +134,12 @@ async def add_cache_header(message: Message, scope: Scope) -> None:
     cache = scope.get("state", {}).get(_STATE_KEY)  # type: ignore[union-attr]
     if cache is None:
         return
-    value = cache.header() + ("; store=no" if cache.no_store else "")
+    if cache == PENDING_HEADER:
+        if message["status"] >= 400:  # refused or failed before any lookup: nothing to say
+            return
+        value = cache
+    else:
+        value = cache.header() + ("; store=no" if cache.no_store else "")
     headers = list(message.get("headers", []))
     headers.append((HEADER.encode(), value.encode("latin-1", errors="replace")))
     message["headers"] = headers  # type: ignore[typeddict-unknown-key]

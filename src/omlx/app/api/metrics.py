@@ -83,9 +83,19 @@ class Metrics:
         self.cache_misses = Counter(
             "omlx_cache_misses",
             "Turns that restored less than their conversation's previous prompt allowed, by what "
-            "changed: system, tools, messages (input, for the Responses API), model, or not_cached "
-            "(the blocks were gone)",
+            "changed: system, tools, messages (input, for the Responses API; or the template "
+            "rendering an earlier turn differently), model, or evicted (the blocks were kept, "
+            "then evicted)",
             ["part"],
+            registry=r,
+        )
+        self.cache_reports = Counter(
+            "omlx_cache_reports",
+            "Requests' cache reports (x-omlx-cache), by outcome (hit, extended, changed, evicted, "
+            "new_conversation, in_flight, restore_point) and by what they restored: none, "
+            "preamble (no more than the chat template's fixed preamble, which every request "
+            "restores) or past_preamble (the hit rate's hits)",
+            ["outcome", "restored"],
             registry=r,
         )
         self.draft_tokens = Counter(
@@ -134,6 +144,9 @@ class Metrics:
 
     def cache_miss(self, part: str) -> None:
         self.cache_misses.labels(part).inc()
+
+    def cache_reported(self, outcome: str, restored: str) -> None:
+        self.cache_reports.labels(outcome, restored).inc()
 
     def cancelled(self) -> None:
         """A client left before the end; the engine drops the request before its next step."""

@@ -1,13 +1,16 @@
-"""What the cache holds of a request's prompt, and where the prompt left it (``x-omlx-cache``).
+"""What the cache held of a request's prompt, and where the prompt left it (``x-omlx-cache``).
 
-The prefix cache's ``probe`` says how many prompt tokens it holds and in which tier,
-changing nothing (``CacheControls.look``); this module turns the token where that prefix ends into the message
-it falls in (index and role, from the rendered template's message boundaries), with a
-short excerpt of the prompt and of what the cache holds there. It names the server that
-computed the deepest block restored (servers sharing a cold tier: whose work this was) and,
-in the JSON, the session the request named (``session_key``). Every chat response
-carries it as a header, ``POST /v1/cache/explain`` returns it whole, and the debug
-line logs it, so a user can see why a turn was slow.
+A request's report is made from what its restore used (``CacheSession.restored``, carried
+by the engine's ``PrefillStarted``), so its ``cached`` is its usage's; ``explain`` makes
+one from the prefix cache's read-only probe. This module turns the token where the prompt
+leaves the cache into the message it falls in (index and role, from the rendered
+template's message boundaries; on an ordinary follow-up, the new message rather than the
+end-of-turn markup of the answer before it), says why it ends there (``outcome``), and
+adds a short excerpt of the prompt and of what the cache holds there. It names the server
+that computed the deepest block restored (servers sharing a cold tier: whose work this
+was) and, in the JSON, the session the request named (``session_key``). Every chat
+response carries it as a header, ``POST /v1/cache/explain`` returns it whole, and the
+debug line logs it, so a user can see why a turn was slow.
 """
 
 from __future__ import annotations
@@ -16,6 +19,13 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from omlx.app.cache_controls.outcome import (
+    HIT,
+    IN_FLIGHT,
+    PromptHistory,
+    outcome_of,
+    restored_share,
+)
 from omlx.domain.cache.image_keys import is_image_id
 from omlx.domain.cache.partial_match import common_prefix
 from omlx.domain.cache.probe import CachedPrefix
@@ -25,20 +35,24 @@ log = logging.getLogger(__name__)
 
 HEADER = "x-omlx-cache"
 ImageDigest = Callable[[int], str | None]
+# Whether tokens are only a template's markup (special tokens, whitespace): no one's words.
+Markup = Callable[[Sequence[int]], bool]
 EXCERPT_TOKENS = 24
+MARKUP_TOKENS = 16  # the most end-of-turn markup between a message's words and the next one
 DIGEST_CHARS = 12  # of an image's SHA-256 in the header (the JSON report has all 64)
 UNKNOWN_SERVER = "unknown"  # restored blocks whose rows predate the record, or imported
 
 
 @dataclass(frozen=True, slots=True)
 class CacheReport:
-    """One prompt against the cache as it stood when the request arrived."""
+    """One prompt against the cache: what a request restored of it (``explain``: what the
+    cache holds of it now), where the prompt leaves the cache and why."""
 
     prompt_tokens: int
     cached: int
     tier: str  # hot | ssd | none
     full_hit: bool
-    message: int | None = None  # the rendered conversation's message the prefix ends in
+    message: int | None = None  # the rendered conversation's message the prompt leaves it in
     role: str | None = None
     part: str | None = None  # the request's part: "system", "tools", "messages[k]"
     before: str = ""  # the prompt just before the divergence
@@ -55,19 +69,36 @@ class CacheReport:
     computed_by: str | None = None
     session: str | None = None  # the session the request named (``session_key``)
     session_source: str | None = None  # the header or field that named it
+    outcome: str = HIT  # why the cached prefix ends where it does (``outcome``)
+    # Where the prompt leaves what the cache holds: ``cached`` but for a hybrid model,
+    # which restores from the deepest restore point before it.
+    matched: int | None = None
+    preamble: int = 0  # its leading tokens that are the template's fixed preamble
+    in_flight: int = 0  # positions past ``cached`` another running request was computing
+    waited: bool = False  # it waited for another request's prefill of its prefix
 
     @property
     def diverged_at(self) -> int | None:
-        return None if self.full_hit else self.cached
+        if self.full_hit:
+            return None
+        return self.cached if self.matched is None else max(self.matched, self.cached)
+
+    @property
+    def restored(self) -> str:
+        """``none``, ``preamble`` or ``past_preamble`` (``outcome.restored_share``)."""
+        return restored_share(self.cached, self.preamble)
 
     def header(self) -> str:
-        """``cached=N; tier=T; computed_by=S; diverged_at=D; message=K; role=R`` (``computed_by``
-        absent when nothing is restored, the last three on a full hit)."""
+        """``cached=N; tier=T; computed_by=S; outcome=O; diverged_at=D; message=K; role=R``
+        (``computed_by`` absent when nothing is restored, the last three on a full hit)."""
         fields = [f"cached={self.cached}", f"tier={self.tier}"]
         if self.computed_by is not None:
             fields.append(f"computed_by={self.computed_by}")
+        fields.append(f"outcome={self.outcome}")
+        if self.outcome == IN_FLIGHT:
+            fields.append(f"in_flight={self.in_flight}")
         if not self.full_hit:
-            fields.append(f"diverged_at={self.cached}")
+            fields.append(f"diverged_at={self.diverged_at}")
             if self.message is not None:
                 fields += [f"message={self.message}", f"role={self.role}"]
             if self.image is not None:
@@ -83,6 +114,11 @@ class CacheReport:
             "tier": self.tier,
             "computed_by": self.computed_by,
             "full_hit": self.full_hit,
+            "outcome": self.outcome,
+            "restored": self.restored,
+            "preamble_tokens": self.preamble,
+            "in_flight_tokens": self.in_flight,
+            "waited_for_prefill": self.waited,
             "diverged_at": self.diverged_at,
             "message": self.message,
             "role": self.role,
@@ -170,24 +206,34 @@ def report(
     decode: Callable[[Sequence[int]], str],
     parts: PromptParts,
     image_digest: ImageDigest | None = None,
+    history: PromptHistory | None = None,
+    markup: Markup | None = None,
 ) -> CacheReport:
-    """``found`` (the prefix cache's probe of ``prompt``) as a report naming where it ends.
+    """``found`` (what a request restored of ``prompt``, or a probe found) as a report naming
+    where it ends and why (``history``: what the app knows of the conversation).
 
-    ``image_digest(key_id)``: the image a VLM prompt's key id belongs to, when known."""
+    ``image_digest(key_id)``: the image a VLM prompt's key id belongs to, when known.
+    ``markup``: tells a template's end-of-turn tokens from words (the new-message rule)."""
+    history = history or PromptHistory()
     computed_by = (found.computed_by or UNKNOWN_SERVER) if found.tokens else None
+    preamble = min(history.preamble, len(prompt))
+    outcome = outcome_of(found, history)
     if found.full_hit:
-        return CacheReport(len(prompt), found.tokens, found.tier, True, computed_by=computed_by)
-    at = found.tokens
+        return CacheReport(
+            len(prompt),
+            found.tokens,
+            found.tier,
+            True,
+            computed_by=computed_by,
+            outcome=outcome,
+            preamble=preamble,
+            waited=found.waited,
+        )
+    at = found.diverged_at
     message = role = part = None
     messages, labels = parts.messages, parts.labels
     if messages:
-        index = 0
-        if at > 0 and parts.prefix_tokens is not None and len(messages) > 1:
-            try:
-                index = message_at(at, len(messages), prompt, parts.prefix_tokens)
-            except Exception:  # a template that rejects a prefix: say less, never fail
-                log.debug("could not locate token %d among the messages", at, exc_info=True)
-                index = None  # type: ignore[assignment]
+        index = _message_of(at, prompt, parts, markup if not found.stored_next else None)
         if index is not None:
             message, role = index, str(messages[index].get("role", ""))
             part = labels[index] if index < len(labels) else None
@@ -195,7 +241,7 @@ def report(
                 part = "tools"  # the tools render with the first message
     result = CacheReport(
         len(prompt),
-        at,
+        found.tokens,
         found.tier,
         False,
         message,
@@ -209,6 +255,11 @@ def report(
             found.stored_next[0] if found.stored_next else None, image_digest
         ),
         computed_by=computed_by,
+        outcome=outcome,
+        matched=at,
+        preamble=preamble,
+        in_flight=found.in_flight,
+        waited=found.waited,
     )
     log.debug(
         "cache: %s (part %s); the prompt goes on %r where the cache holds %r",
@@ -218,3 +269,29 @@ def report(
         result.cached_next,
     )
     return result
+
+
+def _message_of(
+    at: int, prompt: Sequence[int], parts: PromptParts, markup: Markup | None
+) -> int | None:
+    """The message the prompt's token ``at`` falls in (None: the template would not say).
+
+    With ``markup`` (the cache simply ends at ``at``), a token among the end-of-turn
+    markup closing a message names the next message instead: an ordinary follow-up's
+    cache holds the previous prompt and answer but not the end-of-turn token the answer
+    ended with (it was sampled, never fed back), so the prompt goes past what any turn had
+    at the new message, not in the answer.
+    """
+    n = len(parts.messages)
+    if at <= 0 or parts.prefix_tokens is None or n <= 1:
+        return 0
+    try:
+        index = message_at(at, n, prompt, parts.prefix_tokens)
+        if markup is not None and index + 1 < n:
+            start = common_prefix(parts.prefix_tokens(index + 1), prompt)
+            if at < start <= at + MARKUP_TOKENS and markup(prompt[at:start]):
+                return index + 1
+        return index
+    except Exception:  # a template that rejects a prefix: say less, never fail
+        log.debug("could not locate token %d among the messages", at, exc_info=True)
+        return None

@@ -1,10 +1,11 @@
 """``CacheControls``: what users see and steer of one served model's prefix cache.
 
-One per served model, built with it. The chat pipeline asks it what the cache holds of a
-turn's prompt (the ``x-omlx-cache`` report, whose probe then travels to the engine so the
-prompt is hashed and looked up once) and to honour the turn's pins; ``/v1/cache/*`` and
-the dashboard explain, pin, unpin, export, import and clear through it. Every method
-that touches the index or hashes a prompt blocks: callers run it off the event loop.
+One per served model, built with it. The chat pipeline asks it to probe a turn's prompt
+(the probe travels to the engine, so the prompt is hashed and asked of the index once), to
+put what the engine restored into words (the ``x-omlx-cache`` report) and to honour the
+turn's pins; ``/v1/cache/*`` and the dashboard explain, pin, unpin, export, import and
+clear through it. Every method that touches the index or hashes a prompt blocks: callers
+run it off the event loop.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from typing import IO
 
 from omlx.app.cache_controls.controls import TurnControls
 from omlx.app.cache_controls.hints import breakpoint_ends
-from omlx.app.cache_controls.report import CacheReport, ImageDigest, PromptParts, report
+from omlx.app.cache_controls.outcome import PromptHistory
+from omlx.app.cache_controls.report import (
+    CacheReport,
+    ImageDigest,
+    Markup,
+    PromptParts,
+    report,
+)
 from omlx.app.cache_controls.session_key import SessionKey
 from omlx.app.cache_controls.transfer import (
     Archive,
@@ -30,7 +38,7 @@ from omlx.app.cache_controls.transfer import (
 from omlx.domain.cache.pins import Pin, PinRefused
 from omlx.domain.cache.prefix_cache import PrefixCache
 from omlx.domain.cache.probe import CachedPrefix
-from omlx.domain.generation import GenerationRequest
+from omlx.domain.generation import GenerationRequest, PrefillStarted
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +86,13 @@ class CacheControls:
         *,
         excerpts: bool = True,
         image_digest: ImageDigest | None = None,
+        markup: Markup | None = None,
     ) -> None:
+        """``markup``: whether tokens are only the template's markup (the tokenizer's special
+        tokens and whitespace), which lets a report name a follow-up's new message."""
         self._cache = prefix_cache
         self._decode = decode
+        self._markup = markup
         self._image_digest = image_digest  # a VLM's: which image a key id belongs to
         # Off: reports say where a prompt left the cache, never what either holds there
         # (a key shared by several people shares one cache: the quote would be another's).
@@ -106,12 +118,22 @@ class CacheControls:
         *,
         store: bool = True,
         session: SessionKey | None = None,
+        history: PromptHistory | None = None,
     ) -> CacheReport | None:
-        """``found`` in words: where the prompt leaves the cache, and in which message;
-        ``session``: the one the request named, reported with it."""
+        """``found`` (what a request restored, or a probe found) in words: where the prompt
+        leaves the cache, in which message, and why (``history``: what the app knows of its
+        conversation); ``session``: the one the request named, reported with it."""
         if found is None:
             return None
-        made = report(found, prompt, self._decode, parts or PromptParts(), self._image_digest)
+        made = report(
+            found,
+            prompt,
+            self._decode,
+            parts or PromptParts(),
+            self._image_digest,
+            history,
+            self._markup,
+        )
         if not self._excerpts:
             made = replace(made, before="", prompt_next="", cached_next="", cached_image=None)
         if session is not None:
@@ -128,6 +150,16 @@ class CacheControls:
         made = self.report(found, prompt, session=session)
         assert made is not None
         return made
+
+    def restored(self, started: PrefillStarted) -> CachedPrefix | None:
+        """What the engine says it restored for a request, as a report reads it (None without
+        a prefix cache); an engine that says only how many tokens gets a bare account."""
+        if self._cache is None:
+            return None
+        if started.restored is not None:
+            return started.restored
+        cached = started.cached_tokens
+        return CachedPrefix(cached, started.prompt_tokens, hot_tokens=cached, matched=cached)
 
     def apply(
         self, request: GenerationRequest, controls: TurnControls, found: CachedPrefix | None

@@ -25,9 +25,12 @@ class GenerationObserver(Protocol):
 
 
 class CacheMissObserver(Protocol):
-    """Told of each prefix-cache miss a turn's diagnosis finds, by kind (metrics)."""
+    """Told of each prefix-cache miss a turn's diagnosis finds, by kind, and of each request's
+    cache report, by outcome and by how much it restored (metrics)."""
 
     def cache_miss(self, kind: str) -> None: ...
+
+    def cache_reported(self, outcome: str, restored: str) -> None: ...
 
 
 # Told of each finished generation: the model, the event, its TTFT and decode seconds.
@@ -67,6 +70,10 @@ class ModelObservers:
     def cache_miss(self, kind: str) -> None:
         for observer in self._hub.misses:
             observer.cache_miss(kind)
+
+    def cache_reported(self, outcome: str, restored: str) -> None:
+        for observer in self._hub.misses:
+            observer.cache_reported(outcome, restored)
 
     def completed(self, event: Finished, ttft_s: float | None, decode_s: float) -> None:
         """A generation finished, with its timings (the dashboard's request log)."""

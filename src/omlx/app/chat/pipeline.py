@@ -16,7 +16,9 @@ from dataclasses import replace
 import anyio
 
 from omlx.app.cache_controls.controls import TurnControls
-from omlx.app.cache_controls.report import CacheReport, PromptParts, tools_span_of
+from omlx.app.cache_controls.outcome import first_turn
+from omlx.app.cache_controls.report import CacheReport
+from omlx.app.cache_controls.reporting import REPORT_HOLD_S, reported
 from omlx.app.cache_controls.service import CacheControls
 from omlx.app.cache_controls.session_key import SessionKey
 from omlx.app.chat.constraints import ResponseFormat, forced_format, output_grammar
@@ -45,8 +47,8 @@ from omlx.app.chat.turn import (
     Started,
     ToolChoice,
 )
+from omlx.app.chat.turn_reports import TurnReports
 from omlx.app.errors import GenerationFailed, InvalidRequest
-from omlx.domain.cache.probe import CachedPrefix
 from omlx.domain.generation import (
     Failed,
     Finished,
@@ -92,7 +94,9 @@ class ChatPipeline:
         self.controls = controls  # the model's cache controls: reports, pins
         self.native_format = OutputFormat.of(service.tokenizer)
         self.fingerprints = fingerprints or FingerprintStore()
-        self.observer = observer  # told of cache misses (metrics)
+        self.observer = observer  # told of cache misses and reports (metrics)
+        self.reports = TurnReports(service, renderer, controls, observer)
+        self.report_hold_s = REPORT_HOLD_S  # how long a stream's start waits for its report
 
     def check_images(self, chat: ChatRequest) -> None:
         """A model that reads no images is told none: 400 before anything is tokenized."""
@@ -198,14 +202,15 @@ class ChatPipeline:
             in_reasoning=in_reasoning,
             forced_name=_forced_name(chat) if wanted is not None and grammar.calls else None,
         )
-        turn = ChatTurn(prompt, request, splitter, chat.parallel_tool_calls, fp, controls=controls)
-        self._diagnose(turn, previous_id, last_label=chat.labels[-1] if chat.labels else "")
-        self.fingerprints.record(controls.tenant, response_id, fp)
-        changed = turn.divergence.part if turn.divergence is not None else None
-        found, turn.cache = await anyio.to_thread.run_sync(
-            self._report, chat, prompt.tokens, changed, controls
+        turn = ChatTurn(
+            prompt, request, splitter, chat.parallel_tool_calls, fp, controls=controls, chat=chat
         )
-        # The probe's keys and index answer go with the request: it is looked up once.
+        self._diagnose(turn, previous_id, chat)
+        self.fingerprints.record(controls.tenant, response_id, fp)
+        self.reports.opened(fp)  # until it is done, its prompt is no evidence of an eviction
+        found = await anyio.to_thread.run_sync(self.controls.look, prompt.tokens, controls.tenant)
+        # The probe's keys and index answer go with the request: it is looked up once. Its
+        # report is made from what the engine restores (``stream``), not from this look.
         turn.request = self.controls.apply(request, controls, found)
         return turn
 
@@ -228,52 +233,19 @@ class ChatPipeline:
         divergence = compare(previous, fp) if previous is not None else None
         changed = divergence.part if divergence is not None else None
         controls = TurnControls(tenant=tenant, session=session)
-        _, cache = await anyio.to_thread.run_sync(
-            self._report, chat, prompt.tokens, changed, controls
-        )
-        return prompt.tokens, cache
+
+        def probed() -> CacheReport | None:
+            found = self.controls.look(prompt.tokens, tenant)
+            return self.reports.report(chat, prompt.tokens, found, controls, changed, previous, fp)
+
+        return prompt.tokens, await anyio.to_thread.run_sync(probed)
 
     def prefix_renderer(
         self, chat: ChatRequest, *, tools: bool = True, tenant: str | None = None
     ) -> Callable[[int], list[int]]:
         """The tokens of ``chat``'s first ``k`` messages rendered (where message ``k`` starts),
         its images keyed as ``tenant``'s."""
-
-        def prefix_tokens(k: int) -> list[int]:
-            listed = chat.tools if tools else None
-            text = self.renderer.render(chat.messages[:k], listed, chat.template_kwargs)
-            images = chat.images[: _image_parts(chat.messages[:k])]
-            return self.service.encode_prompt(text, images, tenant=tenant)
-
-        return prefix_tokens
-
-    def _report(
-        self,
-        chat: ChatRequest,
-        tokens: list[int],
-        changed_part: str | None,
-        controls: TurnControls,
-    ) -> tuple[CachedPrefix | None, CacheReport | None]:
-        """The cache's probe of the turn's prompt and its ``x-omlx-cache`` report (off the loop)."""
-        found = self.controls.look(tokens, controls.tenant)
-        if found is None:
-            return None, None
-        prefix_tokens = self.prefix_renderer(chat, tenant=controls.tenant)
-
-        def tools_span() -> tuple[int, int]:
-            bare = self.prefix_renderer(chat, tools=False, tenant=controls.tenant)
-            return tools_span_of(prefix_tokens(1), bare(1))
-
-        parts = PromptParts(
-            chat.messages,
-            chat.labels,
-            prefix_tokens,
-            changed_part,
-            tools_span if chat.tools else None,
-        )
-        return found, self.controls.report(
-            found, tokens, parts, store=controls.store, session=controls.session
-        )
+        return self.reports.prefix_renderer(chat, tools=tools, tenant=tenant)
 
     def _budget(self, tokens: int, opened: bool, fmt: OutputFormat) -> ReasoningBudget:
         start, end = fmt.think
@@ -290,7 +262,7 @@ class ChatPipeline:
         fp = fingerprint(chat.model, chat.messages, chat.labels, chat.tools, tokens, chat.images)
         return RenderedPrompt(text, tokens), fp
 
-    def _diagnose(self, turn: ChatTurn, previous_id: str | None, last_label: str) -> None:
+    def _diagnose(self, turn: ChatTurn, previous_id: str | None, chat: ChatRequest) -> None:
         if previous_id is not None:
             turn.previous = self.fingerprints.get(turn.controls.tenant, previous_id)
             turn.previous_named = True
@@ -300,8 +272,14 @@ class ChatPipeline:
             return
         divergence = compare(turn.previous, turn.fingerprint)
         # Found by prefix, a difference at the request's newest message is a new branch
-        # of the conversation (a new session sharing a system prompt), not a miss.
-        if divergence is not None and not turn.previous_named and divergence.part == last_label:
+        # of the conversation, and one in a first turn (no answer yet) a new conversation
+        # sharing a system prompt: neither is a miss.
+        newest = chat.labels[-1] if chat.labels else ""
+        if (
+            divergence is not None
+            and not turn.previous_named
+            and (divergence.part == newest or first_turn(m.get("role", "") for m in chat.messages))
+        ):
             divergence = None
         turn.divergence = divergence
         if divergence is not None:
@@ -312,27 +290,14 @@ class ChatPipeline:
                 divergence.token,
                 divergence.missed_tokens,
             )
-            self._count_miss(divergence.kind)
+            self.reports.count_miss(divergence.kind)
 
-    def _started(self, turn: ChatTurn, cached: int) -> None:
-        """Knowing what the engine restored: a prefix it should have had but lost is a miss too."""
-        turn.cached_tokens = cached
-        prev = turn.previous
-        if prev is None or turn.divergence is not None:
-            return
-        expected = min(prev.n_tokens, len(turn.prompt.tokens) - 1)
-        if cached < expected:
-            log.debug(
-                "cache miss: %d of the %d tokens its conversation's previous prompt shares were "
-                "restored (the rest was evicted, or never stored)",
-                cached,
-                expected,
-            )
-            self._count_miss("not_cached")
-
-    def _count_miss(self, kind: str) -> None:
-        if self.observer is not None:
-            self.observer.cache_miss(kind)
+    def _settle(self, turn: ChatTurn, report: CacheReport) -> None:
+        """The turn's report is known (the engine restored its prefix): counted, logged, and
+        handed to the edge that sends it."""
+        self.reports.settle(turn, report)
+        if turn.on_report is not None:
+            turn.on_report(report)
 
     def stream(
         self, turn: ChatTurn, keepalive: float | None = None
@@ -340,27 +305,38 @@ class ChatPipeline:
         """The turn's events; ``None`` after ``keepalive`` quiet seconds. Leaving early cancels it.
 
         A full queue is a 429 now, before the stream starts (``GenerationService.stream``).
+        ``Started`` comes once the turn's cache report is made and handed to
+        ``turn.on_report``; keepalives before it wait (``reporting.reported``).
         """
-        return self._chat_events(turn, self.service.stream(turn.request, keepalive))
+        events = reported(
+            self.service.stream(turn.request, keepalive),
+            lambda started: self.reports.made(turn, self.controls.restored(started)),
+            lambda report: self._settle(turn, report),
+            self.report_hold_s,
+        )
+        return self._chat_events(turn, events)
 
     async def _chat_events(
         self, turn: ChatTurn, events: AsyncIterator[GenerationEvent | None]
     ) -> AsyncGenerator[ChatEvent | None, None]:
-        async for event in events:
-            if event is None:
-                yield None
-            elif isinstance(event, PrefillStarted):
-                self._started(turn, event.cached_tokens)
-                yield Started(event.prompt_tokens, event.cached_tokens)
-            elif isinstance(event, TextDelta):
-                pieces = self._limit_calls(turn, turn.splitter.feed(event.text))
-                if pieces or event.logprobs:
-                    yield Output(pieces, event.logprobs)
-            elif isinstance(event, Finished):
-                pieces = self._limit_calls(turn, turn.splitter.finish())
-                yield Done(event, pieces, turn.tool_calls)
-            elif isinstance(event, Failed):
-                yield Error(event.message)
+        try:
+            async for event in events:
+                if event is None:
+                    yield None
+                elif isinstance(event, PrefillStarted):
+                    turn.cached_tokens = event.cached_tokens
+                    yield Started(event.prompt_tokens, event.cached_tokens)
+                elif isinstance(event, TextDelta):
+                    pieces = self._limit_calls(turn, turn.splitter.feed(event.text))
+                    if pieces or event.logprobs:
+                        yield Output(pieces, event.logprobs)
+                elif isinstance(event, Finished):
+                    pieces = self._limit_calls(turn, turn.splitter.finish())
+                    yield Done(event, pieces, turn.tool_calls)
+                elif isinstance(event, Failed):
+                    yield Error(event.message)
+        finally:
+            self.reports.closed(turn.fingerprint)  # done, or left: what it computed is kept
 
     async def complete(self, turn: ChatTurn) -> ChatResult:
         """Run to the end: every piece, and how it finished."""
@@ -431,14 +407,3 @@ def check_tool_choice(choice: ToolChoice, tools: list[JsonObject] | None) -> Non
             raise InvalidRequest(
                 f"tool_choice names {choice.name!r}, which is not in tools", param="tool_choice"
             )
-
-
-def _image_parts(messages: list[JsonObject]) -> int:
-    """How many image parts ``messages`` hold (the first that many of a request's images)."""
-    return sum(
-        1
-        for m in messages
-        if isinstance(m.get("content"), list)
-        for part in m["content"]
-        if isinstance(part, dict) and part.get("type") == "image"
-    )

@@ -310,9 +310,13 @@ class GenerationService:
 
     async def complete(self, request: GenerationRequest) -> Completion:
         """Run to the end and collect the text (non-streaming responses); 429 when the queue is full."""
+        return await self.collect(self.stream(request))
+
+    async def collect(self, events: AsyncGenerator[GenerationEvent | None, None]) -> Completion:
+        """A request's ``stream`` (or a caller's wrapping of it) run to the end, its text
+        collected; closed on the way out."""
         parts: list[str] = []
         logprobs: list[TokenLogprob] = []
-        events = self.stream(request)
         try:
             async for event in events:
                 if isinstance(event, TextDelta):

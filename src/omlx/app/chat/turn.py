@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from omlx.app.cache_controls.controls import TurnControls
@@ -67,9 +68,13 @@ class ChatTurn:
     previous_named: bool = False  # the client named the previous turn (vs found by prefix)
     cached_tokens: int | None = None  # known once the engine started it
     tool_calls: int = 0
-    cache: CacheReport | None = None  # what the cache held of its prompt on arrival
+    # What the cache held of its prompt, from the engine's restore (once it started).
+    cache: CacheReport | None = None
     controls: TurnControls = field(default_factory=TurnControls)
     cache_written: int = 0  # prompt tokens its cache_control breakpoints pinned (Anthropic usage)
+    chat: ChatRequest | None = None  # what it was rendered from (its report names messages)
+    # Told the report once it is known (the HTTP edge: the header, the recent reports).
+    on_report: Callable[[CacheReport], None] | None = None
 
 
 # What a running turn reports, in order: Started, then Output..., then Done or Error.

@@ -114,7 +114,10 @@ def explain_command(
         if found["message"] is not None
         else "the prompt ("
     )
-    click.echo(f"diverges at token {found['diverged_at']}: {where}, part {found['part'] or '-'})")
+    click.echo(
+        f"diverges at token {found['diverged_at']} ({found['outcome'].replace('_', ' ')}): "
+        f"{where}, part {found['part'] or '-'})"
+    )
     excerpt = found["excerpt"]
     click.echo(f"  before: {excerpt['before']!r}")
     click.echo(f"  prompt: {excerpt['prompt']!r}")

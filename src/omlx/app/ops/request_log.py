@@ -36,7 +36,7 @@ current_report: ContextVar[JsonObject | None] = ContextVar("omlx_current_report"
 class Divergence:
     """Where a missed prompt left the cache, from its ``CacheReport``."""
 
-    at: int  # the prompt token where the cached prefix ends
+    at: int  # the prompt token where the prompt leaves what the cache holds
     message: int | None  # the rendered conversation's message it falls in (None: a raw prompt)
     role: str | None
     part: str | None  # "system", "tools", "messages[k]"
@@ -48,7 +48,8 @@ class Divergence:
         if report is None or report.full_hit:
             return None
         r = report
-        return cls(r.cached, r.message, r.role, r.part, r.prompt_next, r.cached_next)
+        at = r.diverged_at if r.diverged_at is not None else r.cached
+        return cls(at, r.message, r.role, r.part, r.prompt_next, r.cached_next)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +71,17 @@ class RequestRecord:
     divergence: Divergence | None = None  # None: a full hit, or no cache report (no prefix cache)
     tenant: str = ""  # the key's tenant ("": the default one)
     session: str = ""  # the session the request named (``session_key``; "": none)
+    outcome: str = ""  # its cache report's (``cache_controls.outcome``; "": no report)
+    preamble_tokens: int = 0  # its prompt's leading tokens that are the template's preamble
 
     @property
     def cached_share(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def hit(self) -> bool:
+        """It restored more than its template's fixed preamble (which every request does)."""
+        return self.cached_tokens > self.preamble_tokens
 
 
 class RequestLog:
@@ -97,7 +105,8 @@ class RequestLog:
         rate = decoded / decode_s if decoded > 0 and decode_s > 0 else None
         api, route = current_api.get()
         slot = current_report.get() or {}
-        divergence = Divergence.of(slot.get("report"))
+        report: CacheReport | None = slot.get("report")
+        divergence = Divergence.of(report)
         with self._lock:
             self._seq += 1
             record = RequestRecord(
@@ -116,6 +125,8 @@ class RequestLog:
                 divergence=divergence,
                 tenant=slot.get("tenant") or "",
                 session=slot.get("session") or "",
+                outcome=report.outcome if report is not None else "",
+                preamble_tokens=report.preamble if report is not None else 0,
             )
             self._ring.append(record)
         return record

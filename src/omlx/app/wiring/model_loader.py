@@ -435,6 +435,7 @@ def serve_chat(
         partial(_decode_excerpt, tokenizer, image_digest),
         excerpts=settings.report_excerpts,
         image_digest=image_digest,
+        markup=partial(_only_markup, tokenizer),
     )
     renderer = ChatRenderer(tokenizer, model.model_id)
     chat = ChatPipeline(generation, renderer, controls, observer=observer)
@@ -468,6 +469,18 @@ def _decode_excerpt(
             out += [tokenizer.decode(text), f"[image {digest[:12]}]" if digest else "[image]"]
             text = []
     return "".join([*out, tokenizer.decode(text)])
+
+
+def _only_markup(tokenizer: Any, tokens: Sequence[int]) -> bool:
+    """Whether ``tokens`` are only a template's markup: special tokens and whitespace (a
+    report names a follow-up's new message past the answer's end-of-turn tokens)."""
+    if any(is_image_id(t) for t in tokens):
+        return False
+    try:
+        words = tokenizer.decode(list(tokens), skip_special_tokens=True)
+    except TypeError:  # a tokenizer without the option cannot tell markup from words
+        return False
+    return not words.strip()
 
 
 def _grammar_compiler(model: LoadedModel) -> LLGuidanceCompiler:

@@ -144,6 +144,13 @@ class PrefixHit:
     state: Any = None
     matched: int = 0
     partial_from_disk: bool = False  # the partial block was read from the cold tier
+    # What the lookup saw where the prompt leaves the cache (at ``matched``), for the
+    # request's report: the tokens a stored block holds there instead (empty: the chain
+    # ends), the server that computed the deepest restored block, and whether the prompt's
+    # next block was stored once (this process queued or read it) and is held no longer.
+    stored_next: tuple[int, ...] = ()
+    computed_by: str = ""
+    evicted: bool = False
 
     @property
     def lost_tokens(self) -> int:
@@ -198,6 +205,16 @@ class CachedPrefix:
     # The server that computed the deepest block of ``tokens`` ("": nothing held, or a
     # block whose row predates the record of it).
     computed_by: str = ""
+    # Where the prompt leaves the stored chain: ``tokens`` but for hybrid and sliding-window
+    # layouts, whose restore stops at the deepest restore point before it.
+    matched: int = 0
+    # The prompt's next block past ``matched`` was stored once and is held no longer.
+    evicted: bool = False
+    # Set by the engine when it restored the prefix: positions past ``tokens`` that a
+    # running request was computing for a prompt sharing them (a prefix in flight), and
+    # whether this request waited for such a request's prefill first.
+    in_flight: int = 0
+    waited: bool = False
 
     @property
     def tier(self) -> str:
@@ -210,6 +227,11 @@ class CachedPrefix:
     def full_hit(self) -> bool:
         """Everything but the one token always prefilled is cached."""
         return self.prompt_tokens > 0 and self.tokens >= self.prompt_tokens - 1
+
+    @property
+    def diverged_at(self) -> int:
+        """The prompt token where it leaves what the cache holds."""
+        return max(self.tokens, self.matched)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,10 +22,10 @@ from typing import Any
 from omlx.domain.cache.blocks import HOT, SSD, BlockMeta, NamespaceInfo, PrefixHit, PromptChain
 from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.keeper import KnownKeys
-from omlx.domain.cache.keys import chain_keys, iter_chain_keys
+from omlx.domain.cache.keys import block_key, chain_keys, iter_chain_keys
 from omlx.domain.cache.layout import CacheLayout
 from omlx.domain.cache.origins import RestoredTokens, origin_of
-from omlx.domain.cache.partial_match import PartialMatch, best_child
+from omlx.domain.cache.partial_match import PartialMatch, best_child, held_past
 from omlx.domain.cache.point_finder import FoundPoint, RestorePointFinder
 from omlx.domain.cache.ports import ColdSource, KVCodec
 from omlx.domain.cache.tally import Tally
@@ -130,7 +130,10 @@ class PrefixMatcher:
                 )
                 parent = keys[-1] if keys else parent
             n_hot = len(hot_keys)
+            evicted = self._next_was_kept(tokens, len(keys), max_blocks, parent, known)
             match = self._best_child(tokens, len(keys) * bs, parent, store, known)
+            listed = known.children if known is not None and known.children_of == parent else ()
+            stored_next = held_past(match, parent, self._hot.children, listed)
             if match is not None:
                 partial = match.shared
                 payloads.append(self._codec.truncate(match.payload, partial))
@@ -157,9 +160,34 @@ class PrefixMatcher:
             len(tokens), keys, payloads, n_hot, cold_hits, partial, point, matched
         )
         self._count_sources(sources, partial)
-        if partial and match is not None and not match.from_hot:
-            hit = replace(hit, partial_from_disk=True)
+        hit = replace(
+            hit,
+            partial_from_disk=bool(partial and match is not None and not match.from_hot),
+            stored_next=stored_next,
+            computed_by=sources[-1][1] if sources else "",
+            evicted=evicted,
+        )
         return hit
+
+    def _next_was_kept(
+        self,
+        tokens: Sequence[int],
+        n_full: int,
+        max_blocks: int,
+        parent: str,
+        known: PromptChain | None,
+    ) -> bool:
+        """Whether the prompt's block after the ``n_full`` matched ones was queued for (or read
+        from) the cold tier by this process, though neither tier holds it now: it was kept
+        once and evicted since, not a block no request ever computed."""
+        if n_full >= max_blocks:
+            return False
+        if known is not None:
+            key = known.keys[n_full]
+        else:
+            bs = self.block_size
+            key = block_key(parent, tokens[n_full * bs : (n_full + 1) * bs])
+        return key in self._known
 
     def _count_sources(self, sources: Sequence[Source], partial: int) -> None:
         """Count the restored tokens by tier and origin: a whole block each, the partly

@@ -93,3 +93,35 @@ def best_child(
         if k > (best.shared if best else 0):
             best = PartialMatch(meta, tokens, payload, k, False)
     return best
+
+
+def held_past(
+    match: PartialMatch | None,
+    parent: str,
+    hot_children: Callable[[str], Sequence[HotBlock]],
+    listed: Iterable[BlockMeta] = (),
+    want: int = 32,
+) -> tuple[int, ...]:
+    """What the cache holds where the prompt leaves it (up to ``want`` tokens).
+
+    The matched child's tokens past those it shares; with no match, those of ``parent``'s
+    first child in RAM, else of a disk child whose tokens the index ``listed``. RAM blocks
+    hanging below go on. Empty: nothing stored goes on from there (the prompt continues
+    past everything kept), or only disk children the index did not list (reading their
+    files to say so is not worth it).
+    """
+    if match is not None:
+        tokens, key = list(match.tokens[match.shared :]), match.meta.key
+    else:
+        first = next((b for b in hot_children(parent) if b.tokens), None)
+        if first is None:
+            meta = next((m for m in listed if m.tokens), None)
+            return tuple(meta.tokens[:want]) if meta is not None else ()
+        tokens, key = list(first.tokens), first.key
+    while len(tokens) < want:
+        below = hot_children(key)
+        if not below:
+            break
+        tokens.extend(below[0].tokens)
+        key = below[0].key
+    return tuple(tokens[:want])

@@ -5,8 +5,11 @@ recently used: whole blocks are asked of RAM and then of the cold tier's index (
 query, whose rows the request's lookup then reuses), and where they stop the RAM blocks hanging from the last match lend the tokens
 they share with the prompt, as do disk blocks the prompt covers whole (known by their
 key). So a ``/v1/cache/explain`` or a response header never changes what it describes.
-A disk block the prompt leaves part-way is not read (its tokens live in its file): the
-probe may then report up to ``block_size - 1`` tokens fewer than a request restores.
+A disk block the prompt leaves part-way is not read: where the index lists its tokens
+the probe counts exactly, else it may report up to ``block_size - 1`` tokens fewer than a
+request restores. A request's own report is taken from its restore, not from here
+(``CacheSession.restored``): this answers ``/v1/cache/explain``, and hands the request's
+lookup the keys and rows it found.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Callable, Sequence
 from omlx.domain.cache.blocks import HOT, NONE, SSD, CachedPrefix, PromptChain
 from omlx.domain.cache.hot_tier import HotBlock, HotTier
 from omlx.domain.cache.keys import chain_keys
-from omlx.domain.cache.partial_match import common_prefix, upper_bound
+from omlx.domain.cache.partial_match import common_prefix, held_past, upper_bound
 from omlx.domain.cache.ports import ColdSource
 
 __all__ = ["HOT", "NONE", "SSD", "CachedPrefix", "probe"]
@@ -79,19 +82,26 @@ def probe(
         stored_next = _stored_after(hot, best, shared)
     disk_shared, disk_child = 0, None
     if cold is not None and shared < len(want):
-        # A disk child wholly shared is known by its key alone (``upper_bound``): no read.
+        # Known without a read: a disk child whose tokens the index listed, or one the
+        # prompt covers whole (checked by its key, ``upper_bound``).
         for meta in kids:
-            n = meta.token_count
-            if max(shared, disk_shared) < n <= len(want) and upper_bound(meta, want) == n:
-                disk_shared, disk_child = n, meta
+            bound = upper_bound(meta, want)
+            exact = bool(meta.tokens) or (
+                meta.token_count <= len(want) and bound == meta.token_count
+            )
+            if exact and bound > max(shared, disk_shared):
+                disk_shared, disk_child = bound, meta
     if disk_child is not None:
+        held = matched + disk_shared
         return CachedPrefix(
-            tokens=matched + disk_shared,
+            tokens=held,
             prompt_tokens=len(tokens),
             hot_tokens=n_hot * block_size,
             ssd_tokens=n_ssd * block_size + disk_shared,
+            stored_next=tuple(disk_child.tokens[disk_shared : disk_shared + 32]),
             chain=chain,
             computed_by=disk_child.computed_by,
+            matched=held,
         )
     deepest = ""
     if best is not None and shared:
@@ -101,6 +111,8 @@ def probe(
     elif n_hot:
         held = hot.peek(keys[n_hot - 1])  # None: evicted since it was counted
         deepest = held.meta.computed_by if held is not None else ""
+    if not stored_next and best is None:
+        stored_next = held_past(None, parent, hot.children, kids)  # a listed disk child
     return CachedPrefix(
         tokens=matched + shared,
         prompt_tokens=len(tokens),
@@ -109,4 +121,5 @@ def probe(
         stored_next=tuple(stored_next),
         chain=chain,
         computed_by=deepest,
+        matched=matched + shared,
     )

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from omlx.domain.cache.blocks import MISS, PrefixHit, PromptChain
+from omlx.domain.cache.blocks import MISS, CachedPrefix, PrefixHit, PromptChain
 from omlx.domain.cache.capture import RequestCapture
 from omlx.domain.cache.keeper import BlockKeeper
 from omlx.domain.cache.layout import CacheLayout
@@ -89,6 +89,22 @@ class CacheSession:
     def lost_tokens(self) -> int:
         """KV-matched positions recomputed for want of a restore point there (hybrids)."""
         return self._hit.lost_tokens
+
+    def restored(self) -> CachedPrefix:
+        """What this request restored, as a report reads it: the same lookup the restore
+        used, so a response's report says what its usage does (call after ``restore``)."""
+        hit, bs = self._hit, self._matcher.block_size
+        ssd = hit.cold_hits * bs + (hit.partial_tokens if hit.partial_from_disk else 0)
+        return CachedPrefix(
+            tokens=hit.cached_tokens,
+            prompt_tokens=len(self._prompt),
+            hot_tokens=hit.cached_tokens - ssd,
+            ssd_tokens=ssd,
+            stored_next=hit.stored_next,
+            computed_by=hit.computed_by if hit.cached_tokens else "",
+            matched=hit.matched,
+            evicted=hit.evicted,
+        )
 
     def kept_prefix(self) -> Sequence[int]:
         """The prefix ``restore`` would take a kept finished cache for (empty: none will be

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,7 @@ from omlx.domain.scheduler import Scheduler, Verdict
 from omlx.domain.startup import STARTUP
 
 if TYPE_CHECKING:
+    from omlx.domain.cache.blocks import CachedPrefix
     from omlx.domain.cache.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
@@ -365,7 +367,15 @@ class MLXEngine:
         job.stops = StopStringMatcher(job.request.stop)
         job.times["inserted"] = time.monotonic()
         self._running[job.uid] = job
-        job.emit(PrefillStarted(job.cached_tokens, len(tokens)))
+        job.emit(PrefillStarted(job.cached_tokens, len(tokens), self._restored(job)))
+
+    def _restored(self, job: Job) -> CachedPrefix | None:
+        """What ``job``'s restore used, for its report: its lookup, and whether a running
+        request was computing more of its prefix (or had, while it waited for it)."""
+        if job.session is None:
+            return None
+        in_flight = self._followers.in_flight(job, self._running.values())
+        return replace(job.session.restored(), in_flight=in_flight, waited="held" in job.times)
 
     def _step(self) -> None:
         prompt_responses, generation_responses = self._generator.next()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from omlx.adapters.mlx.batch.jobs import Job
 from omlx.domain.cache.keys import chain_keys
-from omlx.domain.shared_prefill import Prefilling, SharedPrefill
+from omlx.domain.shared_prefill import Prefilling, SharedPrefill, shared_blocks
 
 if TYPE_CHECKING:
     from omlx.domain.cache.prefix_cache import PrefixCache
@@ -90,6 +90,31 @@ class Followers:
                 )
             yield job
 
+    def in_flight(self, job: Job, running: Iterable[Job]) -> int:
+        """Positions past ``job``'s restored prefix that a running request shares with it
+        and has not kept yet: a prefix being computed as ``job`` starts (its report says so,
+        not that the cache missed). Any layout: a hybrid's request computes it beside the
+        other; a plain one's does where waiting for it would cost more than computing."""
+        if self._cache is None:
+            return 0
+        others = [o for o in self._sharing(job, running) if o.id != job.id]
+        if not others:
+            return 0
+        bs, keys = self._cache.block_size, self._keys(job)
+        mine = job.request.prompt_tokens
+        furthest = 0
+        for other in others:
+            # The whole blocks they share, then the tokens of the next one up to where the
+            # prompts part (restored token by token once the other keeps that block).
+            shared = shared_blocks(keys, self._keys(other)) * bs
+            theirs = other.request.prompt_tokens
+            end = min(len(mine) - 1, len(theirs), shared + bs)
+            while shared < end and mine[shared] == theirs[shared]:
+                shared += 1
+            if other.kept < shared:
+                furthest = max(furthest, shared)
+        return max(furthest - job.cached_tokens, 0)
+
     def withdraw(self, job: Job) -> bool:
         """Take a held job out (cancelled); whether it was held."""
         if self._held.pop(job.id, None) is None:
@@ -104,11 +129,19 @@ class Followers:
 
     def _leaders(self, job: Job, running: Iterable[Job]) -> list[Prefilling]:
         """The running jobs that may share ``job``'s first blocks and keep what they compute."""
+        return [
+            Prefilling(other.id, self._keys(other), other.kept)
+            for other in self._sharing(job, running)
+        ]
+
+    def _sharing(self, job: Job, running: Iterable[Job]) -> list[Job]:
+        """The running jobs of ``job``'s tenant that start with its first block and keep what
+        they compute (the others' blocks are no use to it)."""
         bs = self._cache.block_size
         first = job.request.prompt_tokens[:bs]
         tenant = job.request.cache_tenant
         return [
-            Prefilling(other.id, self._keys(other), other.kept)
+            other
             for other in running
             if other.session is not None
             and other.session.store

@@ -21,7 +21,7 @@ from omlx.app.api.anthropic.stream import MessageStream, stop_reason, tool_id, t
 from omlx.app.api.cache_edge import note, turn_controls
 from omlx.app.api.disconnect import unless_disconnected
 from omlx.app.api.openapi import error_responses, streaming_operation
-from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
+from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream, opened
 from omlx.app.api.translators import Translators
 from omlx.app.cache_controls.hints import anthropic_breakpoints
 from omlx.app.chat.output import Piece, Reasoning, ToolCallPiece
@@ -123,13 +123,14 @@ class AnthropicController(Controller):
         mid = f"msg_{uuid.uuid4().hex[:24]}"
         previous = data.diagnostics.previous_message_id if data.diagnostics is not None else None
         turn = await served.chat.start(chat, mid, controls, previous)
-        note(request, turn.cache, served.id)
+        turn.on_report = note(request, served.controls, served.id)
         extra = diagnostics(turn) if wants_diagnostics(request, data) else None
         show_thinking = data.thinking is None or data.thinking.display != "omitted"
         if data.stream:
             stream = MessageStream(mid, data.model, translate.seal, show_thinking, extra)
             stream.written_upto = turn.cache_written
-            return EventStream(stream.run(served.chat.stream(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
+            events = await opened(served.chat.stream(turn, KEEPALIVE_SECONDS), request.receive)
+            return EventStream(stream.run(events))  # type: ignore[return-value]
         result = await unless_disconnected(request.receive, served.chat.complete(turn))
         seal, written = translate.seal, turn.cache_written
         message = message_of(mid, data.model, result, seal, show_thinking, written)

@@ -24,7 +24,9 @@ DEFAULT_MAX_POINTS = 720  # an hour at the default 5-second interval
 class SeriesPoint:
     at: float  # wall time of the sample
     requests: int
-    hit_rate: float  # share of the requests that restored any cached tokens
+    # Share of the requests that restored more than their chat template's fixed preamble
+    # (every request restores that much: counting it, every request would be a hit).
+    hit_rate: float
     cached_share: float  # cached prompt tokens / prompt tokens
     ttft_ms: float | None  # median time to first token; None: no request produced a token
 
@@ -87,7 +89,7 @@ def _point(now: float, records: list[RequestRecord]) -> SeriesPoint:
     return SeriesPoint(
         at=now,
         requests=len(records),
-        hit_rate=sum(1 for r in records if r.cached_tokens) / len(records),
+        hit_rate=sum(1 for r in records if r.hit) / len(records),
         cached_share=cached / prompt if prompt else 0.0,
         ttft_ms=statistics.median(ttfts) * 1000 if ttfts else None,
     )

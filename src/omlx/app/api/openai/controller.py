@@ -24,11 +24,14 @@ from omlx.app.api.openai.schemas import (
 )
 from omlx.app.api.openai.stream import KEEPALIVE_SECONDS, ChatStream, text_stream
 from omlx.app.api.openapi import error_responses, streaming_operation
-from omlx.app.api.sse import EventStream
+from omlx.app.api.sse import EventStream, opened
 from omlx.app.api.translators import Translators
 from omlx.app.cache_controls.hints import openai_retention
+from omlx.app.cache_controls.report import CacheReport
+from omlx.app.cache_controls.reporting import reported
 from omlx.app.errors import InvalidRequest
 from omlx.app.models.pool import ModelPool
+from omlx.domain.generation import PrefillStarted
 
 _ERRORS = error_responses(OpenAIErrorResponse, 400, 401, 404, 413, 429, 500)
 
@@ -90,12 +93,13 @@ class OpenAIController(Controller):
         )
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         turn = await served.chat.start(chat, rid, controls)
-        note(request, turn.cache, served.id)
+        turn.on_report = note(request, served.controls, served.id)
         token_text = served.generation.token_text if chat.sampling.logprobs is not None else None
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
             stream = ChatStream(rid, created, data.model, usage, token_text)
-            return EventStream(stream.run(served.chat.stream(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
+            events = await opened(served.chat.stream(turn, KEEPALIVE_SECONDS), request.receive)
+            return EventStream(stream.run(events))  # type: ignore[return-value]
         result = await unless_disconnected(request.receive, served.chat.complete(turn))
         return chat_completion(rid, created, data.model, result, token_text)
 
@@ -123,18 +127,26 @@ class OpenAIController(Controller):
         edge = turn_controls(request, data.omlx_cache_control)
         found = await anyio.to_thread.run_sync(controls.look, tokens, edge.tenant)
         gen = controls.apply(gen, edge, found)
-        report = controls.report(found, tokens, store=edge.store, session=edge.session)
-        note(request, report, served.id)
+        events = service.stream(gen, KEEPALIVE_SECONDS if data.stream else None)
+        noted = note(request, controls, served.id)
+        if noted is not None:  # the report: what the engine restored, before the response starts
+
+            def made(started: PrefillStarted) -> CacheReport | None:
+                restored = controls.restored(started)
+                made = controls.report(restored, tokens, store=edge.store, session=edge.session)
+                return served.chat.reports.counted(made) if made is not None else None
+
+            events = reported(events, made, noted)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         prefix = prompt if (data.echo and isinstance(prompt, str)) else ""
         token_text = service.token_text if gen.logprobs is not None else None
         if data.stream:
             usage = bool(data.stream_options and data.stream_options.include_usage)
-            events = service.stream(gen, KEEPALIVE_SECONDS)
+            events = await opened(events, request.receive)
             return EventStream(
                 text_stream(events, rid, created, data.model, prefix, usage, token_text)
             )  # type: ignore[return-value]
-        result = await unless_disconnected(request.receive, service.complete(gen))
+        result = await unless_disconnected(request.receive, service.collect(events))
         return text_completion(rid, created, data.model, result, prefix, token_text)
 
 

@@ -26,7 +26,7 @@ from omlx.app.api.responses.schemas import (
 )
 from omlx.app.api.responses.stream import ResponseRun
 from omlx.app.api.responses.translate import Translated
-from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream
+from omlx.app.api.sse import KEEPALIVE_SECONDS, EventStream, opened
 from omlx.app.api.translators import Translators
 from omlx.app.cache_controls.hints import openai_retention
 from omlx.app.chat.turn import ChatResult
@@ -169,10 +169,11 @@ class ResponsesController(Controller):
         )
         rid = new_id("resp")
         turn = await served.chat.start(translated.chat, rid, controls, data.previous_response_id)
-        note(request, turn.cache, served.id)
+        turn.on_report = note(request, served.controls, served.id)
         run = _run(rid, data, translated, len(past), responses, served, translate)
         if data.stream:
-            return EventStream(run.stream(served.chat.stream(turn, KEEPALIVE_SECONDS)))  # type: ignore[return-value]
+            events = await opened(served.chat.stream(turn, KEEPALIVE_SECONDS), request.receive)
+            return EventStream(run.stream(events))  # type: ignore[return-value]
         return await _whole(
             run, await unless_disconnected(request.receive, served.chat.complete(turn))
         )

@@ -242,7 +242,8 @@ function renderCharts(state) {
   document.getElementById("charts-note").textContent =
     `One point per model every ${state.server.sample_seconds} s that had finished requests.`;
   document.getElementById("charts").replaceChildren(
-    chart("Hit rate", series, (p) => p.hit_rate, pct, 1),
+    // A hit restores more than the chat template's fixed preamble, which every request does.
+    chart("Hit rate (past the template's preamble)", series, (p) => p.hit_rate, pct, 1),
     chart("Cached share of prompt tokens", series, (p) => p.cached_share, pct, 1),
     chart("Time to first token (median)", series, (p) => (p.ttft_ms === null ? null : p.ttft_ms / 1000), ms));
 }
@@ -254,16 +255,18 @@ function renderRequests(state) {
     el("td", { class: "num" }, int(r.prompt_tokens)), el("td", { class: "num cached" }, int(r.cached_tokens)),
     el("td", { class: `tier tier-${r.tier}` }, r.tier), el("td", { class: "num" }, ms(r.ttft_s)),
     el("td", { class: "num" }, r.tokens_per_s === null ? "–" : r.tokens_per_s.toFixed(1)),
-    el("td", {}, r.reason), divergenceCell(r.divergence))));
+    el("td", {}, r.reason), divergenceCell(r.divergence, r.outcome))));
 }
 
-// Where a missed prompt left the cache: its token offset and the message it falls in.
-function divergenceCell(d) {
-  if (!d) return el("td", { class: "diverged" }, "–");
+// Where a prompt left the cache and why (the report's outcome): its token offset and the
+// message it falls in.
+function divergenceCell(d, outcome) {
+  if (!d) return el("td", { class: "diverged" }, outcome || "–");
   const where = d.message === null ? "" : `, message ${d.message} (${d.part || d.role})`;
   const tip = `the prompt goes on ${JSON.stringify(d.prompt)}` +
     (d.cached ? `; the cache holds ${JSON.stringify(d.cached)}` : "; the cache ends there");
-  return el("td", { class: "diverged", title: tip }, `token ${int(d.at)}${where}`);
+  const why = outcome ? `${outcome.replace("_", " ")}: ` : "";
+  return el("td", { class: "diverged", title: tip }, `${why}token ${int(d.at)}${where}`);
 }
 
 function duration(s) {
