@@ -102,20 +102,20 @@ def held_turns(
     exchanges: Sequence[Exchange],
     tokens_of: Callable[[bytes], list[int]],
     answer_of: Callable[[list[int]], list[int]],
-    server_order: Callable[[int, int], tuple[int, int]],
+    server_order: Callable[[Exchange], tuple[int, int]],
     block_size: int,
 ) -> list[Turn]:
     """Each model call with the prefix the cache should have restored for it, in the order
     the server took them.
 
     ``answer_of(prompt)``: the tokens the model wrote before its end of turn;
-    ``server_order(prompt, cached)``: (the server's run, its number for the request with
-    that usage); two requests sent together reach the engine in either order."""
+    ``server_order(exchange)``: (the server's run, its number for the request); two
+    requests sent together reach the engine in either order."""
     calls = []
     for exchange in model_calls(exchanges):
         assert exchange.status == 200 and exchange.ended is not None, exchange
         prompt, cached = usage_of(exchange)
-        calls.append((server_order(prompt, cached), exchange, prompt, cached))
+        calls.append((server_order(exchange), exchange, prompt, cached))
     turns: list[Turn] = []
     held: list[tuple[list[int], list[int], float, int]] = []  # prompt, answer, ended, seq
     for order, exchange, prompt, cached in sorted(calls, key=lambda c: c[0]):
