@@ -365,6 +365,9 @@ class FakeBlockSink:
     def pending(self, key: str) -> bool:
         return key in self.queue
 
+    def has_room(self) -> bool:
+        return self.accept
+
     def drain(self) -> int:
         written = 0
         for meta, namespace, data in list(self.queue.values()):
@@ -421,6 +424,9 @@ class FakeColdSource:
         self.forgotten: list[str] = []  # keys a restore found unusable
         self.blocks: dict[str, tuple[BlockMeta, tuple[int, ...], bytes]] = {}
         self.puts: list[str] = []
+        # The writer's free queue slots: None, always room; each put takes one.
+        self.room: int | None = None
+        self.refused: list[str] = []  # puts turned away for want of room
         self.gets: list[str] = []
         self.batches: list[list[str]] = []  # the chains asked of get_many
         self.touched: list[str] = []
@@ -471,9 +477,18 @@ class FakeColdSource:
                 return
             yield found
 
-    def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> None:
+    def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> bool:
+        if self.room is not None:
+            if self.room == 0:
+                self.refused.append(meta.key)
+                return False
+            self.room -= 1
         self.puts.append(meta.key)
         self.blocks[meta.key] = (meta, tuple(tokens), data)
+        return True
+
+    def has_room(self) -> bool:
+        return self.room != 0
 
     def contains(self, key: str) -> bool:
         return key in self.blocks

@@ -69,6 +69,7 @@ def test_close_drains_the_queue(tmp_path: Path) -> None:
     assert stats.write_seconds > 0
     assert set(index.get_blocks([m.key for m, _, _ in chain])) == {m.key for m, _, _ in chain}
     meta, _, data = make_chain(ns, 1, seed=5)[0]
+    assert not writer.has_room()
     assert writer.submit(meta, ns, data) is False  # closed: dropped, counted
     assert writer.stats().dropped_closed == 1
     index.close()
@@ -88,6 +89,7 @@ def test_full_queue_drops_without_blocking(
     assert writer.submit(chain[1][0], ns, chain[1][2])
     assert writer.submit(chain[2][0], ns, chain[2][2])
     assert writer.submit(chain[1][0], ns, chain[1][2])  # already queued: accepted once, not twice
+    assert not writer.has_room()  # what the keeper asks before it queues (it defers instead)
     started = time.monotonic()
     with caplog.at_level(logging.WARNING):
         assert writer.submit(chain[3][0], ns, chain[3][2]) is False
@@ -110,6 +112,7 @@ def test_once_the_server_stops_a_full_queue_is_waited_for_not_dropped(tmp_path: 
     store.gate.clear()
     writer, index = _writer(tmp_path, store, queue_size=2)
     writer.wait_for_room(5.0)
+    assert writer.has_room()  # a full queue is waited for now: the keeper's deferred go too
     threading.Timer(0.2, store.gate.set).start()  # the disk catches up
     started = time.monotonic()
     assert all(writer.submit(meta, ns, data) for meta, _, data in chain)

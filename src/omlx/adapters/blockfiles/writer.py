@@ -145,6 +145,11 @@ class BlockWriter:
         with self._lock:
             return key in self._pending
 
+    def has_room(self) -> bool:
+        if self._closing.is_set():
+            return False
+        return not self._queue.full() or time.monotonic() < self._room_until
+
     def pending_keys(self) -> frozenset[str]:
         """Keys queued but not yet on disk and in the index."""
         with self._lock:

@@ -281,10 +281,10 @@ class ColdTier:
         """Stop the store's background reads (shutdown); a later batch read starts them again."""
         self._store.close()
 
-    def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> None:
+    def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> bool:
         meta = self._storable(meta, tokens)
         if meta is None:
-            return
+            return True  # refused for good (logged): nothing to put again
         try:
             accepted = self._writer.submit(meta, self.namespace, data)
         except Exception:
@@ -294,6 +294,10 @@ class ColdTier:
             self._tally.add(queued=1)
         else:
             self._tally.add(dropped=1)
+        return accepted
+
+    def has_room(self) -> bool:
+        return self._writer.has_room()
 
     def write_all(self, blocks: Iterable[tuple[BlockMeta, Sequence[int], bytes]]) -> Counter[str]:
         """Write ``blocks``, waiting for room and for each write to end (an import: never a

@@ -4,10 +4,19 @@ A request hands over what one prefill chunk (or its end) completed as one batch:
 blocks go to the hot tier, and the cold tier is asked which of them it already holds in
 one query (``ColdSource.present``), not one per block: with a shared PostgreSQL index
 that is one network round trip per chunk on the request path, not one per block.
+
+The writer's queue is bounded and the request path never waits for it: a long first
+prompt computed faster than the disk writes (an agent's 20k tokens: 300 blocks) outruns
+it. Blocks it has no room for are *deferred*, not dropped: RAM still holds them, every
+later turn of the conversation reuses them from there (so nothing would queue them
+again), and a restart would cut every later turn's restore at the first one. They are
+queued, oldest first, as room comes: before each later chunk's blocks, when the engine
+is idle, and at the stop (``write_deferred``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -18,6 +27,8 @@ from omlx.domain.cache.hot_tier import HotTier
 from omlx.domain.cache.keys import KV
 from omlx.domain.cache.ports import ColdSource, KVCodec
 from omlx.domain.cache.tally import Tally
+
+log = logging.getLogger(__name__)
 
 
 class KnownKeys:
@@ -74,12 +85,16 @@ class BlockKeeper:
         known: KnownKeys,
         tally: Tally,
         server_id: str = "",
+        deferred_limit: int = 1 << 16,
     ) -> None:
         self.namespace = namespace
         self.block_size = namespace.block_size
         self._codec, self._hot, self._cold = codec, hot, cold
         self._known, self._tally = known, tally
         self.server_id = server_id  # recorded with each object as the server that computed it
+        # Keys in RAM the writer had no room for, oldest first (queued by ``write_deferred``).
+        self._deferred: OrderedDict[str, None] = OrderedDict()
+        self._deferred_limit = deferred_limit
 
     def holds(self, key: str) -> bool:
         """Whether ``key`` is in RAM (touched: a request is using it again); skips cutting it."""
@@ -121,20 +136,67 @@ class BlockKeeper:
 
         Keys this process queued or read before are not asked about; of the rest, those
         the cold tier lacks are encoded here (the engine thread: the writer gets bytes
-        only) and queued.
+        only) and queued, after the deferred ones, while the writer has room; the others
+        are deferred.
         """
         if self._cold is None:
             return
+        self.write_deferred()
         unknown = [o for o in new if o.meta.key not in self._known]
         if not unknown:
             return
         on_disk = self._cold.present([o.meta.key for o in unknown])
         queued = 0
         for obj in unknown:
-            if obj.meta.key not in on_disk:
-                data = self._codec.encode(obj.payload, obj.tokens, obj.meta)
-                self._cold.put(obj.meta, obj.tokens, data)
+            key = obj.meta.key
+            if key in on_disk:
+                self._known.remember(key)
+            elif self._deferred or not self._cold.has_room():
+                self._defer(key)  # after the older ones: a chain is restored from its head
+            elif self._queue(obj.meta, obj.tokens, obj.payload):
                 queued += 1
-            self._known.remember(obj.meta.key)
         if queued:
             self._tally.add(queued_blocks=queued)
+
+    def write_deferred(self) -> int:
+        """Queue the deferred objects RAM still holds, oldest first, while the writer has
+        room (engine thread); how many were queued. One that left RAM is let go: a request
+        that needs it computes it again, and queues it then."""
+        if self._cold is None:
+            return 0
+        queued = 0
+        while self._deferred and self._cold.has_room():
+            key, _ = self._deferred.popitem(last=False)
+            block = self._hot.peek(key)
+            if block is None or key in self._known:
+                continue
+            if not self._queue(block.meta, block.tokens, block.payload):
+                self._deferred.move_to_end(key, last=False)  # still the oldest
+                break
+            queued += 1
+        if queued:
+            self._tally.add(queued_blocks=queued, deferred_written=queued)
+            log.debug(
+                "queued %d blocks for disk that waited for room in the writer's queue (%d wait)",
+                queued,
+                len(self._deferred),
+            )
+        return queued
+
+    def _queue(self, meta: BlockMeta, tokens: Sequence[int], payload: Any) -> bool:
+        """Encode and queue one object; deferred (False) when the writer takes nothing."""
+        assert self._cold is not None
+        data = self._codec.encode(payload, tokens, meta)
+        if not self._cold.put(meta, tokens, data):
+            self._defer(meta.key)
+            return False
+        self._known.remember(meta.key)
+        return True
+
+    def _defer(self, key: str) -> None:
+        if key not in self._deferred:
+            self._tally.add(deferred_blocks=1)
+        self._deferred[key] = None
+        while len(self._deferred) > self._deferred_limit:  # a writer that never drains
+            self._deferred.popitem(last=False)
+            self._tally.add(deferred_dropped=1)

@@ -330,8 +330,14 @@ class ColdSource(Protocol):
         asks (its head first); None when the index did not answer."""
         ...
 
-    def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> None:
-        """Queue the block file's bytes for the writer; a full queue or disk drops it, never raises."""
+    def put(self, meta: BlockMeta, tokens: Sequence[int], data: bytes) -> bool:
+        """Queue the block file's bytes for the writer; never raises. False when the writer
+        took nothing (a full queue, or stopping): the block may be put again. A block that is
+        not this namespace's is refused for good (logged; True: nothing to put again)."""
+        ...
+
+    def has_room(self) -> bool:
+        """Whether the writer's queue takes a block now (a ``put`` would not be turned away)."""
         ...
 
     def contains(self, key: str) -> bool:
@@ -399,6 +405,10 @@ class BlockSink(Protocol):
 
     def pending(self, key: str) -> bool:
         """Whether ``key`` is queued but not yet on disk and in the index."""
+        ...
+
+    def has_room(self) -> bool:
+        """Whether a ``submit`` now would be queued (room in the queue, or a stop's wait for it)."""
         ...
 
 

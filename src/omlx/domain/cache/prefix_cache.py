@@ -41,6 +41,7 @@ class PrefixCache:
         cold: ColdSource | None = None,
         clock: Clock | None = None,
         known_keys_limit: int = 1 << 16,
+        deferred_limit: int = 1 << 16,
         layout: CacheLayout | None = None,
         kept: KeptCaches | None = None,
         pin_share: float = DEFAULT_PIN_SHARE,
@@ -84,6 +85,7 @@ class PrefixCache:
             known=known,
             tally=self._tally,
             server_id=server_id,
+            deferred_limit=deferred_limit,  # keys waiting for room in the writer's queue
         )
 
     def begin(
@@ -215,6 +217,11 @@ class PrefixCache:
     def forget_stored(self) -> None:
         """Forget which blocks are on disk (a vacuum evicted some there), so they are queued again."""
         self._known.forget()
+
+    def write_deferred(self) -> int:
+        """Queue for disk the blocks in RAM the writer had no room for (engine thread: the
+        engine asks when idle and at its stop); how many were queued."""
+        return self._keeper.write_deferred()
 
     def is_pinned(self, key: str) -> bool:
         """Whether a running request holds ``key``; the cold tier's eviction asks this."""

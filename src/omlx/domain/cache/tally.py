@@ -88,6 +88,11 @@ class PrefixCacheStats:
     cold_hits: int = 0
     stored_blocks: int = 0
     queued_blocks: int = 0
+    # Blocks the writer's full queue could not take at once: deferred, then queued from RAM
+    # (``keeper``), or let go past the keeper's limit of deferred keys.
+    deferred_blocks: int = 0
+    deferred_written: int = 0
+    deferred_dropped: int = 0
     active_leases: int = 0
     last_hit_at: float | None = None
     # Time the request path spent cutting and encoding new blocks (engine thread).

@@ -195,6 +195,7 @@ class MLXEngine:
             idle = not busy and not self.scheduler.has_waiting
             if idle:
                 self._release_buffers_if_idle()
+                self._write_deferred()
             self._drain_inbox(block=idle)
             if self._idle_tasks:
                 self._run_idle_tasks()
@@ -215,6 +216,7 @@ class MLXEngine:
         for job in list(self._jobs.values()):
             if not job.done:
                 self._cancel_at_stop(job)
+        self._write_deferred()  # the stop's writer waits for room: RAM is about to go
         for _, done in self._idle_tasks:
             done.set_result(False)
 
@@ -463,6 +465,16 @@ class MLXEngine:
         if job.session is not None and cache is not None:
             self._report_memory()  # a finished cache may be kept for the next turn
         self._buffers_held = True
+
+    def _write_deferred(self) -> None:
+        """Blocks a full write queue kept back go to disk while the engine has nothing else
+        to do (``keeper``: a restart would lose them); never raises."""
+        if self.prefix_cache is None:
+            return
+        try:
+            self.prefix_cache.write_deferred()
+        except Exception:
+            log.exception("queueing deferred blocks for disk failed")
 
     def _release_buffers_if_idle(self) -> None:
         """Idle past ``release_buffers_after_s``: MLX's buffer pool goes back. The kept
