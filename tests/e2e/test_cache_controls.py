@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.e2e.agent_cli import ClaudeCode
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, side_by_side
 
 QUESTION = [
     {"role": "system", "content": "You answer questions about the history of mathematics."},
@@ -42,6 +42,16 @@ def settled_rows(cache_dir: Path, quiet: float = 7.0) -> list[tuple]:
         now = index_rows(cache_dir)
         if now != rows:
             rows, since = now, time.monotonic()
+    return rows
+
+
+def rows_once_changed(cache_dir: Path, before: list[tuple], timeout: float = 60.0) -> list[tuple]:
+    """The rows as soon as they differ from ``before`` (unchanged ones if ``timeout`` passes)."""
+    deadline = time.monotonic() + timeout
+    rows = index_rows(cache_dir)
+    while rows == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+        rows = index_rows(cache_dir)
     return rows
 
 
@@ -81,7 +91,7 @@ def test_no_store_restores_and_leaves_the_index_unchanged(tiny_model_dir, tmp_pa
         assert r.status_code == 200
         assert settled_rows(cache) == before
         ask(server, longer)  # the control: stored, it changes the index
-        assert settled_rows(cache) != before
+        assert rows_once_changed(cache, before) != before
 
 
 def test_claude_code_cache_control_pins_what_it_marks(
@@ -207,9 +217,12 @@ def test_an_export_imported_into_a_fresh_server_restores_the_prefix(
     request = tmp_path / "request.json"
     request.write_text(json.dumps({"model": "tiny-llama", "messages": conversation}))
     archive = tmp_path / "conversation.tar"
-    with ServerProcess(
-        "--model", str(tiny_model_dir), "--block-size", "16", cache_dir=tmp_path / "a"
-    ) as a:
+    a, b = (
+        ServerProcess("--model", str(tiny_model_dir), "--block-size", "16", cache_dir=tmp_path / n)
+        for n in ("a", "b")
+    )
+    # Started together (each on its own folder); b is asked nothing until a has exported.
+    with side_by_side(a, b):
         ask(a, conversation)
         settled_rows(tmp_path / "a", quiet=2.0)
         done = admin(
@@ -217,15 +230,13 @@ def test_an_export_imported_into_a_fresh_server_restores_the_prefix(
         )
         assert done.returncode == 0, done.stderr
         print(done.stdout.strip())
-    flipped = tmp_path / "flipped.tar"
-    data = bytearray(archive.read_bytes())
-    with tarfile.open(archive) as tar:
-        block = [m for m in tar.getmembers() if m.name.startswith("blocks/")][-1]
-    data[block.offset_data + block.size // 2] ^= 0x01  # one bit inside a block file's tensors
-    flipped.write_bytes(bytes(data))
-    with ServerProcess(
-        "--model", str(tiny_model_dir), "--block-size", "16", cache_dir=tmp_path / "b"
-    ) as b:
+        a.stop()
+        flipped = tmp_path / "flipped.tar"
+        data = bytearray(archive.read_bytes())
+        with tarfile.open(archive) as tar:
+            block = [m for m in tar.getmembers() if m.name.startswith("blocks/")][-1]
+        data[block.offset_data + block.size // 2] ^= 0x01  # one bit inside a block's tensors
+        flipped.write_bytes(bytes(data))
         refused = admin("import", str(flipped), "--model", "tiny-llama", "--url", b.base_url)
         assert refused.returncode != 0 and "checksum" in refused.stderr, refused.stderr
         assert index_rows(tmp_path / "b") == []  # nothing entered the index
