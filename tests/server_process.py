@@ -85,6 +85,17 @@ class ServerProcess:
             else ""
         )
 
+    def log_once_it_has(self, text: str, timeout: float = 10.0) -> str:
+        """The log once ``text`` is in it (or when ``timeout`` passes): a request's summary
+        line is written just after its client has the answer, so a test reading the log
+        at once can miss it."""
+        deadline = time.monotonic() + timeout
+        log = self.read_log()
+        while text not in log and time.monotonic() < deadline:
+            time.sleep(0.05)
+            log = self.read_log()
+        return log
+
     def terminate(self) -> None:
         """Send SIGTERM once and return at once (``stop`` waits for the exit)."""
         if self.proc is not None and self.proc.poll() is None and not self._terminated:
