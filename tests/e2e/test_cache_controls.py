@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -45,14 +46,21 @@ def settled_rows(cache_dir: Path, quiet: float = 7.0) -> list[tuple]:
     return rows
 
 
-def rows_once_changed(cache_dir: Path, before: list[tuple], timeout: float = 60.0) -> list[tuple]:
-    """The rows as soon as they differ from ``before`` (unchanged ones if ``timeout`` passes)."""
+def rows_when(
+    cache_dir: Path, ready: Callable[[list[tuple]], bool], timeout: float = 60.0
+) -> list[tuple]:
+    """The rows as soon as ``ready`` says so (as they are if ``timeout`` passes first)."""
     deadline = time.monotonic() + timeout
     rows = index_rows(cache_dir)
-    while rows == before and time.monotonic() < deadline:
-        time.sleep(0.2)
+    while not ready(rows) and time.monotonic() < deadline:
+        time.sleep(0.1)
         rows = index_rows(cache_dir)
     return rows
+
+
+def full_blocks(reply: httpx.Response, block_size: int = 16) -> int:
+    """How many whole blocks of its prompt a finished request stores."""
+    return reply.json()["usage"]["prompt_tokens"] // block_size
 
 
 def ask(server: ServerProcess, messages: list[dict], **extra) -> httpx.Response:
@@ -91,7 +99,7 @@ def test_no_store_restores_and_leaves_the_index_unchanged(tiny_model_dir, tmp_pa
         assert r.status_code == 200
         assert settled_rows(cache) == before
         ask(server, longer)  # the control: stored, it changes the index
-        assert rows_once_changed(cache, before) != before
+        assert rows_when(cache, lambda rows: rows != before) != before
 
 
 def test_claude_code_cache_control_pins_what_it_marks(
@@ -223,8 +231,8 @@ def test_an_export_imported_into_a_fresh_server_restores_the_prefix(
     )
     # Started together (each on its own folder); b is asked nothing until a has exported.
     with side_by_side(a, b):
-        ask(a, conversation)
-        settled_rows(tmp_path / "a", quiet=2.0)
+        stored = full_blocks(ask(a, conversation))
+        rows_when(tmp_path / "a", lambda rows: len(rows) >= stored)  # the writer's, on disk
         done = admin(
             "export", "--messages", str(request), "--out", str(archive), "--url", a.base_url
         )
@@ -243,7 +251,7 @@ def test_an_export_imported_into_a_fresh_server_restores_the_prefix(
         done = admin("import", str(archive), "--model", "tiny-llama", "--url", b.base_url)
         assert done.returncode == 0, done.stderr
         print(done.stdout.strip())
-        settled_rows(tmp_path / "b", quiet=2.0)
+        assert len(rows_when(tmp_path / "b", lambda rows: len(rows) >= stored)) >= stored
         r = ask(b, conversation)
     cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     print(
