@@ -8,11 +8,15 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+# Every server spawned and not yet reaped: the session's end stops them all at once.
+_spawned: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
 
 
 def free_port() -> int:
@@ -56,6 +60,7 @@ class ServerProcess:
         self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
         self._terminated = False
+        _spawned.add(self)
         return self
 
     def wait_ready(self, timeout: float = 120.0) -> ServerProcess:
@@ -130,6 +135,12 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def terminate_all() -> None:
+    """SIGTERM every server still running, without waiting (each owner's ``stop`` does)."""
+    for server in list(_spawned):
+        server.terminate()
 
 
 @contextmanager
