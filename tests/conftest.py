@@ -12,11 +12,21 @@ from omlx.adapters.mlx.models.blas import load_optimized_blas
 from omlx.adapters.sqlindex.urls import sqlite_url
 from tests.postgres import PostgresServer, find_bindir
 from tests.seaweedfs import SeaweedServer, find_weed
+from tests.server_process import terminate_all
 
 # Must run before any test module imports mlx (DESIGN §5).
 load_optimized_blas()
 
 from tests.tiny_model import build_tiny_model  # noqa: E402
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last test, the session's servers shut down side by side, not one by one
+    (each fixture's ``stop`` then only waits for its own)."""
+    if nextitem is None:
+        terminate_all()
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -22,7 +23,7 @@ import pytest
 
 from tests.cache_header import checked
 from tests.e2e.agent_cli import ClaudeCode
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, side_by_side
 
 QUESTION = [
     {"role": "system", "content": "You answer questions about the history of mathematics."},
@@ -44,6 +45,23 @@ def settled_rows(cache_dir: Path, quiet: float = 7.0) -> list[tuple]:
         if now != rows:
             rows, since = now, time.monotonic()
     return rows
+
+
+def rows_when(
+    cache_dir: Path, ready: Callable[[list[tuple]], bool], timeout: float = 60.0
+) -> list[tuple]:
+    """The rows as soon as ``ready`` says so (as they are if ``timeout`` passes first)."""
+    deadline = time.monotonic() + timeout
+    rows = index_rows(cache_dir)
+    while not ready(rows) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        rows = index_rows(cache_dir)
+    return rows
+
+
+def full_blocks(reply: httpx.Response, block_size: int = 16) -> int:
+    """How many whole blocks of its prompt a finished request stores."""
+    return reply.json()["usage"]["prompt_tokens"] // block_size
 
 
 def ask(server: ServerProcess, messages: list[dict], **extra) -> httpx.Response:
@@ -83,7 +101,7 @@ def test_no_store_restores_and_leaves_the_index_unchanged(tiny_model_dir, tmp_pa
         assert r.status_code == 200
         assert settled_rows(cache) == before
         ask(server, longer)  # the control: stored, it changes the index
-        assert settled_rows(cache) != before
+        assert rows_when(cache, lambda rows: rows != before) != before
 
 
 def test_claude_code_cache_control_pins_what_it_marks(
@@ -205,32 +223,33 @@ def test_an_export_imported_into_a_fresh_server_restores_the_prefix(
     request = tmp_path / "request.json"
     request.write_text(json.dumps({"model": "tiny-llama", "messages": conversation}))
     archive = tmp_path / "conversation.tar"
-    with ServerProcess(
-        "--model", str(tiny_model_dir), "--block-size", "16", cache_dir=tmp_path / "a"
-    ) as a:
-        ask(a, conversation)
-        settled_rows(tmp_path / "a", quiet=2.0)
+    a, b = (
+        ServerProcess("--model", str(tiny_model_dir), "--block-size", "16", cache_dir=tmp_path / n)
+        for n in ("a", "b")
+    )
+    # Started together (each on its own folder); b is asked nothing until a has exported.
+    with side_by_side(a, b):
+        stored = full_blocks(ask(a, conversation))
+        rows_when(tmp_path / "a", lambda rows: len(rows) >= stored)  # the writer's, on disk
         done = admin(
             "export", "--messages", str(request), "--out", str(archive), "--url", a.base_url
         )
         assert done.returncode == 0, done.stderr
         print(done.stdout.strip())
-    flipped = tmp_path / "flipped.tar"
-    data = bytearray(archive.read_bytes())
-    with tarfile.open(archive) as tar:
-        block = [m for m in tar.getmembers() if m.name.startswith("blocks/")][-1]
-    data[block.offset_data + block.size // 2] ^= 0x01  # one bit inside a block file's tensors
-    flipped.write_bytes(bytes(data))
-    with ServerProcess(
-        "--model", str(tiny_model_dir), "--block-size", "16", cache_dir=tmp_path / "b"
-    ) as b:
+        a.stop()
+        flipped = tmp_path / "flipped.tar"
+        data = bytearray(archive.read_bytes())
+        with tarfile.open(archive) as tar:
+            block = [m for m in tar.getmembers() if m.name.startswith("blocks/")][-1]
+        data[block.offset_data + block.size // 2] ^= 0x01  # one bit inside a block's tensors
+        flipped.write_bytes(bytes(data))
         refused = admin("import", str(flipped), "--model", "tiny-llama", "--url", b.base_url)
         assert refused.returncode != 0 and "checksum" in refused.stderr, refused.stderr
         assert index_rows(tmp_path / "b") == []  # nothing entered the index
         done = admin("import", str(archive), "--model", "tiny-llama", "--url", b.base_url)
         assert done.returncode == 0, done.stderr
         print(done.stdout.strip())
-        settled_rows(tmp_path / "b", quiet=2.0)
+        assert len(rows_when(tmp_path / "b", lambda rows: len(rows) >= stored)) >= stored
         r = ask(b, conversation)
     cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     print(

@@ -8,7 +8,7 @@ from openai import OpenAI
 
 from tests.cache_header import checked
 from tests.hybrid_models import build_hybrid_model
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, side_by_side
 
 SYSTEM = "You are a careful coding assistant. " * 12
 TURNS = ["Write a function that adds two numbers.", "Now make it subtract."]
@@ -65,9 +65,9 @@ def conversation(server: ServerProcess, model_id: str, replies: list[str] | None
 
 def test_a_conversation_is_restored_from_disk_after_a_restart(family, tmp_path):
     name, model = family
-    with serve(model, tmp_path / "plain", "--no-cache") as plain:
+    plain, first = serve(model, tmp_path / "plain", "--no-cache"), serve(model, tmp_path / "cached")
+    with side_by_side(plain, first):  # two folders, one request at a time: nothing shared
         want = conversation(plain, name)
-    with serve(model, tmp_path / "cached") as first:
         before = conversation(first, name)
     with serve(model, tmp_path / "cached") as second:  # a fresh process on the same folder
         after = conversation(second, name, replies=[t for t, _, _ in want])

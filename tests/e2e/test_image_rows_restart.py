@@ -25,6 +25,7 @@ from PIL import Image
 
 from omlx.domain.images import image_digest
 from tests.e2e.test_vision import data_url, encoded, serve
+from tests.server_process import side_by_side
 from tests.storage_checks import assert_cache_invariants
 from tests.vlm_models import build_vlm
 
@@ -89,16 +90,17 @@ def test_a_changed_prompt_around_a_seen_image_reads_its_rows_from_ssd_after_a_re
     assert usage == [(1, nbytes)]
     assert digest_of(secret) not in {r[0] for r in rows}
 
-    with serve(llava, cache, tmp_path / "second.log") as server:
-        again = ask(server, model, CHANGED_SYSTEM, png)
-        after = images_of(server, model)
-        metrics = httpx.get(server.base_url + "/metrics", timeout=10).text
+    second = serve(llava, cache, tmp_path / "second.log")
+    new = serve(llava, tmp_path / "fresh", tmp_path / "fresh.log")
+    with side_by_side(second, new):  # the fresh one has a folder of its own
+        again = ask(second, model, CHANGED_SYSTEM, png)
+        after = images_of(second, model)
+        metrics = httpx.get(second.base_url + "/metrics", timeout=10).text
+        fresh = ask(new, model, CHANGED_SYSTEM, png)
+        assert images_of(new, model)["encoder_passes"] == 1
     # The prefix before the image changed: its KV is recomputed, its rows are read back.
     assert after["encoder_passes"] == 0 and after["ssd_hits"] == 1, after
     assert f'omlx_image_encoder_passes_total{{model="{model}"}} 0.0' in metrics
     assert f'omlx_image_rows_hits_total{{model="{model}",tier="ssd"}} 1.0' in metrics
-    with serve(llava, tmp_path / "fresh", tmp_path / "fresh.log") as server:
-        fresh = ask(server, model, CHANGED_SYSTEM, png)
-        assert images_of(server, model)["encoder_passes"] == 1
     assert again == fresh  # rows from disk == rows from the encoder: the same greedy text
     assert_cache_invariants(cache)

@@ -64,7 +64,7 @@ def test_the_first_turn_after_a_restart_is_a_ram_hit(tiny_model_dir, tmp_path):
         replay = ask(server)
         report = replay.headers["x-omlx-cache"]
         assert checked(replay)["tier"] == "hot", report  # the primed kept cache, as usage says
-        log_text = (tmp_path / "b.log").read_text()
+        log_text = server.log_once_it_has("cached (a kept cache)")
         # Primed before /health said done; the replay continued that kept cache.
         assert "the latest conversation (" in log_text and "kept for its next turn" in log_text
         assert "cached (a kept cache)" in log_text, log_text[-2000:]
