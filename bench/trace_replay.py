@@ -291,9 +291,11 @@ def run_mode(mode: str, traces: list[kt.Trace], args, target, workdir: Path) -> 
     }
 
 
-def mode_summary(run: dict[str, Any], traces: list[kt.Trace]) -> dict[str, Any]:
+def mode_summary(run: dict[str, Any], trace_ids: list[str], block_size: int) -> dict[str, Any]:
     rows = run["rows"]
     total = kt.account(rows)
+    # What a cache reusing whole server blocks only would hold (omlx matches below a block).
+    total["ideal_whole_blocks"] = sum(r["ideal"] // block_size * block_size for r in rows)
     held = kt.account(rows, "ideal_held")
     total["cached_vs_ideal_held"] = held["cached_vs_ideal"]
     total["header_equals_usage"] = sum(r["header_cached"] == r["cached_tokens"] for r in rows)
@@ -303,10 +305,10 @@ def mode_summary(run: dict[str, Any], traces: list[kt.Trace]) -> dict[str, Any]:
     follow = [r["ttft"] for r in rows if r["ideal"] > 0]
     total["ttft_median_follow_ups"] = statistics.median(follow) if follow else None
     per_trace = {}
-    for trace in traces:
-        mine = [r for r in rows if r["trace"] == trace.id]
-        steps = [s for s in run["steps"] if s["trace"] == trace.id]
-        per_trace[trace.id] = {
+    for trace_id in trace_ids:
+        mine = [r for r in rows if r["trace"] == trace_id]
+        steps = [s for s in run["steps"] if s["trace"] == trace_id]
+        per_trace[trace_id] = {
             **kt.account(mine),
             "requests": len(mine),
             "max_prompt_tokens": max((r["prompt_tokens"] for r in mine), default=0),
@@ -416,6 +418,26 @@ def report(result: dict[str, Any]) -> None:
                 rows,
             )
         )
+        print(
+            f"cached / the prefix answered before each request was sent: "
+            f"{_f(t['cached_vs_ideal_held'], '{:.4f}')}; TTFT median of follow-ups "
+            f"{_f(t['ttft_median_follow_ups'], '{:.2f} s')}; whole {result['args']['block_size']}-token "
+            f"blocks of the perfect cache: {t['ideal_whole_blocks']}"
+            + (
+                f"; restarts ready in {', '.join(f'{x:.1f} s' for x in run['restart_ready_s'])}"
+                if run.get("restart_ready_s")
+                else ""
+            )
+        )
+        short = sorted(
+            (r for r in run["rows"] if r["cached_tokens"] < r["ideal"]),
+            key=lambda r: r["cached_tokens"] - r["ideal"],
+        )
+        for r in short[:5]:
+            print(
+                f"  short: {r['trace']} #{r['place']}: cached {r['cached_tokens']} of "
+                f"{r['ideal']} (prompt {r['prompt_tokens']}, answered before: {r['ideal_held']})"
+            )
     print()
     for v in result["verdicts"]:
         print(v)
@@ -423,6 +445,18 @@ def report(result: dict[str, Any]) -> None:
 
 def _f(value: float | None, spec: str) -> str:
     return "-" if value is None else spec.format(value)
+
+
+def rereport(path: Path, out: Path | None) -> None:
+    """Summaries, verdicts and tables again from a saved run's rows (written to ``out`` if given)."""
+    result = json.loads(path.read_text())
+    for run in result["runs"]:
+        trace_ids = list(dict.fromkeys(r["trace"] for r in run["rows"]))
+        run["summary"] = mode_summary(run, trace_ids, result["args"]["block_size"])
+    result["verdicts"] = verdicts(result)
+    report(result)
+    if out:
+        write_json("trace_replay", result, out)
 
 
 def main() -> None:
@@ -459,7 +493,13 @@ def main() -> None:
         "--json", type=Path, default=None, help="default bench/out/trace_replay.json"
     )
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (caches, logs)")
+    parser.add_argument(
+        "--report", type=Path, default=None, help="no run: summarize and print a saved JSON"
+    )
     args = parser.parse_args()
+    if args.report:
+        rereport(args.report, args.json)
+        return
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - set(MODES):
         parser.error(f"unknown modes {sorted(unknown)}")
@@ -503,7 +543,7 @@ def main() -> None:
     try:
         for mode in modes:
             run = run_mode(mode, traces, args, target, workdir)
-            run["summary"] = mode_summary(run, traces)
+            run["summary"] = mode_summary(run, [t.id for t in traces], args.block_size)
             result["runs"].append(run)
             write_json("trace_replay_partial", {**result}, partial)
     finally:
