@@ -42,11 +42,24 @@ SET: dict[str, tuple[list[str], list[str]]] = {
     "morning_after": ([], ["--repeats", "1", "--context-tokens", "2000"]),
     "import_time": ([], ["--repeats", "1"]),
     "affinity": ([], ["--sessions", "3", "--turns", "3", "--context-tokens", "700"]),
+    "trace_replay": (
+        ["--scale", "0.1"],
+        ["--scale", "0.05", "--only", "trace_0012,trace_0019,trace_0291"],
+    ),
+    # The same bench at the recorded sizes: two traces to the set's median end context.
+    "trace_replay_long": (
+        ["--modes", "sequential", "--only", "trace_0146,trace_0404", "--max-context", "115200"],
+        ["--modes", "sequential", "--only", "trace_0146", "--scale", "0.1"],
+    ),
 }
+# Entries that run another entry's script with other arguments (and their own JSON).
+SCRIPT = {"trace_replay_long": "trace_replay"}
 
 
 def run_one(name: str, args: list[str]) -> dict:
-    argv = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *args]
+    argv = [sys.executable, str(ROOT / "bench" / f"{SCRIPT.get(name, name)}.py"), *args]
+    if name in SCRIPT:
+        argv += ["--json", str(OUT / f"{name}.json")]
     print(f"\n=== {name}: {' '.join(argv[1:])}", flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
     for stale in (OUT / f"{name}.json", OUT / f"{name}.png"):
